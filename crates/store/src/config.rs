@@ -1,0 +1,57 @@
+//! Store configuration: where the data lives and which devices make up the pool.
+//!
+//! Why: the server, the CLI and the tests all open a store; they share one struct with
+//! defaults that work on a laptop (two sparse 64 GiB files that use no space until written).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Default number of device files created under `DATA_DIR/devices/`.
+pub const DEFAULT_DEVICE_COUNT: u32 = 2;
+/// Default (sparse) capacity of each created device file: 64 GiB.
+pub const DEFAULT_DEVICE_CAPACITY_BYTES: u64 = 64 << 30;
+/// Most devices one pool may hold (touched-device sets are 64-bit masks).
+pub const MAX_DEVICES: u32 = 64;
+
+/// How to open a store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreConfig {
+    /// Directory holding `meta.redb` and, unless `device_paths` is set, `devices/dev-<n>.img`.
+    pub data_dir: PathBuf,
+    /// Number of device files to create under `data_dir/devices/` when `device_paths` is empty.
+    #[serde(default = "default_device_count")]
+    pub device_count: u32,
+    /// Capacity of each device file this store creates (sparse; rounded down to whole extents).
+    #[serde(default = "default_device_capacity_bytes")]
+    pub device_capacity_bytes: u64,
+    /// Explicit devices: existing block devices, existing files (their size is the capacity),
+    /// or paths of files to create with `device_capacity_bytes`. Empty: use `device_count`.
+    #[serde(default)]
+    pub device_paths: Vec<PathBuf>,
+}
+
+fn default_device_count() -> u32 {
+    DEFAULT_DEVICE_COUNT
+}
+
+fn default_device_capacity_bytes() -> u64 {
+    DEFAULT_DEVICE_CAPACITY_BYTES
+}
+
+impl StoreConfig {
+    /// Defaults: two sparse 64 GiB device files under `data_dir/devices/`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        StoreConfig {
+            data_dir: data_dir.into(),
+            device_count: DEFAULT_DEVICE_COUNT,
+            device_capacity_bytes: DEFAULT_DEVICE_CAPACITY_BYTES,
+            device_paths: Vec::new(),
+        }
+    }
+
+    /// Path of the metadata database.
+    pub fn meta_path(&self) -> PathBuf {
+        self.data_dir.join("meta.redb")
+    }
+}

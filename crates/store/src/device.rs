@@ -1,0 +1,510 @@
+//! Backing devices of the pool: sparse files, block devices, or RAM.
+//!
+//! Why: the volume layer speaks in (physical extent, offset) and needs five operations from a
+//! device — positional read/write, zeroing that keeps space, punching that frees space and
+//! reads back as zeros, and a durable sync. This module hides how each backend does them and
+//! falls back (writing zeros) where the kernel or filesystem lacks punch/zero-range support.
+//!
+//! Invariant the store relies on: after `punch*`, the range reads as zeros.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::num::NonZeroU64;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::path::Path;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{Advice, FallocateFlags, SeekFrom};
+use rustix::io::Errno;
+
+use crate::layout::EXTENT_SIZE_BYTES;
+use crate::sync::{read, write};
+
+/// Source of zeros for the write-zeros fallback.
+static ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
+
+/// One device of the pool.
+#[derive(Debug)]
+pub(crate) struct Device {
+    pub id: u32,
+    /// Path for files and block devices, `memory:<id>` for RAM devices.
+    pub label: String,
+    pub extent_count: u32,
+    backend: Backend,
+    /// Set after a write or punch lands, cleared by the sync that covers it.
+    dirty: AtomicBool,
+    /// A sync failed once: dirty pages may have been dropped, so no later sync may claim success.
+    failed: AtomicBool,
+}
+
+#[derive(Debug)]
+enum Backend {
+    File(FileDevice),
+    Memory(MemoryDevice),
+}
+
+#[derive(Debug)]
+struct FileDevice {
+    file: File,
+    is_block_device: bool,
+    punch_supported: AtomicBool,
+    zero_range_supported: AtomicBool,
+    seek_data_supported: AtomicBool,
+}
+
+/// RAM device: one lazily allocated buffer per extent, each behind its own lock, so reads of
+/// different (or the same) extents run in parallel and a released extent returns its memory.
+#[derive(Debug)]
+struct MemoryDevice {
+    slots: Box<[MemorySlot]>,
+}
+
+/// One RAM extent: `None` until first written (reads as zeros) and after a whole-extent punch.
+type MemorySlot = RwLock<Option<Box<[u8]>>>;
+
+/// Opens (or creates) a device file or block device; returns the file, its usable capacity in
+/// bytes and whether it is a block device. A new or empty regular file is sized (sparse) to
+/// `create_capacity_bytes`.
+pub(crate) fn open_device_file(
+    path: &Path,
+    create_capacity_bytes: u64,
+    may_create: bool,
+) -> io::Result<(File, u64, bool)> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(may_create)
+        .truncate(false)
+        .open(path)?;
+    let md = file.metadata()?;
+    if md.file_type().is_block_device() {
+        let capacity = rustix::fs::seek(&file, SeekFrom::End(0))?;
+        return Ok((file, capacity, true));
+    }
+    if !md.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is neither a regular file nor a block device",
+                path.display()
+            ),
+        ));
+    }
+    if md.len() == 0 && create_capacity_bytes > 0 {
+        file.set_len(create_capacity_bytes)?;
+        return Ok((file, create_capacity_bytes, false));
+    }
+    Ok((file, md.len(), false))
+}
+
+fn invalid(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, what.to_string())
+}
+
+fn is_unsupported(e: Errno) -> bool {
+    e == Errno::OPNOTSUPP || e == Errno::NOSYS || e == Errno::INVAL
+}
+
+impl Device {
+    pub(crate) fn from_file(
+        id: u32,
+        label: String,
+        file: File,
+        is_block_device: bool,
+        extent_count: u32,
+    ) -> Device {
+        Device {
+            id,
+            label,
+            extent_count,
+            backend: Backend::File(FileDevice {
+                file,
+                is_block_device,
+                punch_supported: AtomicBool::new(true),
+                zero_range_supported: AtomicBool::new(true),
+                seek_data_supported: AtomicBool::new(!is_block_device),
+            }),
+            dirty: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn memory(id: u32, extent_count: u32) -> Device {
+        let slots = (0..extent_count).map(|_| RwLock::new(None)).collect();
+        Device {
+            id,
+            label: format!("memory:{id}"),
+            extent_count,
+            backend: Backend::Memory(MemoryDevice { slots }),
+            dirty: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn is_memory(&self) -> bool {
+        matches!(self.backend, Backend::Memory(_))
+    }
+
+    /// Whether zeroing and punching are metadata operations here (RAM, or a kernel and
+    /// filesystem that support punch-hole and zero-range), not writes of zeros.
+    pub(crate) fn zeroes_fast(&self) -> bool {
+        match &self.backend {
+            Backend::Memory(_) => true,
+            Backend::File(f) => {
+                f.punch_supported.load(Ordering::Relaxed)
+                    && f.zero_range_supported.load(Ordering::Relaxed)
+            }
+        }
+    }
+
+    pub(crate) fn capacity_bytes(&self) -> u64 {
+        u64::from(self.extent_count) * EXTENT_SIZE_BYTES
+    }
+
+    fn check(&self, ext: u32, off: u64, len: u64) -> io::Result<u64> {
+        if ext >= self.extent_count || off.saturating_add(len) > EXTENT_SIZE_BYTES {
+            return Err(invalid("physical range outside the device"));
+        }
+        Ok(u64::from(ext) * EXTENT_SIZE_BYTES + off)
+    }
+
+    fn mark_dirty(&self) {
+        // Load first: under many writers the flag stays set and the cache line stays shared.
+        if !self.dirty.load(Ordering::SeqCst) {
+            self.dirty.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `off` inside physical extent `ext`.
+    pub(crate) fn read(&self, ext: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let pos = self.check(ext, off, buf.len() as u64)?;
+        match &self.backend {
+            Backend::File(f) => f.file.read_exact_at(buf, pos),
+            Backend::Memory(m) => {
+                let slot = read(m.slot(ext)?);
+                match slot.as_deref() {
+                    None => buf.fill(0),
+                    Some(data) => {
+                        let start = off as usize;
+                        let src = data
+                            .get(start..start + buf.len())
+                            .ok_or_else(|| invalid("memory extent range"))?;
+                        buf.copy_from_slice(src);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes `data` at `off` inside physical extent `ext`.
+    pub(crate) fn write(&self, ext: u32, off: u64, data: &[u8]) -> io::Result<()> {
+        let pos = self.check(ext, off, data.len() as u64)?;
+        match &self.backend {
+            Backend::File(f) => {
+                f.file.write_all_at(data, pos)?;
+                self.mark_dirty();
+                Ok(())
+            }
+            Backend::Memory(m) => {
+                let mut slot = write(m.slot(ext)?);
+                let buf = slot.get_or_insert_with(|| {
+                    vec![0u8; EXTENT_SIZE_BYTES as usize].into_boxed_slice()
+                });
+                let start = off as usize;
+                let dst = buf
+                    .get_mut(start..start + data.len())
+                    .ok_or_else(|| invalid("memory extent range"))?;
+                dst.copy_from_slice(data);
+                Ok(())
+            }
+        }
+    }
+
+    /// Zeroes `[off, off + len)` of extent `ext`, keeping the space allocated (NO_HOLE).
+    pub(crate) fn zero(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
+        let pos = self.check(ext, off, len)?;
+        match &self.backend {
+            Backend::File(f) => {
+                f.zero_range(pos, len)?;
+                self.mark_dirty();
+                Ok(())
+            }
+            Backend::Memory(m) => m.zero(ext, off, len, false),
+        }
+    }
+
+    /// Deallocates `[off, off + len)` of extent `ext`; the range reads as zeros afterwards.
+    pub(crate) fn punch(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
+        let pos = self.check(ext, off, len)?;
+        match &self.backend {
+            Backend::File(f) => {
+                f.punch(pos, len)?;
+                self.mark_dirty();
+                Ok(())
+            }
+            Backend::Memory(m) => m.zero(ext, off, len, true),
+        }
+    }
+
+    /// Deallocates `count` whole extents starting at `first` (one call for a contiguous run).
+    pub(crate) fn punch_extents(&self, first: u32, count: u32) -> io::Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        if u64::from(first) + u64::from(count) > u64::from(self.extent_count) {
+            return Err(invalid("physical extents outside the device"));
+        }
+        match &self.backend {
+            Backend::File(f) => {
+                f.punch(
+                    u64::from(first) * EXTENT_SIZE_BYTES,
+                    u64::from(count) * EXTENT_SIZE_BYTES,
+                )?;
+                self.mark_dirty();
+                Ok(())
+            }
+            Backend::Memory(m) => {
+                for ext in first..first + count {
+                    *write(m.slot(ext)?) = None;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Makes every write and punch that completed before this call durable, if any happened
+    /// since the last sync. Used by FLUSH and metadata commits.
+    pub(crate) fn sync_if_dirty(&self) -> io::Result<()> {
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(self.failed_error());
+        }
+        if self.dirty.swap(false, Ordering::SeqCst)
+            && let Err(e) = self.sync_now()
+        {
+            self.dirty.store(true, Ordering::SeqCst);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Unconditional data sync (FUA). Once a sync fails the device stays failed.
+    pub(crate) fn sync_now(&self) -> io::Result<()> {
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(self.failed_error());
+        }
+        match &self.backend {
+            Backend::File(f) => rustix::fs::fdatasync(&f.file).map_err(|e| {
+                self.failed.store(true, Ordering::SeqCst);
+                tracing::error!(device = %self.label, error = %e, "fdatasync failed; device marked failed");
+                io::Error::from(e)
+            }),
+            Backend::Memory(_) => Ok(()),
+        }
+    }
+
+    fn failed_error(&self) -> io::Error {
+        io::Error::other(format!(
+            "device {} failed an earlier sync; acknowledged data may be lost",
+            self.label
+        ))
+    }
+
+    /// Advisory read-ahead (NBD CACHE).
+    pub(crate) fn advise_willneed(&self, ext: u32, off: u64, len: u64) {
+        if let (Backend::File(f), Ok(pos)) = (&self.backend, self.check(ext, off, len))
+            && let Err(e) =
+                rustix::fs::fadvise(&f.file, pos, NonZeroU64::new(len), Advice::WillNeed)
+        {
+            tracing::debug!(device = %self.label, error = %e, "fadvise WILLNEED failed");
+        }
+    }
+
+    /// Reports `[off, off + len)` of extent `ext` as runs of (length, holds data). Ranges the
+    /// device knows to be unallocated (punched file ranges, unwritten RAM extents) are
+    /// reported as `false`; when the device cannot tell, everything is data.
+    pub(crate) fn data_runs(&self, ext: u32, off: u64, len: u64, out: &mut dyn FnMut(u64, bool)) {
+        let Ok(start) = self.check(ext, off, len) else {
+            out(len, true);
+            return;
+        };
+        match &self.backend {
+            Backend::Memory(m) => {
+                let has_data = m.slot(ext).map(|s| read(s).is_some()).unwrap_or(true);
+                out(len, has_data);
+            }
+            Backend::File(f) => f.data_runs(start, len, out),
+        }
+    }
+
+    /// Bytes of real storage the device uses (file blocks or RAM), when knowable.
+    pub(crate) fn physical_used_bytes(&self) -> Option<u64> {
+        match &self.backend {
+            Backend::File(f) if f.is_block_device => None,
+            Backend::File(f) => f.file.metadata().ok().map(|m| m.blocks() * 512),
+            Backend::Memory(m) => {
+                let used = m.slots.iter().filter(|s| read(s).is_some()).count() as u64;
+                Some(used * EXTENT_SIZE_BYTES)
+            }
+        }
+    }
+}
+
+impl FileDevice {
+    fn write_zeroes(&self, mut pos: u64, len: u64) -> io::Result<()> {
+        let end = pos + len;
+        while pos < end {
+            let n = (end - pos).min(ZEROES.len() as u64) as usize;
+            self.file.write_all_at(&ZEROES[..n], pos)?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    fn punch(&self, pos: u64, len: u64) -> io::Result<()> {
+        if self.punch_supported.load(Ordering::Relaxed) {
+            match rustix::fs::fallocate(
+                &self.file,
+                FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+                pos,
+                len,
+            ) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_unsupported(e) => {
+                    tracing::warn!(error = %e, "punch-hole unsupported; falling back to writing zeros");
+                    self.punch_supported.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.write_zeroes(pos, len)
+    }
+
+    fn zero_range(&self, pos: u64, len: u64) -> io::Result<()> {
+        if self.zero_range_supported.load(Ordering::Relaxed) {
+            match rustix::fs::fallocate(
+                &self.file,
+                FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE,
+                pos,
+                len,
+            ) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_unsupported(e) => {
+                    tracing::warn!(error = %e, "zero-range unsupported; falling back to writing zeros");
+                    self.zero_range_supported.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.write_zeroes(pos, len)
+    }
+
+    fn data_runs(&self, start: u64, len: u64, out: &mut dyn FnMut(u64, bool)) {
+        let end = start + len;
+        if !self.seek_data_supported.load(Ordering::Relaxed) {
+            out(len, true);
+            return;
+        }
+        let mut pos = start;
+        while pos < end {
+            let data = match rustix::fs::seek(&self.file, SeekFrom::Data(pos)) {
+                Ok(d) => d,
+                Err(Errno::NXIO) => end,
+                Err(e) => {
+                    tracing::debug!(error = %e, "SEEK_DATA unsupported; reporting data");
+                    self.seek_data_supported.store(false, Ordering::Relaxed);
+                    out(end - pos, true);
+                    return;
+                }
+            };
+            if data > pos {
+                out(data.min(end) - pos, false);
+            }
+            if data >= end {
+                return;
+            }
+            let hole = match rustix::fs::seek(&self.file, SeekFrom::Hole(data)) {
+                Ok(h) => h.max(data + 1),
+                Err(_) => end,
+            };
+            out(hole.min(end) - data, true);
+            pos = hole;
+        }
+    }
+}
+
+impl MemoryDevice {
+    fn slot(&self, ext: u32) -> io::Result<&MemorySlot> {
+        self.slots
+            .get(ext as usize)
+            .ok_or_else(|| invalid("memory extent index"))
+    }
+
+    fn zero(&self, ext: u32, off: u64, len: u64, may_free: bool) -> io::Result<()> {
+        let mut slot = write(self.slot(ext)?);
+        if may_free && off == 0 && len == EXTENT_SIZE_BYTES {
+            *slot = None;
+            return Ok(());
+        }
+        if let Some(buf) = slot.as_mut() {
+            let start = off as usize;
+            buf.get_mut(start..start + len as usize)
+                .ok_or_else(|| invalid("memory extent range"))?
+                .fill(0);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_device_reads_zero_until_written_and_after_punch() {
+        let d = Device::memory(0, 2);
+        let mut buf = [1u8; 16];
+        d.read(1, 100, &mut buf).unwrap();
+        assert_eq!(buf, [0u8; 16]);
+        d.write(1, 100, &[7u8; 16]).unwrap();
+        d.read(1, 100, &mut buf).unwrap();
+        assert_eq!(buf, [7u8; 16]);
+        d.punch(1, 104, 4).unwrap();
+        d.read(1, 100, &mut buf).unwrap();
+        assert_eq!(&buf[..4], &[7u8; 4]);
+        assert_eq!(&buf[4..8], &[0u8; 4]);
+        d.punch_extents(1, 1).unwrap();
+        d.read(1, 100, &mut buf).unwrap();
+        assert_eq!(buf, [0u8; 16]);
+        assert_eq!(d.physical_used_bytes(), Some(0));
+        assert!(d.read(2, 0, &mut buf).is_err());
+        assert!(d.write(0, EXTENT_SIZE_BYTES - 8, &buf).is_err());
+    }
+
+    #[test]
+    fn file_device_punch_frees_blocks_and_reads_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.img");
+        let (file, cap, is_blk) = open_device_file(&path, 4 * EXTENT_SIZE_BYTES, true).unwrap();
+        assert_eq!(cap, 4 * EXTENT_SIZE_BYTES);
+        assert!(!is_blk);
+        let d = Device::from_file(0, path.display().to_string(), file, false, 4);
+        let data = vec![0xabu8; EXTENT_SIZE_BYTES as usize];
+        d.write(2, 0, &data).unwrap();
+        let used = d.physical_used_bytes().unwrap();
+        assert!(used >= EXTENT_SIZE_BYTES, "{used}");
+        let mut runs = Vec::new();
+        d.data_runs(2, 0, EXTENT_SIZE_BYTES, &mut |l, data| runs.push((l, data)));
+        assert_eq!(runs, vec![(EXTENT_SIZE_BYTES, true)]);
+        d.punch_extents(2, 1).unwrap();
+        assert!(d.physical_used_bytes().unwrap() + EXTENT_SIZE_BYTES <= used);
+        let mut buf = vec![1u8; 4096];
+        d.read(2, 8192, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+        runs.clear();
+        d.data_runs(2, 0, EXTENT_SIZE_BYTES, &mut |l, data| runs.push((l, data)));
+        assert_eq!(runs, vec![(EXTENT_SIZE_BYTES, false)]);
+        d.sync_if_dirty().unwrap();
+    }
+}

@@ -1,0 +1,72 @@
+//! Errors of the store layer.
+//!
+//! Why: the NBD server maps each variant to the errno the protocol names (NoSpace -> ENOSPC,
+//! OutOfRange -> EINVAL/ENOSPC, Io and Metadata -> EIO) and the management API maps the
+//! volume-level ones to HTTP statuses, so the variants describe what went wrong, not where.
+
+/// Every failure of a store or volume operation.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The pool has no free extent left for a new allocation.
+    #[error("no free space left in the storage pool")]
+    NoSpace,
+    /// The request reaches past the end of the volume (or overflows 64 bits).
+    #[error(
+        "range at offset {offset} with length {length} is outside the volume of {size_bytes} bytes"
+    )]
+    OutOfRange {
+        offset: u64,
+        length: u64,
+        size_bytes: u64,
+    },
+    /// No volume has this name.
+    #[error("volume {0:?} not found")]
+    NotFound(String),
+    /// A volume with this name exists already.
+    #[error("volume {0:?} already exists")]
+    AlreadyExists(String),
+    /// The name breaks the naming rule (1-64 chars of `[A-Za-z0-9._-]`, not starting with `.` or `-`).
+    #[error("invalid volume name {name:?}: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+    /// A volume size is zero, too large, or not a multiple of 512 bytes.
+    #[error("invalid volume size {size_bytes}: {reason}")]
+    InvalidSize {
+        size_bytes: u64,
+        reason: &'static str,
+    },
+    /// The store configuration cannot be used (device count, capacity, paths).
+    #[error("invalid store configuration: {0}")]
+    InvalidConfig(String),
+    /// The volume behind this handle was deleted.
+    #[error("volume {0:?} was deleted")]
+    VolumeDeleted(String),
+    /// A device read, write, punch or sync failed.
+    #[error("device I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The metadata database failed or holds something this build cannot use.
+    #[error("metadata error: {0}")]
+    Metadata(#[from] MetadataError),
+}
+
+/// Failures of the metadata database.
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataError {
+    /// redb reported an error (I/O, corruption, or the database is open in another process).
+    #[error("redb: {0}")]
+    Redb(#[from] redb::Error),
+    /// A record could not be encoded or decoded.
+    #[error("record encoding: {0}")]
+    Encoding(#[from] serde_json::Error),
+    /// The records contradict each other (e.g. one physical extent mapped twice).
+    #[error("metadata is inconsistent: {0}")]
+    Corrupt(String),
+    /// The database was written by a build with another format or extent size.
+    #[error("unsupported metadata format: {0}")]
+    Unsupported(String),
+}
+
+impl From<redb::Error> for StoreError {
+    fn from(e: redb::Error) -> Self {
+        StoreError::Metadata(MetadataError::Redb(e))
+    }
+}

@@ -1,0 +1,31 @@
+//! headroom-store: volumes on a pool of local devices, with durable metadata.
+//!
+//! Why this crate exists: every byte an NBD client writes lands here. It turns a volume
+//! (a thin-provisioned, resizable virtual disk) into fixed-size extents placed on a pool of
+//! backing devices (sparse files, block devices, or RAM), and keeps the extent maps in an
+//! embedded transactional database (redb) so that what a client was told is durable stays
+//! durable across a crash (DESIGN.md principle 5).
+//!
+//! The data path (`Volume::read_at` / `write_at`) takes no global lock: it resolves the extent
+//! through an in-memory map of atomics under a per-volume read lock and does positional I/O on
+//! the device. Only extent allocation and release take the pool mutex, and only FLUSH, FUA and
+//! management operations touch redb. See `README.md` in this crate for the durability protocol.
+
+mod alloc;
+mod config;
+mod device;
+mod error;
+mod extent_map;
+mod layout;
+mod meta;
+mod name;
+mod store;
+mod sync;
+mod volume;
+
+pub use config::{DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, MAX_DEVICES, StoreConfig};
+pub use error::{MetadataError, StoreError};
+pub use layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
+pub use name::{MAX_VOLUME_NAME_LEN, validate_volume_name};
+pub use store::{DeviceInfo, PoolInfo, Store};
+pub use volume::{Extent, PhysicalLocation, Volume, VolumeInfo};

@@ -1,0 +1,301 @@
+//! Durable metadata in redb: format, devices, volumes and extent maps.
+//!
+//! Why: the extent maps are what make a volume's bytes findable after a restart, so they
+//! live in a crash-safe transactional store. redb commits with `Durability::Immediate`
+//! (checksummed commit slot + fsync), so a commit that returned is on disk, and a crash mid-
+//! commit leaves the previous state. This module only encodes and decodes; *when* to commit
+//! is the store's protocol (see `store.rs`).
+//!
+//! Tables:
+//! - `meta`: `&str -> u64` (`format_version`, `extent_size_bytes`, `next_volume_id`, `clean`)
+//! - `devices`: `u32 -> JSON DeviceRecord`
+//! - `volumes`: `u64 -> JSON VolumeRecord`
+//! - `extents`: `(volume id, logical extent) -> (device << 32 | physical extent)`
+
+use std::path::Path;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{MetadataError, StoreError};
+use crate::layout::{EXTENT_SIZE_BYTES, PhysExtent};
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const DEVICES: TableDefinition<u32, &str> = TableDefinition::new("devices");
+const VOLUMES: TableDefinition<u64, &str> = TableDefinition::new("volumes");
+const EXTENTS: TableDefinition<(u64, u64), u64> = TableDefinition::new("extents");
+
+/// Version of the table layout above; bump on any incompatible change.
+pub(crate) const FORMAT_VERSION: u64 = 1;
+
+const KEY_FORMAT: &str = "format_version";
+const KEY_EXTENT_SIZE: &str = "extent_size_bytes";
+const KEY_NEXT_VOLUME_ID: &str = "next_volume_id";
+const KEY_CLEAN: &str = "clean";
+
+/// redb page cache; the hot path never reads redb, so it can stay small.
+const CACHE_SIZE_BYTES: usize = 32 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DeviceRecord {
+    /// Path as given, or relative to the data directory when `relative` is set.
+    pub path: String,
+    pub relative: bool,
+    pub capacity_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct VolumeRecord {
+    pub name: String,
+    pub size_bytes: u64,
+    pub created_unix_s: u64,
+}
+
+/// Everything stored, as loaded at open.
+#[derive(Debug, Default)]
+pub(crate) struct Loaded {
+    pub next_volume_id: u64,
+    /// The previous process shut down after committing everything and punching all frees.
+    pub clean: bool,
+    pub devices: Vec<(u32, DeviceRecord)>,
+    pub volumes: Vec<(u64, VolumeRecord)>,
+    pub extents: Vec<(u64, u64, PhysExtent)>,
+}
+
+/// One change to an extent map row.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ExtentChange {
+    Map {
+        volume_id: u64,
+        extent: u64,
+        phys: PhysExtent,
+    },
+    Unmap {
+        volume_id: u64,
+        extent: u64,
+    },
+}
+
+/// A management change committed together with pending extent changes.
+#[derive(Clone, Debug)]
+pub(crate) enum MetaOp {
+    Init,
+    PutDevice(u32, DeviceRecord),
+    PutVolume(u64, VolumeRecord),
+    DeleteVolume(u64),
+    SetNextVolumeId(u64),
+    SetClean(bool),
+}
+
+#[derive(Debug)]
+pub(crate) struct Meta {
+    db: Database,
+}
+
+fn redb_err(e: impl Into<redb::Error>) -> StoreError {
+    StoreError::Metadata(MetadataError::Redb(e.into()))
+}
+
+fn json_err(e: serde_json::Error) -> StoreError {
+    StoreError::Metadata(MetadataError::Encoding(e))
+}
+
+impl Meta {
+    pub(crate) fn open_file(path: &Path) -> Result<Meta, StoreError> {
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_SIZE_BYTES)
+            .create(path)
+            .map_err(redb_err)?;
+        Ok(Meta { db })
+    }
+
+    pub(crate) fn open_memory() -> Result<Meta, StoreError> {
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_SIZE_BYTES)
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(redb_err)?;
+        Ok(Meta { db })
+    }
+
+    /// Loads everything; `None` for a database that was never initialised.
+    pub(crate) fn load(&self) -> Result<Option<Loaded>, StoreError> {
+        let txn = self.db.begin_read().map_err(redb_err)?;
+        let meta = match txn.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(redb_err(e)),
+        };
+        let get = |k: &str| -> Result<Option<u64>, StoreError> {
+            Ok(meta.get(k).map_err(redb_err)?.map(|v| v.value()))
+        };
+        let Some(format) = get(KEY_FORMAT)? else {
+            return Ok(None);
+        };
+        if format != FORMAT_VERSION {
+            return Err(MetadataError::Unsupported(format!(
+                "format version {format}, this build reads {FORMAT_VERSION}"
+            ))
+            .into());
+        }
+        let extent_size = get(KEY_EXTENT_SIZE)?.unwrap_or(0);
+        if extent_size != EXTENT_SIZE_BYTES {
+            return Err(MetadataError::Unsupported(format!(
+                "extent size {extent_size}, this build uses {EXTENT_SIZE_BYTES}"
+            ))
+            .into());
+        }
+        let mut loaded = Loaded {
+            next_volume_id: get(KEY_NEXT_VOLUME_ID)?.unwrap_or(1),
+            clean: get(KEY_CLEAN)? == Some(1),
+            ..Loaded::default()
+        };
+        let devices = txn.open_table(DEVICES).map_err(redb_err)?;
+        for row in devices.iter().map_err(redb_err)? {
+            let (k, v) = row.map_err(redb_err)?;
+            let rec: DeviceRecord = serde_json::from_str(v.value()).map_err(json_err)?;
+            loaded.devices.push((k.value(), rec));
+        }
+        let volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
+        for row in volumes.iter().map_err(redb_err)? {
+            let (k, v) = row.map_err(redb_err)?;
+            let rec: VolumeRecord = serde_json::from_str(v.value()).map_err(json_err)?;
+            loaded.volumes.push((k.value(), rec));
+        }
+        let extents = txn.open_table(EXTENTS).map_err(redb_err)?;
+        for row in extents.iter().map_err(redb_err)? {
+            let (k, v) = row.map_err(redb_err)?;
+            let (volume_id, extent) = k.value();
+            loaded
+                .extents
+                .push((volume_id, extent, PhysExtent::from_db(v.value())));
+        }
+        Ok(Some(loaded))
+    }
+
+    /// Applies `changes` in order, then `ops`, in one transaction committed with immediate
+    /// durability. Nothing is applied if it fails.
+    pub(crate) fn commit(
+        &self,
+        changes: &[ExtentChange],
+        ops: &[MetaOp],
+    ) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(redb_err)?;
+        {
+            let mut meta = txn.open_table(META).map_err(redb_err)?;
+            let mut devices = txn.open_table(DEVICES).map_err(redb_err)?;
+            let mut volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
+            let mut extents = txn.open_table(EXTENTS).map_err(redb_err)?;
+            for c in changes {
+                match *c {
+                    ExtentChange::Map {
+                        volume_id,
+                        extent,
+                        phys,
+                    } => {
+                        extents
+                            .insert((volume_id, extent), phys.to_db())
+                            .map_err(redb_err)?;
+                    }
+                    ExtentChange::Unmap { volume_id, extent } => {
+                        extents.remove((volume_id, extent)).map_err(redb_err)?;
+                    }
+                }
+            }
+            for op in ops {
+                match op {
+                    MetaOp::Init => {
+                        meta.insert(KEY_FORMAT, FORMAT_VERSION).map_err(redb_err)?;
+                        meta.insert(KEY_EXTENT_SIZE, EXTENT_SIZE_BYTES)
+                            .map_err(redb_err)?;
+                        meta.insert(KEY_NEXT_VOLUME_ID, 1).map_err(redb_err)?;
+                    }
+                    MetaOp::PutDevice(id, rec) => {
+                        let json = serde_json::to_string(rec).map_err(json_err)?;
+                        devices.insert(*id, json.as_str()).map_err(redb_err)?;
+                    }
+                    MetaOp::PutVolume(id, rec) => {
+                        let json = serde_json::to_string(rec).map_err(json_err)?;
+                        volumes.insert(*id, json.as_str()).map_err(redb_err)?;
+                    }
+                    MetaOp::DeleteVolume(id) => {
+                        volumes.remove(*id).map_err(redb_err)?;
+                        extents
+                            .retain_in((*id, 0u64)..=(*id, u64::MAX), |_, _| false)
+                            .map_err(redb_err)?;
+                    }
+                    MetaOp::SetNextVolumeId(n) => {
+                        meta.insert(KEY_NEXT_VOLUME_ID, *n).map_err(redb_err)?;
+                    }
+                    MetaOp::SetClean(clean) => {
+                        meta.insert(KEY_CLEAN, u64::from(*clean))
+                            .map_err(redb_err)?;
+                    }
+                }
+            }
+        }
+        txn.commit().map_err(redb_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_in_memory() {
+        let m = Meta::open_memory().unwrap();
+        assert!(m.load().unwrap().is_none());
+        let dev = DeviceRecord {
+            path: "devices/dev-0.img".into(),
+            relative: true,
+            capacity_bytes: 8 * EXTENT_SIZE_BYTES,
+        };
+        let vol = VolumeRecord {
+            name: "v".into(),
+            size_bytes: 4096,
+            created_unix_s: 7,
+        };
+        let p = PhysExtent {
+            device: 0,
+            index: 5,
+        };
+        m.commit(
+            &[
+                ExtentChange::Map {
+                    volume_id: 3,
+                    extent: 0,
+                    phys: p,
+                },
+                ExtentChange::Map {
+                    volume_id: 3,
+                    extent: 1,
+                    phys: PhysExtent {
+                        device: 0,
+                        index: 6,
+                    },
+                },
+                ExtentChange::Unmap {
+                    volume_id: 3,
+                    extent: 1,
+                },
+            ],
+            &[
+                MetaOp::Init,
+                MetaOp::PutDevice(0, dev.clone()),
+                MetaOp::PutVolume(3, vol.clone()),
+                MetaOp::SetNextVolumeId(4),
+                MetaOp::SetClean(true),
+            ],
+        )
+        .unwrap();
+        let l = m.load().unwrap().unwrap();
+        assert_eq!(l.next_volume_id, 4);
+        assert!(l.clean);
+        assert_eq!(l.devices, vec![(0, dev)]);
+        assert_eq!(l.volumes, vec![(3, vol)]);
+        assert_eq!(l.extents, vec![(3, 0, p)]);
+        m.commit(&[], &[MetaOp::DeleteVolume(3)]).unwrap();
+        let l = m.load().unwrap().unwrap();
+        assert!(l.volumes.is_empty() && l.extents.is_empty());
+    }
+}

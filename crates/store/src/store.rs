@@ -1,0 +1,716 @@
+//! The store: opening a pool, recovery, the commit protocol, and volume management.
+//!
+//! Why this module holds the commit protocol: every durability promise of the crate is kept
+//! by one routine, `Shared::commit`, which (1) syncs every device written or punched since its
+//! last sync, then (2) commits all pending extent-map changes (and any management change) in
+//! one redb transaction with immediate durability, then (3) releases extents whose free just
+//! became durable. Because the device sync always comes first, an allocation is never durable
+//! before the data and punches that preceded it, and a freed extent is never reused before
+//! both its punch and its unmapping are on disk. FLUSH, FUA (when the extent's allocation is
+//! not yet committed), create, resize, delete and shutdown all go through it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::alloc::Allocator;
+use crate::config::{MAX_DEVICES, StoreConfig};
+use crate::device::{Device, open_device_file};
+use crate::error::{MetadataError, StoreError};
+use crate::extent_map::ExtentMap;
+use crate::layout::{
+    EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, PhysExtent, VOLUME_SIZE_ALIGN_BYTES, extent_count,
+};
+use crate::meta::{DeviceRecord, ExtentChange, Meta, MetaOp, VolumeRecord};
+use crate::name::validate_volume_name;
+use crate::sync::{lock, read, write};
+use crate::volume::{Volume, VolumeInfo};
+
+/// A change to an extent map that is in memory but not yet committed to redb.
+#[derive(Debug)]
+pub(crate) enum Change {
+    Alloc {
+        volume: Weak<Volume>,
+        volume_id: u64,
+        extent: u64,
+        phys: PhysExtent,
+    },
+    Free {
+        volume_id: u64,
+        extent: u64,
+        phys: PhysExtent,
+        /// The extent was punched (reads zero); false if the punch failed (leaked until restart).
+        reusable: bool,
+    },
+}
+
+/// Everything behind the pool mutex.
+#[derive(Debug)]
+pub(crate) struct PoolState {
+    pub allocator: Allocator,
+    /// Extent-map changes in the order they happened.
+    pub pending: Vec<Change>,
+    /// Management changes already applied in memory whose commit failed; retried first.
+    pub pending_ops: Vec<MetaOp>,
+    /// Extents freed but not yet durably unmapped: not free, not owned.
+    pub quarantined: u64,
+    /// Extents whose punch failed: kept out of the free pool until a restart punches them.
+    pub leaked: u64,
+    /// A release that leaves more than this many extents quarantined commits at once, so
+    /// TRIM churn without FLUSH cannot starve other volumes' allocations.
+    pub quarantine_limit: u64,
+}
+
+/// Upper bound of `PoolState::quarantine_limit` (1024 extents = 2 GiB).
+const MAX_QUARANTINE_EXTENTS: u64 = 1024;
+
+/// State shared by the store and every volume handle.
+pub(crate) struct Shared {
+    pub devices: Vec<Device>,
+    meta: Meta,
+    pub pool: Mutex<PoolState>,
+    /// Serialises commits so that a commit's device syncs and its transaction stay ordered.
+    commit_lock: Mutex<()>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("devices", &self.devices.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn device(&self, phys: PhysExtent) -> Result<&Device, StoreError> {
+        self.devices.get(phys.device as usize).ok_or_else(|| {
+            StoreError::Metadata(MetadataError::Corrupt(format!(
+                "extent on unknown device {}",
+                phys.device
+            )))
+        })
+    }
+
+    /// The durability point. Makes every write, punch and extent-map change that completed
+    /// before the call durable, together with `ops`. If the transaction fails, the pending
+    /// changes stay pending (and `ops` too when `retain_ops_on_failure`, for changes already
+    /// applied in memory) so that a later commit retries them.
+    pub(crate) fn commit(
+        &self,
+        ops: &[MetaOp],
+        retain_ops_on_failure: bool,
+    ) -> Result<(), StoreError> {
+        let _serial = lock(&self.commit_lock);
+        for d in &self.devices {
+            d.sync_if_dirty()?;
+        }
+        let (batch, mut all_ops) = {
+            let mut pool = lock(&self.pool);
+            (
+                std::mem::take(&mut pool.pending),
+                std::mem::take(&mut pool.pending_ops),
+            )
+        };
+        let retried_ops = all_ops.len();
+        all_ops.extend_from_slice(ops);
+        if batch.is_empty() && all_ops.is_empty() {
+            return Ok(());
+        }
+        let changes: Vec<ExtentChange> = batch
+            .iter()
+            .map(|c| match *c {
+                Change::Alloc {
+                    volume_id,
+                    extent,
+                    phys,
+                    ..
+                } => ExtentChange::Map {
+                    volume_id,
+                    extent,
+                    phys,
+                },
+                Change::Free {
+                    volume_id, extent, ..
+                } => ExtentChange::Unmap { volume_id, extent },
+            })
+            .collect();
+        if let Err(e) = self.meta.commit(&changes, &all_ops) {
+            tracing::error!(error = %e, "metadata commit failed; changes stay pending");
+            let mut pool = lock(&self.pool);
+            let newer = std::mem::replace(&mut pool.pending, batch);
+            pool.pending.extend(newer);
+            let keep = if retain_ops_on_failure {
+                all_ops.len()
+            } else {
+                retried_ops
+            };
+            all_ops.truncate(keep);
+            let newer_ops = std::mem::replace(&mut pool.pending_ops, all_ops);
+            pool.pending_ops.extend(newer_ops);
+            return Err(e);
+        }
+        // The allocations are durable: clear their pending bits so FUA skips the commit.
+        for c in &batch {
+            if let Change::Alloc {
+                volume,
+                extent,
+                phys,
+                ..
+            } = c
+                && let Some(v) = volume.upgrade()
+            {
+                v.mark_committed(*extent, *phys);
+            }
+        }
+        let mut pool = lock(&self.pool);
+        for c in batch {
+            if let Change::Free {
+                phys,
+                reusable: true,
+                ..
+            } = c
+            {
+                pool.allocator.release(phys);
+                pool.quarantined = pool.quarantined.saturating_sub(1);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// Whether enough freed extents wait in quarantine that the releaser should commit.
+    pub(crate) fn quarantine_full(&self) -> bool {
+        let pool = lock(&self.pool);
+        pool.quarantined >= pool.quarantine_limit
+    }
+}
+
+impl Drop for Shared {
+    /// Last handle gone: commit what is pending and, if every free extent is known to read
+    /// zero (no failed punch), record a clean shutdown so the next open skips the free-space
+    /// punch.
+    fn drop(&mut self) {
+        let clean = lock(&self.pool).leaked == 0;
+        match self.commit(&[MetaOp::SetClean(clean)], false) {
+            Ok(()) => tracing::debug!(clean, "store closed"),
+            Err(e) => tracing::error!(error = %e, "final commit at close failed"),
+        }
+    }
+}
+
+/// Pool-wide numbers for operators and the management API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolInfo {
+    pub extent_size_bytes: u64,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub total_extents: u64,
+    pub free_extents: u64,
+    pub allocated_extents: u64,
+    /// Freed, waiting for the next durable commit before reuse.
+    pub quarantined_extents: u64,
+    /// Freed but their punch failed; reusable after a restart.
+    pub leaked_extents: u64,
+    pub devices: Vec<DeviceInfo>,
+}
+
+/// One device of the pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub id: u32,
+    /// File or block device path, or `memory:<id>`.
+    pub path: String,
+    pub capacity_bytes: u64,
+    pub extent_count: u64,
+    pub free_extents: u64,
+    /// Real space used (file blocks or RAM); `None` for block devices.
+    pub physical_used_bytes: Option<u64>,
+}
+
+/// A pool of devices and the volumes on it. `Send + Sync`; share it behind an `Arc`.
+pub struct Store {
+    shared: Arc<Shared>,
+    /// Name -> volume. Held only briefly, never across a commit, so lookups (NBD handshakes)
+    /// never wait for a management operation's fsyncs.
+    volumes: RwLock<BTreeMap<String, Arc<Volume>>>,
+    /// Serialises management operations (create, resize, delete); holds the next volume id.
+    management: Mutex<u64>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("devices", &self.shared.devices.len())
+            .field("volumes", &read(&self.volumes).len())
+            .finish()
+    }
+}
+
+fn now_unix_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn corrupt(msg: String) -> StoreError {
+    StoreError::Metadata(MetadataError::Corrupt(msg))
+}
+
+fn validate_size(size_bytes: u64) -> Result<(), StoreError> {
+    let invalid = |reason| StoreError::InvalidSize { size_bytes, reason };
+    if size_bytes == 0 {
+        return Err(invalid("must be greater than zero"));
+    }
+    if !size_bytes.is_multiple_of(VOLUME_SIZE_ALIGN_BYTES) {
+        return Err(invalid("must be a multiple of 512 bytes"));
+    }
+    if size_bytes > MAX_VOLUME_SIZE_BYTES {
+        return Err(invalid("larger than the 64 TiB maximum"));
+    }
+    Ok(())
+}
+
+fn extents_of(capacity_bytes: u64) -> Result<u32, StoreError> {
+    u32::try_from(capacity_bytes / EXTENT_SIZE_BYTES)
+        .map_err(|_| StoreError::InvalidConfig("device larger than 8 PiB".into()))
+}
+
+/// fsync a directory so that entries created in it survive a power loss.
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+/// Volumes rebuilt from metadata, before the shared state exists.
+struct LoadedVolume {
+    id: u64,
+    record: VolumeRecord,
+    map: ExtentMap,
+    allocated_extents: u64,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `cfg.data_dir`. After a crash, every free
+    /// extent is punched (and synced) before the store is returned, so data written into
+    /// allocations that never became durable cannot surface in another volume.
+    pub fn open(cfg: &StoreConfig) -> Result<Store, StoreError> {
+        let explicit = !cfg.device_paths.is_empty();
+        let wanted_count = if explicit {
+            cfg.device_paths.len()
+        } else {
+            cfg.device_count as usize
+        };
+        if wanted_count == 0 || wanted_count > MAX_DEVICES as usize {
+            return Err(StoreError::InvalidConfig(format!(
+                "device count must be between 1 and {MAX_DEVICES}, got {wanted_count}"
+            )));
+        }
+        std::fs::create_dir_all(&cfg.data_dir)?;
+        let meta = Meta::open_file(&cfg.meta_path())?;
+        let stored = meta.load()?;
+        let fresh = stored.is_none();
+        let mut loaded = stored.unwrap_or_default();
+        if fresh {
+            loaded.next_volume_id = 1;
+        }
+        loaded.devices.sort_by_key(|(id, _)| *id);
+        for (i, (id, _)) in loaded.devices.iter().enumerate() {
+            if *id as usize != i {
+                return Err(corrupt(format!("device ids are not contiguous at {id}")));
+            }
+        }
+
+        // Stored devices are authoritative; configured devices beyond them are added.
+        let mut records: Vec<(DeviceRecord, bool)> = loaded
+            .devices
+            .iter()
+            .map(|(_, r)| (r.clone(), false))
+            .collect();
+        if wanted_count < records.len() {
+            tracing::warn!(
+                configured = wanted_count,
+                stored = records.len(),
+                "configuration lists fewer devices than the pool holds; keeping all"
+            );
+        }
+        for i in records.len()..wanted_count {
+            let (path, relative) = if explicit {
+                // Stored absolute: a later start may run from another working directory.
+                let abs = std::path::absolute(&cfg.device_paths[i])?;
+                let p = abs
+                    .to_str()
+                    .ok_or_else(|| StoreError::InvalidConfig("device path is not UTF-8".into()))?;
+                (p.to_string(), false)
+            } else {
+                (format!("devices/dev-{i}.img"), true)
+            };
+            let rec = DeviceRecord {
+                path,
+                relative,
+                capacity_bytes: 0,
+            };
+            records.push((rec, true));
+        }
+        if records.len() > MAX_DEVICES as usize {
+            return Err(StoreError::InvalidConfig(format!(
+                "more than {MAX_DEVICES} devices"
+            )));
+        }
+
+        let mut devices = Vec::with_capacity(records.len());
+        let mut new_device_ops = Vec::new();
+        let mut created_relative = false;
+        for (i, (rec, is_new)) in records.iter_mut().enumerate() {
+            let path: PathBuf = if rec.relative {
+                cfg.data_dir.join(&rec.path)
+            } else {
+                PathBuf::from(&rec.path)
+            };
+            if *is_new && rec.relative {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                created_relative = true;
+            }
+            let (file, capacity, is_block) =
+                open_device_file(&path, cfg.device_capacity_bytes, *is_new).map_err(|e| {
+                    StoreError::Io(std::io::Error::new(
+                        e.kind(),
+                        format!("device {}: {e}", path.display()),
+                    ))
+                })?;
+            if *is_new {
+                if capacity < EXTENT_SIZE_BYTES {
+                    return Err(StoreError::InvalidConfig(format!(
+                        "device {} holds less than one {EXTENT_SIZE_BYTES}-byte extent",
+                        path.display()
+                    )));
+                }
+                rec.capacity_bytes = capacity - capacity % EXTENT_SIZE_BYTES;
+                new_device_ops.push(MetaOp::PutDevice(i as u32, rec.clone()));
+            } else if capacity < rec.capacity_bytes {
+                return Err(StoreError::InvalidConfig(format!(
+                    "device {} is {capacity} bytes, smaller than the recorded {}",
+                    path.display(),
+                    rec.capacity_bytes
+                )));
+            }
+            let extent_count = extents_of(rec.capacity_bytes)?;
+            devices.push(Device::from_file(
+                i as u32,
+                path.display().to_string(),
+                file,
+                is_block,
+                extent_count,
+            ));
+        }
+        if created_relative {
+            sync_dir(&cfg.data_dir.join("devices"))?;
+        }
+        if fresh {
+            sync_dir(&cfg.data_dir)?;
+        }
+
+        let (allocator, volumes) = rebuild(&devices, &loaded)?;
+
+        // Recovery: after an unclean shutdown (or on devices new to the pool) a free extent
+        // may hold data of an allocation that never became durable. Punch all free space and
+        // make the punches durable before anything can be allocated.
+        let punch_all = fresh || !loaded.clean;
+        for (d, (_, is_new)) in devices.iter().zip(records.iter()) {
+            if punch_all || *is_new {
+                for (first, count) in allocator.free_runs(d.id as usize) {
+                    d.punch_extents(first, count)?;
+                }
+                d.sync_if_dirty()?;
+            }
+        }
+        if punch_all && !fresh {
+            tracing::info!("unclean shutdown detected: punched all free extents");
+        }
+
+        let mut ops = Vec::new();
+        if fresh {
+            ops.push(MetaOp::Init);
+        }
+        ops.extend(new_device_ops);
+        ops.push(MetaOp::SetClean(false));
+        meta.commit(&[], &ops)?;
+        Ok(Store::assemble(
+            meta,
+            devices,
+            allocator,
+            volumes,
+            loaded.next_volume_id,
+        ))
+    }
+
+    /// A store whose devices and metadata live in RAM (tests, benchmarks). `capacity_bytes`
+    /// is rounded down to whole extents and split over two devices (one if it holds a single
+    /// extent). Same code paths as the file store except device I/O and redb's backend.
+    pub fn open_memory(capacity_bytes: u64) -> Result<Store, StoreError> {
+        let total = capacity_bytes / EXTENT_SIZE_BYTES;
+        let counts: Vec<u64> = if total >= 2 {
+            vec![total.div_ceil(2), total / 2]
+        } else {
+            vec![total]
+        };
+        let meta = Meta::open_memory()?;
+        let mut devices = Vec::new();
+        let mut ops = vec![MetaOp::Init];
+        for (i, &n) in counts.iter().enumerate() {
+            let n = u32::try_from(n)
+                .map_err(|_| StoreError::InvalidConfig("memory device too large".into()))?;
+            devices.push(Device::memory(i as u32, n));
+            ops.push(MetaOp::PutDevice(
+                i as u32,
+                DeviceRecord {
+                    path: format!("memory:{i}"),
+                    relative: false,
+                    capacity_bytes: u64::from(n) * EXTENT_SIZE_BYTES,
+                },
+            ));
+        }
+        meta.commit(&[], &ops)?;
+        let counts: Vec<u32> = devices.iter().map(|d| d.extent_count).collect();
+        Ok(Store::assemble(
+            meta,
+            devices,
+            Allocator::new(&counts),
+            Vec::new(),
+            1,
+        ))
+    }
+
+    fn assemble(
+        meta: Meta,
+        devices: Vec<Device>,
+        allocator: Allocator,
+        volumes: Vec<LoadedVolume>,
+        next_volume_id: u64,
+    ) -> Store {
+        let total_extents: u64 = devices.iter().map(|d| u64::from(d.extent_count)).sum();
+        let shared = Arc::new(Shared {
+            devices,
+            meta,
+            pool: Mutex::new(PoolState {
+                allocator,
+                pending: Vec::new(),
+                pending_ops: Vec::new(),
+                quarantined: 0,
+                leaked: 0,
+                quarantine_limit: (total_extents / 16).clamp(1, MAX_QUARANTINE_EXTENTS),
+            }),
+            commit_lock: Mutex::new(()),
+        });
+        let by_name = volumes
+            .into_iter()
+            .map(|v| {
+                let name = v.record.name.clone();
+                let vol = Volume::new(
+                    Arc::clone(&shared),
+                    v.id,
+                    v.record,
+                    v.map,
+                    v.allocated_extents,
+                );
+                (name, vol)
+            })
+            .collect();
+        Store {
+            shared,
+            volumes: RwLock::new(by_name),
+            management: Mutex::new(next_volume_id),
+        }
+    }
+
+    /// Creates an empty (fully unallocated) volume; durable when this returns.
+    pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, StoreError> {
+        validate_volume_name(name)?;
+        validate_size(size_bytes)?;
+        let mut next_volume_id = lock(&self.management);
+        if read(&self.volumes).contains_key(name) {
+            return Err(StoreError::AlreadyExists(name.to_string()));
+        }
+        let id = *next_volume_id;
+        let record = VolumeRecord {
+            name: name.to_string(),
+            size_bytes,
+            created_unix_s: now_unix_s(),
+        };
+        self.shared.commit(
+            &[
+                MetaOp::PutVolume(id, record.clone()),
+                MetaOp::SetNextVolumeId(id + 1),
+            ],
+            false,
+        )?;
+        *next_volume_id = id + 1;
+        let vol = Volume::new(
+            Arc::clone(&self.shared),
+            id,
+            record,
+            ExtentMap::new(extent_count(size_bytes)),
+            0,
+        );
+        let info = vol.info();
+        write(&self.volumes).insert(name.to_string(), vol);
+        tracing::info!(volume = name, id, size_bytes, "volume created");
+        Ok(info)
+    }
+
+    /// All volumes, sorted by name.
+    pub fn list_volumes(&self) -> Vec<VolumeInfo> {
+        read(&self.volumes).values().map(|v| v.info()).collect()
+    }
+
+    pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, StoreError> {
+        Ok(self.lookup(name)?.info())
+    }
+
+    /// A shared handle to the volume; every handle of a name is the same `Volume`.
+    pub fn open_volume(&self, name: &str) -> Result<Arc<Volume>, StoreError> {
+        self.lookup(name)
+    }
+
+    fn lookup(&self, name: &str) -> Result<Arc<Volume>, StoreError> {
+        read(&self.volumes)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(name.to_string()))
+    }
+
+    /// Grows or shrinks a volume; durable when this returns. Shrinking releases (and punches)
+    /// every extent past the new end and zeroes the rest of the last extent, so a later grow
+    /// exposes zeros.
+    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, StoreError> {
+        validate_size(size_bytes)?;
+        let _serial = lock(&self.management);
+        let vol = self.lookup(name)?;
+        vol.resize(size_bytes)?;
+        tracing::info!(volume = name, size_bytes, "volume resized");
+        Ok(vol.info())
+    }
+
+    /// Deletes a volume and frees (punches) all its space; durable when this returns. Open
+    /// handles fail every later call with `VolumeDeleted`.
+    pub fn delete_volume(&self, name: &str) -> Result<(), StoreError> {
+        let _serial = lock(&self.management);
+        let vol = write(&self.volumes)
+            .remove(name)
+            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
+        vol.destroy()?;
+        tracing::info!(volume = name, "volume deleted");
+        Ok(())
+    }
+
+    /// Makes everything acknowledged so far durable (used at shutdown).
+    pub fn flush_all(&self) -> Result<(), StoreError> {
+        self.shared.commit(&[], false)
+    }
+
+    pub fn pool_info(&self) -> PoolInfo {
+        let (per_device_free, free, quarantined, leaked) = {
+            let pool = lock(&self.shared.pool);
+            let per: Vec<u64> = (0..self.shared.devices.len())
+                .map(|d| pool.allocator.free_extents(d))
+                .collect();
+            (
+                per,
+                pool.allocator.total_free_extents(),
+                pool.quarantined,
+                pool.leaked,
+            )
+        };
+        let devices: Vec<DeviceInfo> = self
+            .shared
+            .devices
+            .iter()
+            .zip(per_device_free)
+            .map(|(d, free_extents)| DeviceInfo {
+                id: d.id,
+                path: d.label.clone(),
+                capacity_bytes: d.capacity_bytes(),
+                extent_count: u64::from(d.extent_count),
+                free_extents,
+                physical_used_bytes: d.physical_used_bytes(),
+            })
+            .collect();
+        let total: u64 = devices.iter().map(|d| d.extent_count).sum();
+        PoolInfo {
+            extent_size_bytes: EXTENT_SIZE_BYTES,
+            capacity_bytes: total * EXTENT_SIZE_BYTES,
+            free_bytes: free * EXTENT_SIZE_BYTES,
+            total_extents: total,
+            free_extents: free,
+            allocated_extents: total.saturating_sub(free + quarantined + leaked),
+            quarantined_extents: quarantined,
+            leaked_extents: leaked,
+            devices,
+        }
+    }
+
+    /// Whether the devices live in RAM (`open_memory`).
+    pub fn is_memory(&self) -> bool {
+        self.shared.devices.iter().all(Device::is_memory)
+    }
+}
+
+/// Rebuilds the allocator and the in-memory extent maps from loaded metadata, checking that
+/// every row is consistent (known volume, extent inside it, physical extent inside a device
+/// and mapped once).
+fn rebuild(
+    devices: &[Device],
+    loaded: &crate::meta::Loaded,
+) -> Result<(Allocator, Vec<LoadedVolume>), StoreError> {
+    let counts: Vec<u32> = devices.iter().map(|d| d.extent_count).collect();
+    let mut allocator = Allocator::new(&counts);
+    let mut volumes: BTreeMap<u64, LoadedVolume> = BTreeMap::new();
+    for (id, rec) in &loaded.volumes {
+        if validate_volume_name(&rec.name).is_err() || validate_size(rec.size_bytes).is_err() {
+            return Err(corrupt(format!("volume {id} has an invalid name or size")));
+        }
+        volumes.insert(
+            *id,
+            LoadedVolume {
+                id: *id,
+                record: rec.clone(),
+                map: ExtentMap::new(extent_count(rec.size_bytes)),
+                allocated_extents: 0,
+            },
+        );
+    }
+    for &(volume_id, extent, phys) in &loaded.extents {
+        let vol = volumes
+            .get_mut(&volume_id)
+            .ok_or_else(|| corrupt(format!("extent row for unknown volume {volume_id}")))?;
+        let slot = vol.map.slot(extent).ok_or_else(|| {
+            corrupt(format!(
+                "volume {volume_id} maps extent {extent} past its end"
+            ))
+        })?;
+        let in_range = devices
+            .get(phys.device as usize)
+            .is_some_and(|d| phys.index < d.extent_count);
+        if !in_range || !allocator.mark_used(volume_id, phys) {
+            return Err(corrupt(format!(
+                "volume {volume_id} extent {extent}: physical extent {phys:?} is invalid or mapped twice"
+            )));
+        }
+        slot.store(phys.to_entry(), Ordering::Release);
+        vol.allocated_extents += 1;
+    }
+    let mut names = std::collections::HashSet::new();
+    for v in volumes.values() {
+        if !names.insert(v.record.name.as_str()) {
+            return Err(corrupt(format!("two volumes named {:?}", v.record.name)));
+        }
+    }
+    Ok((allocator, volumes.into_values().collect()))
+}

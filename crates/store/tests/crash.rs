@@ -1,0 +1,188 @@
+//! Crash durability: a child process writes, flushes, writes more without flushing, trims
+//! without flushing, and is killed with SIGKILL. The parent reopens the store and checks that
+//! every flushed (or FUA) block survived, that allocations never made durable are gone, and
+//! that their data can never surface in another volume (the startup punch).
+//!
+//! The child is this test binary re-executed with `--ignored --exact crash_child` and an env
+//! variable naming the data directory; it reports progress on stdout.
+
+// Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use headroom_store::{EXTENT_SIZE_BYTES, Store, StoreConfig, StoreError, Volume};
+
+const E: u64 = EXTENT_SIZE_BYTES;
+const MIB: u64 = 1 << 20;
+const CHILD_ENV: &str = "HEADROOM_STORE_CRASH_CHILD_DIR";
+
+/// Writes made before the flush: (offset, length), some crossing extent boundaries.
+const FLUSHED: [(u64, usize); 4] = [
+    (0, 4096),
+    (E - 1000, 5000),
+    (3 * E + 12345, 1 << 20),
+    (4 * E + 100, 700),
+];
+/// A FUA write into a fresh extent, after the flush and with no flush after it.
+const FUA_OFFSET: u64 = 7 * E + 8192;
+/// Extents of `a` first written after the flush (never flushed).
+const UNFLUSHED: std::ops::Range<u64> = 10..16;
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn config(dir: &Path) -> StoreConfig {
+    StoreConfig {
+        device_count: 2,
+        device_capacity_bytes: 24 * MIB, // 12 extents each
+        ..StoreConfig::new(dir)
+    }
+}
+
+fn read_vec(v: &Volume, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0xEEu8; len];
+    v.read_at(offset, &mut buf).unwrap();
+    buf
+}
+
+#[test]
+#[ignore = "child process of kill9_keeps_flushed_data_and_never_leaks_unflushed_allocations"]
+fn crash_child() {
+    let Ok(dir) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let store = Store::open(&config(Path::new(&dir))).unwrap();
+    store.create_volume("a", 64 * MIB).unwrap();
+    store.create_volume("q", 16 * MIB).unwrap();
+    let a = store.open_volume("a").unwrap();
+    let q = store.open_volume("q").unwrap();
+    for (i, &(off, len)) in FLUSHED.iter().enumerate() {
+        a.write_at(off, &pattern(i as u64, len), false).unwrap();
+    }
+    q.write_at(0, &pattern(50, (4 * E) as usize), false)
+        .unwrap();
+    a.flush().unwrap();
+    a.write_at(FUA_OFFSET, &pattern(100, 4096), true).unwrap();
+    // Not flushed from here on.
+    q.trim(0, 2 * E, false).unwrap();
+    println!("MARK flushed");
+    for i in UNFLUSHED {
+        a.write_at(i * E, &pattern(200 + i, E as usize), false)
+            .unwrap();
+    }
+    a.write_at(0, &pattern(999, 4096), false).unwrap();
+    println!("MARK ready");
+    loop {
+        std::thread::park();
+    }
+}
+
+#[test]
+fn kill9_keeps_flushed_data_and_never_leaks_unflushed_allocations() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "crash_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, dir.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut marks = Vec::new();
+    for line in stdout.lines() {
+        let line = line.unwrap();
+        if line.contains("MARK flushed") {
+            marks.push("flushed");
+        }
+        if line.contains("MARK ready") {
+            marks.push("ready");
+            break;
+        }
+    }
+    assert_eq!(
+        marks,
+        vec!["flushed", "ready"],
+        "child did not reach the crash point"
+    );
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(9));
+
+    let store = Store::open(&config(dir.path())).unwrap();
+    let a = store.open_volume("a").unwrap();
+    let q = store.open_volume("q").unwrap();
+
+    // Every flushed block, and the FUA block, survived (block 0 may hold either version).
+    let block0 = read_vec(&a, 0, 4096);
+    assert!(block0 == pattern(0, 4096) || block0 == pattern(999, 4096));
+    for (i, &(off, len)) in FLUSHED.iter().enumerate().skip(1) {
+        assert_eq!(
+            read_vec(&a, off, len),
+            pattern(i as u64, len),
+            "flushed write {i}"
+        );
+    }
+    assert_eq!(read_vec(&a, FUA_OFFSET, 4096), pattern(100, 4096));
+    assert!(a.extent_location(FUA_OFFSET / E).unwrap().committed);
+
+    // Allocations never committed are gone: holes that read zero.
+    for i in UNFLUSHED {
+        assert!(
+            a.extent_location(i).is_none(),
+            "extent {i} should not be mapped"
+        );
+        assert!(read_vec(&a, i * E, E as usize).iter().all(|&b| b == 0));
+    }
+
+    // The unflushed trim may or may not have happened; each block is old data or zeros.
+    let q_data = pattern(50, (4 * E) as usize);
+    let q_now = read_vec(&q, 0, (4 * E) as usize);
+    for (now, old) in q_now.chunks(4096).zip(q_data.chunks(4096)) {
+        assert!(now == old || now.iter().all(|&b| b == 0));
+    }
+    assert_eq!(&q_now[(2 * E) as usize..], &q_data[(2 * E) as usize..]);
+
+    // Fill every free extent of the pool with a new volume that writes only 512 bytes per
+    // extent: the rest of each extent must read zero, although the physical extents of the
+    // unflushed allocations held data before the crash.
+    let free = store.pool_info().free_extents;
+    assert!(free >= (UNFLUSHED.end - UNFLUSHED.start), "free {free}");
+    store.create_volume("b", 48 * MIB).unwrap();
+    let b = store.open_volume("b").unwrap();
+    let mut allocated = 0;
+    for i in 0..24 {
+        match b.write_at(i * E, &pattern(300 + i, 512), false) {
+            Ok(()) => allocated += 1,
+            Err(StoreError::NoSpace) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(allocated, free);
+    assert_eq!(store.pool_info().free_extents, 0);
+    for i in 0..allocated {
+        let got = read_vec(&b, i * E, E as usize);
+        assert_eq!(&got[..512], &pattern(300 + i, 512)[..]);
+        assert!(
+            got[512..].iter().all(|&x| x == 0),
+            "extent {i} of b leaks old data"
+        );
+    }
+}
