@@ -1,0 +1,16 @@
+//! The Headroom node: the async shell around the pure pieces.
+//!
+//! `headroom-nbd` knows the wire format, `headroom-store` knows where bytes live, and this crate
+//! joins them to sockets: an NBD listener with one session per connection, an executor that runs
+//! block I/O off the async runtime when it may block, and the HTTP/JSON management API. Every
+//! queue here is bounded (connections, requests and bytes in flight per connection), so a
+//! misbehaving client costs us at most its own budget.
+
+pub mod api;
+pub mod config;
+pub mod exec;
+pub mod server;
+pub mod session;
+
+pub use config::{Limits, NodeConfig, StoreBackend};
+pub use server::{Node, NodeError, RunningNode};

@@ -1,0 +1,668 @@
+//! One NBD connection, from the greeting to the last reply.
+//!
+//! Negotiation runs on the whole socket under a deadline. Transmission splits it: this task
+//! reads and validates requests (and write payloads) and hands each one to the executor, and a
+//! writer task encodes replies in completion order, batching whatever is ready into one write.
+//! Every request holds a permit from two per-connection semaphores (requests and payload bytes)
+//! until its reply is on the wire, so a client that pipelines without reading replies stalls only
+//! itself: its reader stops pulling from the socket, TCP pushes back, and memory stays bounded.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use headroom_nbd as nbd;
+use headroom_nbd::consts;
+use headroom_store::{Store, StoreError, Volume};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+use crate::config::Limits;
+use crate::exec::Executor;
+
+/// The one metadata context we serve.
+const ALLOCATION_CONTEXT_ID: u32 = 1;
+const ALLOCATION_CONTEXT_NAME: &str = "base:allocation";
+/// Replies copied into the batch buffer; larger payloads are written straight from their buffer.
+const INLINE_PAYLOAD_BYTES: usize = 64 << 10;
+
+/// What a session needs from the node.
+#[derive(Debug)]
+pub struct SessionContext {
+    pub store: Arc<Store>,
+    pub limits: Limits,
+    /// `None`: run cheap commands inline on the session task.
+    pub executor: Option<Arc<Executor>>,
+}
+
+/// Why a session ended early. None of these affect other sessions.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("socket error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("handshake: {0}")]
+    Handshake(#[from] nbd::HandshakeError),
+    #[error("client did not finish negotiation in time")]
+    HandshakeTimeout,
+    #[error("client asked for unknown export {0:?} with NBD_OPT_EXPORT_NAME")]
+    UnknownExport(String),
+    #[error("option of {0} bytes is too large")]
+    OptionTooLarge(u32),
+    #[error("transmission: {0}")]
+    Transmission(#[from] nbd::TransmissionError),
+}
+
+/// The outcome of negotiation when the client moves to transmission.
+struct Negotiated {
+    volume: Arc<Volume>,
+    structured: bool,
+    allocation_context: bool,
+}
+
+/// Serves one accepted connection to the end.
+pub async fn serve_connection(
+    mut stream: TcpStream,
+    ctx: Arc<SessionContext>,
+) -> Result<(), SessionError> {
+    stream.set_nodelay(true)?;
+    let deadline = Duration::from_millis(ctx.limits.handshake_timeout_ms);
+    let negotiated = match tokio::time::timeout(deadline, negotiate(&mut stream, &ctx)).await {
+        Ok(Ok(Some(negotiated))) => negotiated,
+        Ok(Ok(None)) => return Ok(()),
+        Ok(Err(err)) => return Err(err),
+        Err(_) => return Err(SessionError::HandshakeTimeout),
+    };
+    transmit(stream, ctx, negotiated).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Negotiation
+
+/// Runs option haggling. `Ok(None)` means the client ended it cleanly (ABORT or EOF).
+async fn negotiate(
+    stream: &mut TcpStream,
+    ctx: &SessionContext,
+) -> Result<Option<Negotiated>, SessionError> {
+    let mut out = Vec::with_capacity(256);
+    nbd::encode_server_greeting(&mut out);
+    stream.write_all(&out).await?;
+
+    let mut flags_buf = [0u8; 4];
+    stream.read_exact(&mut flags_buf).await?;
+    let client_flags = nbd::decode_client_flags(u32::from_be_bytes(flags_buf))?;
+
+    let mut structured = false;
+    // (export name, selected) from the last SET_META_CONTEXT
+    let mut meta_selection: Option<(String, bool)> = None;
+
+    loop {
+        let mut header_buf = [0u8; 16];
+        match stream.read_exact(&mut header_buf).await {
+            Ok(_) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(err) => return Err(err.into()),
+        }
+        let header = nbd::decode_option_header(&header_buf)?;
+        out.clear();
+        match nbd::option_data_action(&header) {
+            nbd::OptionDataAction::Read => {}
+            nbd::OptionDataAction::DiscardThenReply { reply_type } => {
+                discard(stream, u64::from(header.length)).await?;
+                nbd::encode_option_error(&mut out, header.option, reply_type, "option too large");
+                stream.write_all(&out).await?;
+                continue;
+            }
+            nbd::OptionDataAction::Close => {
+                // Reading gigabytes to stay in sync would be a denial of service: say why (when
+                // the option has an error reply at all), then close.
+                if header.option != consts::NBD_OPT_EXPORT_NAME {
+                    nbd::encode_option_error(
+                        &mut out,
+                        header.option,
+                        consts::NBD_REP_ERR_TOO_BIG,
+                        "option too large",
+                    );
+                    // Best effort: the client may already be gone.
+                    let _ = stream.write_all(&out).await;
+                }
+                return Err(SessionError::OptionTooLarge(header.length));
+            }
+        }
+        let mut data = vec![0u8; header.length as usize];
+        stream.read_exact(&mut data).await?;
+        let option = match nbd::decode_option(&header, &data) {
+            Ok(option) => option,
+            Err(err) => {
+                if err.closes_connection() {
+                    // A malformed EXPORT_NAME has no error reply: the spec's only answer is to close.
+                    return Ok(None);
+                }
+                nbd::encode_option_error(
+                    &mut out,
+                    header.option,
+                    err.reply_type(),
+                    &err.to_string(),
+                );
+                stream.write_all(&out).await?;
+                continue;
+            }
+        };
+        match option {
+            nbd::ClientOption::ExportName(name) => {
+                let volume = match ctx.store.open_volume(&name) {
+                    Ok(volume) => volume,
+                    // The spec leaves no way to refuse EXPORT_NAME but closing.
+                    Err(_) => return Err(SessionError::UnknownExport(name)),
+                };
+                let flags = transmission_flags(structured);
+                nbd::encode_export_name_reply(
+                    &mut out,
+                    volume.size_bytes(),
+                    flags,
+                    client_flags.no_zeroes,
+                );
+                stream.write_all(&out).await?;
+                let allocation_context = selected_for(&meta_selection, &name);
+                return Ok(Some(Negotiated {
+                    volume,
+                    structured,
+                    allocation_context,
+                }));
+            }
+            nbd::ClientOption::Info(request) | nbd::ClientOption::Go(request) => {
+                let is_go = header.option == consts::NBD_OPT_GO;
+                let volume = match ctx.store.open_volume(&request.export_name) {
+                    Ok(volume) => volume,
+                    Err(_) => {
+                        nbd::encode_option_reply(
+                            &mut out,
+                            header.option,
+                            consts::NBD_REP_ERR_UNKNOWN,
+                            format!("no export named {:?}", request.export_name).as_bytes(),
+                        );
+                        stream.write_all(&out).await?;
+                        continue;
+                    }
+                };
+                let flags = transmission_flags(structured);
+                nbd::encode_info_export(&mut out, header.option, volume.size_bytes(), flags);
+                for info in &request.info_types {
+                    match *info {
+                        consts::NBD_INFO_NAME => {
+                            nbd::encode_info_name(&mut out, header.option, volume.name());
+                        }
+                        consts::NBD_INFO_DESCRIPTION => nbd::encode_info_description(
+                            &mut out,
+                            header.option,
+                            &describe(&volume),
+                        ),
+                        _ => {}
+                    }
+                }
+                // Always sent: clients that did not ask still benefit from knowing our limit.
+                nbd::encode_info_block_size(
+                    &mut out,
+                    header.option,
+                    1,
+                    4096,
+                    ctx.limits.max_request_bytes,
+                );
+                nbd::encode_option_reply(&mut out, header.option, consts::NBD_REP_ACK, &[]);
+                stream.write_all(&out).await?;
+                if is_go {
+                    let allocation_context =
+                        structured && selected_for(&meta_selection, &request.export_name);
+                    return Ok(Some(Negotiated {
+                        volume,
+                        structured,
+                        allocation_context,
+                    }));
+                }
+            }
+            nbd::ClientOption::List => {
+                for info in ctx.store.list_volumes() {
+                    nbd::encode_rep_server(
+                        &mut out,
+                        header.option,
+                        &info.name,
+                        &format!("{} bytes", info.size_bytes),
+                    );
+                }
+                nbd::encode_option_reply(&mut out, header.option, consts::NBD_REP_ACK, &[]);
+                stream.write_all(&out).await?;
+            }
+            nbd::ClientOption::Abort => {
+                nbd::encode_option_reply(&mut out, header.option, consts::NBD_REP_ACK, &[]);
+                // The client may close without reading the ack; that is fine.
+                let _ = stream.write_all(&out).await;
+                return Ok(None);
+            }
+            nbd::ClientOption::StructuredReply => {
+                if structured {
+                    nbd::encode_option_reply(
+                        &mut out,
+                        header.option,
+                        consts::NBD_REP_ERR_INVALID,
+                        b"structured replies already negotiated",
+                    );
+                } else {
+                    structured = true;
+                    nbd::encode_option_reply(&mut out, header.option, consts::NBD_REP_ACK, &[]);
+                }
+                stream.write_all(&out).await?;
+            }
+            nbd::ClientOption::ListMetaContext(request)
+            | nbd::ClientOption::SetMetaContext(request) => {
+                let is_set = header.option == consts::NBD_OPT_SET_META_CONTEXT;
+                if !structured {
+                    nbd::encode_option_reply(
+                        &mut out,
+                        header.option,
+                        consts::NBD_REP_ERR_INVALID,
+                        b"negotiate structured replies first",
+                    );
+                    stream.write_all(&out).await?;
+                    continue;
+                }
+                if ctx.store.volume_info(&request.export_name).is_err() {
+                    nbd::encode_option_reply(
+                        &mut out,
+                        header.option,
+                        consts::NBD_REP_ERR_UNKNOWN,
+                        format!("no export named {:?}", request.export_name).as_bytes(),
+                    );
+                    stream.write_all(&out).await?;
+                    continue;
+                }
+                let matches = nbd::allocation_context_matches(&request.queries, is_set);
+                if matches {
+                    nbd::encode_rep_meta_context(
+                        &mut out,
+                        header.option,
+                        ALLOCATION_CONTEXT_ID,
+                        ALLOCATION_CONTEXT_NAME,
+                    );
+                }
+                nbd::encode_option_reply(&mut out, header.option, consts::NBD_REP_ACK, &[]);
+                stream.write_all(&out).await?;
+                if is_set {
+                    meta_selection = Some((request.export_name, matches));
+                }
+            }
+            nbd::ClientOption::StartTls | nbd::ClientOption::ExtendedHeaders => {
+                nbd::encode_option_reply(
+                    &mut out,
+                    header.option,
+                    consts::NBD_REP_ERR_UNSUP,
+                    b"not supported by this server",
+                );
+                stream.write_all(&out).await?;
+            }
+            nbd::ClientOption::Unknown(_) => {
+                nbd::encode_option_reply(
+                    &mut out,
+                    header.option,
+                    consts::NBD_REP_ERR_UNSUP,
+                    b"unknown option",
+                );
+                stream.write_all(&out).await?;
+            }
+        }
+    }
+}
+
+fn selected_for(selection: &Option<(String, bool)>, export: &str) -> bool {
+    matches!(selection, Some((name, true)) if name == export)
+}
+
+fn describe(volume: &Volume) -> String {
+    format!("headroom volume {}", volume.name())
+}
+
+/// Flags we advertise for every export (all volumes are writable for now).
+fn transmission_flags(structured: bool) -> u16 {
+    nbd::transmission_flags(false, structured)
+}
+
+async fn discard<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut R,
+    bytes: u64,
+) -> std::io::Result<()> {
+    let copied = tokio::io::copy(&mut reader.take(bytes), &mut tokio::io::sink()).await?;
+    if copied < bytes {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transmission
+
+/// Permits a request holds until its reply has been written.
+struct Permits {
+    _request: OwnedSemaphorePermit,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
+enum ReplyBody {
+    Done,
+    Error(nbd::Errno, &'static str),
+    Data { offset: u64, data: Vec<u8> },
+    BlockStatus { extents: Vec<(u32, u32)> },
+}
+
+struct Reply {
+    cookie: u64,
+    body: ReplyBody,
+    _permits: Permits,
+}
+
+type ReplySender = mpsc::UnboundedSender<Reply>;
+
+async fn transmit(
+    stream: TcpStream,
+    ctx: Arc<SessionContext>,
+    negotiated: Negotiated,
+) -> Result<(), SessionError> {
+    let (read_half, write_half) = stream.into_split();
+    let mut reader = BufReader::with_capacity(128 << 10, read_half);
+    let (reply_tx, reply_rx) = mpsc::unbounded_channel::<Reply>();
+    let writer = tokio::spawn(write_replies(write_half, reply_rx, negotiated.structured));
+
+    let request_slots = Arc::new(Semaphore::new(ctx.limits.max_inflight_requests_per_conn));
+    let byte_budget = u32::try_from(ctx.limits.max_inflight_bytes_per_conn).unwrap_or(u32::MAX);
+    let byte_slots = Arc::new(Semaphore::new(byte_budget as usize));
+    let volume = negotiated.volume;
+
+    let result = loop {
+        let mut header_buf = [0u8; nbd::REQUEST_HEADER_LEN];
+        match reader.read_exact(&mut header_buf).await {
+            Ok(_) => {}
+            // A client that hangs up without NBD_CMD_DISC: nothing to answer.
+            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
+            Err(err) => break Err(err.into()),
+        }
+        if reply_tx.is_closed() {
+            break Ok(());
+        }
+        let header = match nbd::decode_request_header(&header_buf) {
+            Ok(header) => header,
+            Err(err) => break Err(err.into()),
+        };
+        let Ok(request_permit) = request_slots.clone().acquire_owned().await else {
+            break Ok(());
+        };
+        let limits = nbd::ExportLimits {
+            size_bytes: volume.size_bytes(),
+            read_only: false,
+            max_payload_bytes: ctx.limits.max_request_bytes,
+            structured_replies: negotiated.structured,
+            allocation_context_id: negotiated
+                .allocation_context
+                .then_some(ALLOCATION_CONTEXT_ID),
+        };
+        let request = match nbd::validate_request(&header, &limits) {
+            Ok(request) => request,
+            Err(rejection) => {
+                let permits = Permits {
+                    _request: request_permit,
+                    _bytes: None,
+                };
+                let fatal = rejection.is_fatal();
+                let payload = rejection.payload_bytes();
+                if payload > 0
+                    && !fatal
+                    && let Err(err) = discard(&mut reader, u64::from(payload)).await
+                {
+                    break Err(err.into());
+                }
+                let _ = reply_tx.send(Reply {
+                    cookie: header.cookie,
+                    body: ReplyBody::Error(rejection.errno(), rejection.message()),
+                    _permits: permits,
+                });
+                if !fatal {
+                    continue;
+                }
+                break Ok(());
+            }
+        };
+        if matches!(request.command, nbd::Command::Disc) {
+            break Ok(());
+        }
+        let payload_bytes = match request.command {
+            nbd::Command::Read | nbd::Command::Write => request.length,
+            _ => 0,
+        };
+        let bytes_permit = if payload_bytes > 0 {
+            match byte_slots.clone().acquire_many_owned(payload_bytes).await {
+                Ok(permit) => Some(permit),
+                Err(_) => break Ok(()),
+            }
+        } else {
+            None
+        };
+        let permits = Permits {
+            _request: request_permit,
+            _bytes: bytes_permit,
+        };
+        let mut write_payload = Vec::new();
+        if matches!(request.command, nbd::Command::Write) {
+            write_payload = vec![0u8; request.length as usize];
+            if let Err(err) = reader.read_exact(&mut write_payload).await {
+                // A payload cut short: the write never happened and nobody is left to answer.
+                break Err(err.into());
+            }
+        }
+        dispatch(
+            &ctx,
+            &volume,
+            request,
+            write_payload,
+            permits,
+            reply_tx.clone(),
+        );
+    };
+    drop(reply_tx);
+    // Replies for everything already accepted are still delivered (NBD_CMD_DISC semantics).
+    match writer.await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::debug!("reply writer ended: {err}"),
+        Err(err) => tracing::warn!("reply writer failed: {err}"),
+    }
+    result
+}
+
+/// Runs one validated request, inline or on the executor, and queues its reply.
+fn dispatch(
+    ctx: &Arc<SessionContext>,
+    volume: &Arc<Volume>,
+    request: nbd::ValidRequest,
+    write_payload: Vec<u8>,
+    permits: Permits,
+    reply_tx: ReplySender,
+) {
+    let volume = Arc::clone(volume);
+    let job = move || {
+        let body = execute(&volume, &request, write_payload);
+        // If the writer is gone the client is gone; dropping the reply releases its permits.
+        let _ = reply_tx.send(Reply {
+            cookie: request.cookie,
+            body,
+            _permits: permits,
+        });
+    };
+    match &ctx.executor {
+        Some(executor) => {
+            if let Err(job) = executor.submit(Box::new(job)) {
+                job();
+            }
+        }
+        None => match request.command {
+            // May take milliseconds (fsync): never on the runtime thread.
+            nbd::Command::Flush => {
+                tokio::task::spawn_blocking(job);
+            }
+            _ => job(),
+        },
+    }
+}
+
+/// Performs the block operation and builds the reply.
+fn execute(volume: &Volume, request: &nbd::ValidRequest, write_payload: Vec<u8>) -> ReplyBody {
+    let offset = request.offset;
+    let length = u64::from(request.length);
+    let outcome = match request.command {
+        nbd::Command::Read => {
+            let mut data = vec![0u8; request.length as usize];
+            match volume.read_at(offset, &mut data) {
+                Ok(()) => return ReplyBody::Data { offset, data },
+                Err(err) => Err(err),
+            }
+        }
+        nbd::Command::Write => volume.write_at(offset, &write_payload, request.fua),
+        nbd::Command::Flush => volume.flush(),
+        nbd::Command::Trim => volume.trim(offset, length, request.fua),
+        nbd::Command::WriteZeroes => {
+            if request.fast_zero && request.no_hole {
+                // Zeroing without punching means writing zeros: not faster than a write.
+                return ReplyBody::Error(nbd::Errno::Enotsup, "fast zero needs hole punching");
+            }
+            volume.write_zeroes(offset, length, !request.no_hole, request.fua)
+        }
+        nbd::Command::Cache => volume.cache(offset, length),
+        nbd::Command::BlockStatus => match volume.block_status(offset, length) {
+            Ok(extents) => {
+                return ReplyBody::BlockStatus {
+                    extents: status_descriptors(&extents, request.req_one),
+                };
+            }
+            Err(err) => Err(err),
+        },
+        nbd::Command::Disc => Ok(()),
+    };
+    match outcome {
+        Ok(()) => ReplyBody::Done,
+        Err(err) => {
+            tracing::debug!("request at {offset}+{length} failed: {err}");
+            let (errno, message) = store_errno(&err);
+            ReplyBody::Error(errno, message)
+        }
+    }
+}
+
+/// Maps store extents to `base:allocation` descriptors (length, flags).
+fn status_descriptors(extents: &[headroom_store::Extent], req_one: bool) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(extents.len().min(1024));
+    for extent in extents {
+        let mut flags = 0;
+        if extent.hole {
+            flags |= consts::NBD_STATE_HOLE;
+        }
+        if extent.zero || extent.hole {
+            flags |= consts::NBD_STATE_ZERO;
+        }
+        // Request lengths are 32-bit, so every clipped extent fits; saturate defensively.
+        let length = u32::try_from(extent.length).unwrap_or(u32::MAX);
+        if length == 0 {
+            continue;
+        }
+        match out.last_mut() {
+            Some(last) if last.1 == flags => last.0 = last.0.saturating_add(length),
+            _ => out.push((length, flags)),
+        }
+        if req_one {
+            break;
+        }
+    }
+    if req_one {
+        out.truncate(1);
+    }
+    out
+}
+
+/// The errno the spec names for each store failure.
+fn store_errno(err: &StoreError) -> (nbd::Errno, &'static str) {
+    match err {
+        StoreError::NoSpace => (nbd::Errno::Enospc, "no space left in the pool"),
+        StoreError::OutOfRange { .. } => (nbd::Errno::Einval, "range outside the volume"),
+        StoreError::VolumeDeleted(_) => (nbd::Errno::Eio, "volume was deleted"),
+        _ => (nbd::Errno::Eio, "I/O error"),
+    }
+}
+
+/// Encodes replies as they complete, batching what is ready into one write.
+async fn write_replies(
+    mut writer: OwnedWriteHalf,
+    mut replies: mpsc::UnboundedReceiver<Reply>,
+    structured: bool,
+) -> std::io::Result<()> {
+    let mut out: Vec<u8> = Vec::with_capacity(256 << 10);
+    let mut written: Vec<Reply> = Vec::with_capacity(64);
+    while let Some(first) = replies.recv().await {
+        let mut next = Some(first);
+        while let Some(reply) = next.take() {
+            let large = encode_reply(&mut out, &reply, structured);
+            if let Some(payload) = large {
+                writer.write_all(&out).await?;
+                out.clear();
+                writer.write_all(payload).await?;
+            }
+            written.push(reply);
+            if out.len() < (192 << 10) && written.len() < 256 {
+                next = replies.try_recv().ok();
+            }
+        }
+        if !out.is_empty() {
+            writer.write_all(&out).await?;
+            out.clear();
+        }
+        // Releases the permits of everything now on the wire.
+        written.clear();
+    }
+    writer.flush().await?;
+    Ok(())
+}
+
+/// Appends a reply to `out`; returns a large payload that must follow `out` on the wire.
+fn encode_reply<'a>(out: &mut Vec<u8>, reply: &'a Reply, structured: bool) -> Option<&'a [u8]> {
+    let cookie = reply.cookie;
+    match (&reply.body, structured) {
+        (ReplyBody::Done, false) => nbd::encode_simple_reply_header(out, cookie, 0),
+        (ReplyBody::Done, true) => nbd::encode_structured_none_done(out, cookie),
+        (ReplyBody::Error(errno, _), false) => {
+            nbd::encode_simple_reply_header(out, cookie, *errno as u32);
+        }
+        (ReplyBody::Error(errno, message), true) => {
+            nbd::encode_structured_error(out, true, cookie, *errno as u32, message);
+        }
+        (ReplyBody::Data { data, .. }, false) => {
+            nbd::encode_simple_reply_header(out, cookie, 0);
+            return attach(out, data);
+        }
+        (ReplyBody::Data { offset, data }, true) => {
+            if data.is_empty() {
+                nbd::encode_structured_none_done(out, cookie);
+                return None;
+            }
+            // Lengths were validated against the 32 MiB maximum, so they fit in 32 bits.
+            let length = u32::try_from(data.len()).unwrap_or(u32::MAX);
+            nbd::encode_structured_offset_data_header(out, true, cookie, *offset, length);
+            return attach(out, data);
+        }
+        (ReplyBody::BlockStatus { extents }, _) => {
+            nbd::encode_structured_block_status(out, true, cookie, ALLOCATION_CONTEXT_ID, extents);
+        }
+    }
+    None
+}
+
+fn attach<'a>(out: &mut Vec<u8>, data: &'a [u8]) -> Option<&'a [u8]> {
+    if data.len() > INLINE_PAYLOAD_BYTES {
+        Some(data)
+    } else {
+        out.extend_from_slice(data);
+        None
+    }
+}
