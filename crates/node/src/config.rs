@@ -51,11 +51,26 @@ pub struct NodeConfig {
     pub nbd_listen: SocketAddr,
     pub api_listen: SocketAddr,
     pub limits: Limits,
-    /// Worker threads that execute block I/O; 0 runs cheap commands inline on the session task.
+    /// Worker threads that execute block I/O; 0 runs everything but FLUSH inline on the
+    /// session task.
     pub io_threads: usize,
+    /// Requests moving at most this many payload bytes run inline on the session task even
+    /// when there are workers (a thread hop costs more than a small memcpy); larger ones and
+    /// FLUSH go to the workers. `None`: 64 KiB for the memory backend, 0 for files (a cold
+    /// disk read must not stall a network thread).
+    pub inline_max_bytes: Option<u32>,
 }
 
 impl NodeConfig {
+    /// The inline threshold in force (see `inline_max_bytes`).
+    pub fn effective_inline_max_bytes(&self) -> u32 {
+        match (self.inline_max_bytes, &self.backend) {
+            (Some(bytes), _) => bytes,
+            (None, StoreBackend::Memory { .. }) => 64 << 10,
+            (None, StoreBackend::Files { .. }) => 0,
+        }
+    }
+
     pub fn default_nbd_listen() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 10809))
     }
@@ -71,6 +86,7 @@ impl NodeConfig {
             api_listen: Self::default_api_listen(),
             limits: Limits::default(),
             io_threads: 2,
+            inline_max_bytes: None,
         }
     }
 }

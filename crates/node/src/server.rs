@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
+use crate::buffers::BufferPool;
 use crate::config::{NodeConfig, StoreBackend};
 use crate::exec::Executor;
 use crate::session::{SessionContext, serve_connection};
@@ -56,7 +57,10 @@ impl Node {
                 let mut store_config = StoreConfig::new(data_dir.clone());
                 store_config.device_count = *device_count;
                 store_config.device_capacity_bytes = *device_capacity_bytes;
-                tokio::task::block_in_place(|| Store::open(&store_config))?
+                // Opening may punch free space after a crash: keep it off the runtime threads.
+                tokio::task::spawn_blocking(move || Store::open(&store_config))
+                    .await
+                    .map_err(|err| StoreError::Io(std::io::Error::other(err)))??
             }
             StoreBackend::Memory { capacity_bytes } => Store::open_memory(*capacity_bytes)?,
         };
@@ -86,6 +90,8 @@ impl Node {
             store: Arc::clone(&store),
             limits: config.limits.clone(),
             executor,
+            inline_max_bytes: config.effective_inline_max_bytes(),
+            buffers: Arc::new(BufferPool::new(config.limits.max_request_bytes as usize)),
         });
         let accept_task = tokio::spawn(accept_loop(
             nbd_listener,

@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+use crate::buffers::{BufferPool, PooledBuffer};
 use crate::config::Limits;
 use crate::exec::Executor;
 
@@ -32,8 +33,12 @@ const INLINE_PAYLOAD_BYTES: usize = 64 << 10;
 pub struct SessionContext {
     pub store: Arc<Store>,
     pub limits: Limits,
-    /// `None`: run cheap commands inline on the session task.
+    /// `None`: run everything but FLUSH inline on the session task.
     pub executor: Option<Arc<Executor>>,
+    /// Requests with at most this many payload bytes run inline even with an executor.
+    pub inline_max_bytes: u32,
+    /// Payload buffers for READ replies and WRITE data.
+    pub buffers: Arc<BufferPool>,
 }
 
 /// Why a session ended early. None of these affect other sessions.
@@ -348,7 +353,7 @@ struct Permits {
 enum ReplyBody {
     Done,
     Error(nbd::Errno, &'static str),
-    Data { offset: u64, data: Vec<u8> },
+    Data { offset: u64, data: PooledBuffer },
     BlockStatus { extents: Vec<(u32, u32)> },
 }
 
@@ -368,7 +373,12 @@ async fn transmit(
     let (read_half, write_half) = stream.into_split();
     let mut reader = BufReader::with_capacity(128 << 10, read_half);
     let (reply_tx, reply_rx) = mpsc::unbounded_channel::<Reply>();
-    let writer = tokio::spawn(write_replies(write_half, reply_rx, negotiated.structured));
+    let writer = tokio::spawn(write_replies(
+        write_half,
+        reply_rx,
+        negotiated.structured,
+        Arc::clone(&ctx.buffers),
+    ));
 
     let request_slots = Arc::new(Semaphore::new(ctx.limits.max_inflight_requests_per_conn));
     let byte_budget = u32::try_from(ctx.limits.max_inflight_bytes_per_conn).unwrap_or(u32::MAX);
@@ -447,10 +457,10 @@ async fn transmit(
             _request: request_permit,
             _bytes: bytes_permit,
         };
-        let mut write_payload = Vec::new();
+        let mut write_payload = None;
         if matches!(request.command, nbd::Command::Write) {
-            write_payload = vec![0u8; request.length as usize];
-            if let Err(err) = reader.read_exact(&mut write_payload).await {
+            let payload = write_payload.insert(ctx.buffers.get(request.length as usize));
+            if let Err(err) = reader.read_exact(payload.as_mut_slice()).await {
                 // A payload cut short: the write never happened and nobody is left to answer.
                 break Err(err.into());
             }
@@ -479,13 +489,14 @@ fn dispatch(
     ctx: &Arc<SessionContext>,
     volume: &Arc<Volume>,
     request: nbd::ValidRequest,
-    write_payload: Vec<u8>,
+    write_payload: Option<PooledBuffer>,
     permits: Permits,
     reply_tx: ReplySender,
 ) {
     let volume = Arc::clone(volume);
+    let job_ctx = Arc::clone(ctx);
     let job = move || {
-        let body = execute(&volume, &request, write_payload);
+        let body = execute(&job_ctx.buffers, &volume, &request, write_payload);
         // If the writer is gone the client is gone; dropping the reply releases its permits.
         let _ = reply_tx.send(Reply {
             cookie: request.cookie,
@@ -493,35 +504,54 @@ fn dispatch(
             _permits: permits,
         });
     };
+    let is_flush = matches!(request.command, nbd::Command::Flush);
+    let small = request.payload_bytes().max(match request.command {
+        nbd::Command::Read => request.length,
+        _ => 0,
+    }) <= ctx.inline_max_bytes;
     match &ctx.executor {
-        Some(executor) => {
+        Some(executor) if is_flush || !small => {
             if let Err(job) = executor.submit(Box::new(job)) {
                 job();
             }
         }
-        None => match request.command {
-            // May take milliseconds (fsync): never on the runtime thread.
-            nbd::Command::Flush => {
-                tokio::task::spawn_blocking(job);
-            }
-            _ => job(),
-        },
+        // FLUSH may take milliseconds (fsync): never on the runtime thread.
+        None if is_flush => {
+            tokio::task::spawn_blocking(job);
+        }
+        _ => job(),
     }
 }
 
 /// Performs the block operation and builds the reply.
-fn execute(volume: &Volume, request: &nbd::ValidRequest, write_payload: Vec<u8>) -> ReplyBody {
+fn execute(
+    buffers: &BufferPool,
+    volume: &Volume,
+    request: &nbd::ValidRequest,
+    write_payload: Option<PooledBuffer>,
+) -> ReplyBody {
     let offset = request.offset;
     let length = u64::from(request.length);
     let outcome = match request.command {
         nbd::Command::Read => {
-            let mut data = vec![0u8; request.length as usize];
-            match volume.read_at(offset, &mut data) {
+            let mut data = buffers.get(request.length as usize);
+            match volume.read_at(offset, data.as_mut_slice()) {
                 Ok(()) => return ReplyBody::Data { offset, data },
-                Err(err) => Err(err),
+                Err(err) => {
+                    buffers.put(data);
+                    Err(err)
+                }
             }
         }
-        nbd::Command::Write => volume.write_at(offset, &write_payload, request.fua),
+        nbd::Command::Write => match write_payload {
+            Some(payload) => {
+                let result = volume.write_at(offset, payload.as_slice(), request.fua);
+                buffers.put(payload);
+                result
+            }
+            // validate_request only yields WRITE with its payload read; keep the errno honest.
+            None => return ReplyBody::Error(nbd::Errno::Eio, "write payload missing"),
+        },
         nbd::Command::Flush => volume.flush(),
         nbd::Command::Trim => volume.trim(offset, length, request.fua),
         nbd::Command::WriteZeroes => {
@@ -597,17 +627,17 @@ async fn write_replies(
     mut writer: OwnedWriteHalf,
     mut replies: mpsc::UnboundedReceiver<Reply>,
     structured: bool,
+    buffers: Arc<BufferPool>,
 ) -> std::io::Result<()> {
     let mut out: Vec<u8> = Vec::with_capacity(256 << 10);
     let mut written: Vec<Reply> = Vec::with_capacity(64);
     while let Some(first) = replies.recv().await {
         let mut next = Some(first);
         while let Some(reply) = next.take() {
-            let large = encode_reply(&mut out, &reply, structured);
-            if let Some(payload) = large {
-                writer.write_all(&out).await?;
+            if let Some(payload) = encode_reply(&mut out, &reply, structured) {
+                // Header (and whatever was batched before it) and payload in one syscall.
+                write_all_vectored(&mut writer, &out, payload).await?;
                 out.clear();
-                writer.write_all(payload).await?;
             }
             written.push(reply);
             if out.len() < (192 << 10) && written.len() < 256 {
@@ -618,10 +648,34 @@ async fn write_replies(
             writer.write_all(&out).await?;
             out.clear();
         }
-        // Releases the permits of everything now on the wire.
-        written.clear();
+        // Releases the permits of everything now on the wire, and recycles read buffers.
+        for reply in written.drain(..) {
+            if let ReplyBody::Data { data, .. } = reply.body {
+                buffers.put(data);
+            }
+        }
     }
     writer.flush().await?;
+    Ok(())
+}
+
+async fn write_all_vectored(
+    writer: &mut OwnedWriteHalf,
+    head: &[u8],
+    payload: &[u8],
+) -> std::io::Result<()> {
+    let mut head = head;
+    let mut payload = payload;
+    while !head.is_empty() || !payload.is_empty() {
+        let slices = [std::io::IoSlice::new(head), std::io::IoSlice::new(payload)];
+        let n = writer.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let from_head = n.min(head.len());
+        head = &head[from_head..];
+        payload = &payload[n - from_head..];
+    }
     Ok(())
 }
 
@@ -639,7 +693,7 @@ fn encode_reply<'a>(out: &mut Vec<u8>, reply: &'a Reply, structured: bool) -> Op
         }
         (ReplyBody::Data { data, .. }, false) => {
             nbd::encode_simple_reply_header(out, cookie, 0);
-            return attach(out, data);
+            return attach(out, data.as_slice());
         }
         (ReplyBody::Data { offset, data }, true) => {
             if data.is_empty() {
@@ -649,7 +703,7 @@ fn encode_reply<'a>(out: &mut Vec<u8>, reply: &'a Reply, structured: bool) -> Op
             // Lengths were validated against the 32 MiB maximum, so they fit in 32 bits.
             let length = u32::try_from(data.len()).unwrap_or(u32::MAX);
             nbd::encode_structured_offset_data_header(out, true, cookie, *offset, length);
-            return attach(out, data);
+            return attach(out, data.as_slice());
         }
         (ReplyBody::BlockStatus { extents }, _) => {
             nbd::encode_structured_block_status(out, true, cookie, ALLOCATION_CONTEXT_ID, extents);
