@@ -1,0 +1,503 @@
+//! The ring-based scheduling engine shared by Wild, Base, Credit, Burst and DRR-VOP.
+//!
+//! These policies differ only in *when* a volume's head request may run and *which class* of
+//! ready volumes goes first; the mechanics (queues, ready rings served round robin, timers,
+//! the node pacer, live QoS changes, invariant tracking) are the same. [`Rules`] captures the
+//! difference; [`Engine`] does the rest, in O(log n) per request.
+//!
+//! A volume with queued requests is always *placed* exactly once: at the back (or front) of
+//! one ready ring, or in the timer heap at the time its head request becomes eligible. It is
+//! placed again after every change that can affect it (dispatch, QoS change, a timer firing),
+//! which bumps its generation and makes every older placement stale.
+
+use crate::cost::CostVector;
+use crate::error::InvariantViolation;
+use crate::limiter::{Charge, Pacer};
+use crate::policy::{Policy, VolumeSnapshot};
+use crate::sched::{Clock, Ready, Slab, Tracker, VolCore};
+use crate::vocab::{
+    Decision, IoRate, IoRequest, NodeCapacity, Observed, Phase, VolumeId, VolumeQos,
+};
+
+/// Where a backlogged volume goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Ready now in ring `class` (lower classes are served first); optionally re-place at
+    /// `reclassify_at` (e.g. when its baseline meter refills and it may move to a better class).
+    Ring {
+        class: usize,
+        front: bool,
+        reclassify_at: Option<u64>,
+    },
+    /// Not eligible before this time.
+    At(u64),
+}
+
+/// What a rules object decides at dispatch time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Dispatch in this phase; `front` keeps the volume at the front of its ring for its next
+    /// request (weighted round robin turns, DRR deficit left).
+    Run { phase: Phase, front: bool },
+    /// Do not dispatch now; move the volume to the back of its ring (DRR: deficit too small).
+    Rotate,
+}
+
+/// The request a rules object decides on or charges, and where it comes from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ctx<'a> {
+    pub(crate) now_ns: u64,
+    /// Slot of the volume.
+    pub(crate) idx: u32,
+    /// The volume (for `verdict` its queue still holds the request; for `charge` not).
+    pub(crate) core: &'a VolCore,
+    pub(crate) charge: Charge,
+    pub(crate) req: &'a IoRequest,
+}
+
+/// The policy-specific part of a ring-based policy.
+pub(crate) trait Rules: Send + std::fmt::Debug {
+    /// Policy-specific per-volume state.
+    type Vol: Send + std::fmt::Debug;
+
+    fn name(&self) -> &'static str;
+    fn classes(&self) -> usize;
+    fn new_vol(&mut self, now_ns: u64, idx: u32, qos: &VolumeQos) -> Self::Vol;
+    fn reconfigure(&mut self, now_ns: u64, idx: u32, qos: &VolumeQos, vol: &mut Self::Vol);
+    fn removed(&mut self, _idx: u32, _vol: &Self::Vol) {}
+    /// The ceiling this policy enforces for a volume (invariant tracking).
+    fn enforced_ceiling(&self, qos: &VolumeQos) -> IoRate;
+    /// A volume's queue went from empty to non-empty.
+    fn became_backlogged(&mut self, _now_ns: u64, _idx: u32, _vol: &mut Self::Vol) {}
+    /// Where the head request (`charge`, `cost`) of a backlogged volume goes.
+    fn classify(
+        &mut self,
+        now_ns: u64,
+        idx: u32,
+        core: &VolCore,
+        vol: &mut Self::Vol,
+        charge: Charge,
+        cost: &CostVector,
+    ) -> Place;
+    /// Whether a ring class holds baseline requests (they may run inside the node pacer's
+    /// allowance, see [`crate::limiter::Pacer`]).
+    fn is_baseline_class(&self, _class: usize) -> bool {
+        false
+    }
+    /// The class a ring-front volume really belongs to now: promotions fire up to one wheel
+    /// slot late, so a volume whose baseline meter refilled is treated as baseline at once.
+    fn effective_class(
+        &self,
+        _now_ns: u64,
+        class: usize,
+        _vol: &Self::Vol,
+        _charge: Charge,
+    ) -> usize {
+        class
+    }
+    /// Extra node-wide gate for a class (Burst: the burst pacer). Earliest time it admits `cost`.
+    fn class_gate(&self, now_ns: u64, _class: usize, _cost: &CostVector) -> u64 {
+        now_ns
+    }
+    /// Decides on the head request of a ring's front volume. `core.queue` still holds it.
+    fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut Self::Vol) -> Verdict;
+    /// Charges a dispatched request (`core.queue` no longer holds it).
+    fn charge(&mut self, ctx: &Ctx<'_>, phase: Phase, vol: &mut Self::Vol);
+    /// Periodic work (Burst's window allocation).
+    fn tick(&mut self, _now_ns: u64, _vols: &mut Slab<Entry<Self::Vol>>) -> Option<Tick> {
+        None
+    }
+    /// Credit balances for snapshots.
+    fn credits(&self, _now_ns: u64, _vol: &Self::Vol) -> (Option<u64>, Option<u64>) {
+        (None, None)
+    }
+    /// Policy-specific invariants (credit ranges, allocation sums).
+    fn check(&self, _vols: &Slab<Entry<Self::Vol>>) -> Result<(), String> {
+        Ok(())
+    }
+    /// Whether the baseline guarantee applies to this policy, and with which reserve (permille).
+    fn baseline_guarantee(&self) -> Option<u64>;
+    /// For work-conserving policies: whether a backlogged volume *must* be able to run at
+    /// `now_ns` given that the node pacer is fully idle (`None` = policy is not work-conserving).
+    fn must_run(
+        &self,
+        _now_ns: u64,
+        _core: &VolCore,
+        _vol: &Self::Vol,
+        _charge: Charge,
+        _cost: &CostVector,
+    ) -> Option<bool> {
+        None
+    }
+}
+
+/// What periodic work asks the engine to do.
+#[derive(Debug, Default)]
+pub(crate) struct Tick {
+    /// Volumes to place again.
+    pub(crate) replace: Vec<u32>,
+    /// Move every entry of ring `.0` to the back of ring `.1` (cheaper than re-placing each
+    /// volume; a volume moved to a better ring than it deserves is corrected at its turn).
+    pub(crate) merge: Option<(usize, usize)>,
+}
+
+/// A volume in the engine: the common part and the policy's part.
+#[derive(Debug)]
+pub(crate) struct Entry<V> {
+    pub(crate) core: VolCore,
+    pub(crate) x: V,
+    /// Time of this volume's pending promotion timer (0: none).
+    promo_at_ns: u64,
+}
+
+/// A ring-based policy: [`Rules`] plus the shared mechanics.
+#[derive(Debug)]
+pub(crate) struct Engine<R: Rules> {
+    pub(crate) rules: R,
+    clock: Clock,
+    pub(crate) vols: Slab<Entry<R::Vol>>,
+    ready: Ready,
+    pacer: Pacer,
+    tracker: Tracker,
+}
+
+impl<R: Rules> Engine<R> {
+    pub(crate) fn new(rules: R, capacity: NodeCapacity, window_ns: u64, depth_ns: u64) -> Self {
+        let classes = rules.classes();
+        let name = rules.name();
+        Engine {
+            rules,
+            clock: Clock::default(),
+            vols: Slab::default(),
+            ready: Ready::new(classes),
+            pacer: Pacer::new(0, capacity.per_second),
+            tracker: Tracker::new(name, window_ns, capacity.per_second, depth_ns),
+        }
+    }
+
+    fn ensure_volume(&mut self, now: u64, id: VolumeId) -> u32 {
+        if let Some(idx) = self.vols.lookup(id) {
+            return idx;
+        }
+        self.insert_volume(now, id, &VolumeQos::default())
+    }
+
+    fn insert_volume(&mut self, now: u64, id: VolumeId, qos: &VolumeQos) -> u32 {
+        let idx = self.vols.vacant_index();
+        let x = self.rules.new_vol(now, idx, qos);
+        let mut core = VolCore::new(id, *qos);
+        self.tracker.on_add(now, &mut core);
+        self.vols.insert(
+            id,
+            Entry {
+                core,
+                x,
+                promo_at_ns: 0,
+            },
+        )
+    }
+
+    /// Places a volume again (bumping its generation); `front` puts it at the front of its ring.
+    fn place(&mut self, now: u64, idx: u32, front: bool) {
+        let generation = self.vols.bump(idx);
+        let Some(e) = self.vols.get_mut(idx) else {
+            return;
+        };
+        let Some(req) = e.core.queue.front() else {
+            return;
+        };
+        let charge = Charge::of(&e.core.qos, req);
+        let cost = req.cost;
+        match self
+            .rules
+            .classify(now, idx, &e.core, &mut e.x, charge, &cost)
+        {
+            Place::Ring {
+                class,
+                front: class_front,
+                reclassify_at,
+            } => {
+                if front || class_front {
+                    self.ready.push_front(class, idx, generation);
+                } else {
+                    self.ready.push_back(class, idx, generation);
+                }
+                // One pending promotion per volume: an earlier one re-places the volume, which
+                // then schedules the next if still needed.
+                if let Some(t) = reclassify_at
+                    && (e.promo_at_ns == 0 || e.promo_at_ns > t)
+                {
+                    e.promo_at_ns = t;
+                    self.ready.promotion(t, idx, self.vols.incarnation_of(idx));
+                }
+            }
+            Place::At(t) => self.ready.timer(t, idx, generation),
+        }
+    }
+
+    /// Credit balances of a volume as they will be at `now_ns` (no state change).
+    pub(crate) fn credits_at(&self, id: VolumeId, now_ns: u64) -> (Option<u64>, Option<u64>) {
+        self.vols
+            .lookup(id)
+            .and_then(|idx| self.vols.get(idx))
+            .map_or((None, None), |e| self.rules.credits(now_ns, &e.x))
+    }
+
+    fn run_tick(&mut self, now: u64) {
+        if let Some(tick) = self.rules.tick(now, &mut self.vols) {
+            if let Some((from, to)) = tick.merge {
+                self.ready.merge(from, to);
+            }
+            for idx in tick.replace {
+                self.place(now, idx, false);
+            }
+        }
+    }
+
+    fn queued_total(&self) -> usize {
+        self.vols.iter().map(|(_, e)| e.core.queue.len()).sum()
+    }
+
+    fn pacer_idle(&self, now: u64) -> bool {
+        self.pacer.idle_at(now)
+    }
+}
+
+impl<R: Rules> Policy for Engine<R> {
+    fn name(&self) -> &'static str {
+        self.rules.name()
+    }
+
+    fn add_volume(&mut self, now_ns: u64, id: VolumeId, qos: &VolumeQos) {
+        let now = self.clock.at(now_ns);
+        if self.vols.lookup(id).is_some() {
+            self.update_qos(now, id, qos);
+            return;
+        }
+        self.insert_volume(now, id, qos);
+        self.tracker.idle_claim = false;
+    }
+
+    fn update_qos(&mut self, now_ns: u64, id: VolumeId, qos: &VolumeQos) {
+        let now = self.clock.at(now_ns);
+        let Some(idx) = self.vols.lookup(id) else {
+            self.add_volume(now, id, qos);
+            return;
+        };
+        let ceiling = self.rules.enforced_ceiling(qos);
+        if let Some(e) = self.vols.get_mut(idx) {
+            e.core.qos = *qos;
+            self.rules.reconfigure(now, idx, qos, &mut e.x);
+            self.tracker.on_qos_change(now, &mut e.core, ceiling);
+        }
+        self.place(now, idx, false);
+    }
+
+    fn remove_volume(&mut self, now_ns: u64, id: VolumeId) {
+        self.clock.at(now_ns);
+        if let Some((idx, e)) = self.vols.remove(id) {
+            self.rules.removed(idx, &e.x);
+            self.tracker.on_remove(e.core.queue.len());
+        }
+    }
+
+    fn enqueue(&mut self, now_ns: u64, req: IoRequest) {
+        let now = self.clock.at(now_ns);
+        self.run_tick(now);
+        let idx = self.ensure_volume(now, req.volume);
+        let Some(e) = self.vols.get_mut(idx) else {
+            return;
+        };
+        let was_empty = e.core.queue.is_empty();
+        e.core.queue.push_back(req);
+        self.tracker.on_enqueue(now, &mut e.core);
+        if was_empty {
+            self.rules.became_backlogged(now, idx, &mut e.x);
+            self.place(now, idx, false);
+        }
+    }
+
+    fn next(&mut self, now_ns: u64) -> Decision {
+        let now = self.clock.at(now_ns);
+        self.run_tick(now);
+        while let Some(idx) = self.ready.pop_due(now, &self.vols) {
+            self.place(now, idx, false);
+        }
+        while let Some((idx, at)) = self.ready.pop_due_promotion(now, &self.vols) {
+            let pending = self.vols.get_mut(idx).map(|e| {
+                let mine = e.promo_at_ns == at;
+                if mine {
+                    e.promo_at_ns = 0;
+                }
+                mine
+            });
+            if pending == Some(true) {
+                self.place(now, idx, false);
+            }
+        }
+        // Bounded: every iteration either dispatches, returns, or rotates a volume whose
+        // rules guarantee it can run after one rotation.
+        let mut rotations = 0usize;
+        loop {
+            let mut candidate = None;
+            for class in 0..self.rules.classes() {
+                if let Some(idx) = self.ready.front_current(class, &self.vols) {
+                    candidate = Some((class, idx));
+                    break;
+                }
+            }
+            let Some((class, idx)) = candidate else {
+                break;
+            };
+            let Some(e) = self.vols.get_mut(idx) else {
+                self.ready.pop_front(class);
+                continue;
+            };
+            let Some(head) = e.core.queue.front() else {
+                self.ready.pop_front(class);
+                continue;
+            };
+            let cost = head.cost;
+            let charge = Charge::of(&e.core.qos, head);
+            let eff_class = self.rules.effective_class(now, class, &e.x, charge);
+            let baseline_class = self.rules.is_baseline_class(eff_class);
+            let gate = self
+                .pacer
+                .ready_at(now, &cost, baseline_class)
+                .max(self.rules.class_gate(now, eff_class, &cost));
+            if gate > now {
+                let wake = self
+                    .ready
+                    .next_timer(&self.vols)
+                    .map_or(gate, |t| t.min(gate));
+                self.tracker.on_idle(now);
+                return Decision::WaitUntil(wake);
+            }
+            let verdict = {
+                let Some(e) = self.vols.get_mut(idx) else {
+                    continue;
+                };
+                let Some(head) = e.core.queue.front() else {
+                    continue;
+                };
+                let head = head.clone();
+                self.rules.verdict(
+                    &Ctx {
+                        now_ns: now,
+                        idx,
+                        core: &e.core,
+                        charge,
+                        req: &head,
+                    },
+                    &mut e.x,
+                )
+            };
+            self.ready.pop_front(class);
+            match verdict {
+                Verdict::Rotate => {
+                    rotations += 1;
+                    self.place(now, idx, false);
+                    if rotations > 2 * self.vols.len() + 2 {
+                        // Defensive: never spin; ask again immediately.
+                        self.tracker.on_idle(now);
+                        return Decision::WaitUntil(now.saturating_add(1));
+                    }
+                }
+                Verdict::Run { phase, front } => {
+                    let ceiling = self
+                        .vols
+                        .get(idx)
+                        .map(|e| self.rules.enforced_ceiling(&e.core.qos));
+                    let Some(e) = self.vols.get_mut(idx) else {
+                        continue;
+                    };
+                    let Some(req) = e.core.queue.pop_front() else {
+                        continue;
+                    };
+                    self.pacer
+                        .take(now, &req.cost, baseline_class && phase == Phase::Baseline);
+                    self.rules.charge(
+                        &Ctx {
+                            now_ns: now,
+                            idx,
+                            core: &e.core,
+                            charge,
+                            req: &req,
+                        },
+                        phase,
+                        &mut e.x,
+                    );
+                    self.tracker.on_dispatch(
+                        now,
+                        &mut e.core,
+                        &req,
+                        charge,
+                        phase,
+                        ceiling.unwrap_or(IoRate::UNLIMITED),
+                    );
+                    self.place(now, idx, front);
+                    return Decision::Dispatch(req, phase);
+                }
+            }
+        }
+        self.tracker.on_idle(now);
+        if self.tracker.queued == 0 {
+            return Decision::Idle;
+        }
+        Decision::WaitUntil(self.ready.next_timer(&self.vols).unwrap_or(u64::MAX))
+    }
+
+    fn complete(&mut self, now_ns: u64, req: &IoRequest, _observed: Observed) {
+        self.clock.at(now_ns);
+        if let Some(idx) = self.vols.lookup(req.volume)
+            && let Some(e) = self.vols.get_mut(idx)
+        {
+            self.tracker.on_complete(&mut e.core);
+        }
+    }
+
+    fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.tracker.check_common(self.queued_total())?;
+        self.rules
+            .check(&self.vols)
+            .map_err(|d| self.tracker.violation("policy", d))?;
+        if let Some(reserve) = self.rules.baseline_guarantee() {
+            self.tracker.check_baseline(
+                &self.vols.iter().map(|(_, e)| &e.core).collect::<Vec<_>>(),
+                reserve,
+            )?;
+        }
+        if self.tracker.idle_claim {
+            let now = self.tracker.last_next_ns;
+            if self.pacer_idle(now) {
+                for (_, e) in self.vols.iter() {
+                    let Some(head) = e.core.queue.front() else {
+                        continue;
+                    };
+                    let charge = Charge::of(&e.core.qos, head);
+                    if self.rules.must_run(now, &e.core, &e.x, charge, &head.cost) == Some(true) {
+                        return Err(self.tracker.violation(
+                            "work_conserving",
+                            format!(
+                                "at {now} ns the node is idle but volume {} (below its ceiling) has {} queued requests",
+                                e.core.id,
+                                e.core.queue.len()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn queued_requests(&self) -> usize {
+        usize::try_from(self.tracker.queued).unwrap_or(usize::MAX)
+    }
+
+    fn snapshot(&self, id: VolumeId) -> Option<VolumeSnapshot> {
+        let idx = self.vols.lookup(id)?;
+        let e = self.vols.get(idx)?;
+        Some(e.core.snapshot(self.rules.credits(self.clock.last(), &e.x)))
+    }
+}

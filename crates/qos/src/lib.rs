@@ -1,0 +1,68 @@
+//! headroom-qos: the QoS core of Headroom.
+//!
+//! A pure, synchronous library: cost vectors, credit buckets, the scheduling policies and their
+//! invariants. It never reads a clock, sleeps, spawns or does I/O; time is an argument
+//! (`now_ns`). The server and the simulator call the same code (DESIGN.md principle 1).
+//!
+//! Map:
+//! - [`vocab`]: what a volume was sold ([`VolumeQos`]), what a node can do ([`NodeCapacity`]),
+//!   requests, phases and decisions;
+//! - [`cost`]: the four-dimensional [`CostVector`];
+//! - [`model`]: the [`CostModel`] (VOP curve, IOCost linear model, CPU model, online correction);
+//! - [`bucket`] and [`limiter`]: exact token buckets, rate limiters, credit buckets, the pacer;
+//! - [`policy`]: the [`Policy`] trait, [`PolicyKind`], [`PolicyParams`], [`build_policy`];
+//! - [`presets`]: gp2, gp3, io2, Azure, AutoPL and QEMU/libvirt `iotune` classes;
+//! - [`preview`]: how a class answers a steady demand over time (`headroom qos preview`).
+
+pub mod bucket;
+pub mod cost;
+mod engine;
+pub mod error;
+pub mod limiter;
+pub mod model;
+mod policies;
+pub mod policy;
+pub mod presets;
+pub mod preview;
+pub mod rng;
+mod sched;
+pub mod vocab;
+mod wheel;
+
+pub use cost::{CostVector, DIMENSIONS, Dimension};
+pub use error::{InvariantViolation, QosError};
+pub use model::CostModel;
+pub use policy::{Policy, PolicyKind, PolicyParams, VolumeSnapshot, build_policy};
+pub use presets::Preset;
+pub use preview::{PreviewRequest, PreviewRow, preview};
+pub use vocab::{
+    BurstMode, CreditBucketSpec, CreditSpec, Decision, IoRate, IoRequest, NS_PER_S, NodeCapacity,
+    Observed, OpKind, Phase, VolumeId, VolumeQos,
+};
+
+/// Hooks for the criterion benchmark only; not a stable API.
+#[doc(hidden)]
+pub mod bench_support {
+    /// Burst's per-window allocation (Algorithm 1) over synthetic active volumes.
+    #[derive(Debug)]
+    pub struct BurstAllocation(crate::policies::burst::AllocationBench);
+
+    impl BurstAllocation {
+        /// `defined` volumes, of which the first `active` have usage.
+        pub fn new(defined: u32, active: u32) -> Self {
+            BurstAllocation(crate::policies::burst::AllocationBench::new(
+                defined, active,
+            ))
+        }
+
+        /// Gives every active volume one window of usage (call outside the measurement).
+        pub fn prepare(&mut self) {
+            self.0.prepare();
+        }
+
+        /// Runs one window's allocation; returns how many volumes it allocated to.
+        pub fn allocate(&mut self) -> usize {
+            self.0.allocate()
+        }
+    }
+}

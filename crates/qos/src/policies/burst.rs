@@ -1,0 +1,791 @@
+//! Burst: a reconstruction of BurstCBS's burstable I/O scheduler (papers.md §1.4, Algorithm 1).
+//!
+//! Goal: WildCBS's burst throughput with BaseCBS's protection of base-level volumes.
+//!
+//! Mechanics, per worker:
+//! - **Baseline first.** A request within its volume's baseline (the baseline meter allows it)
+//!   is served before any burst request and needs only the node pacer (capacity). With the
+//!   node not over-provisioned this is what guarantees every baseline.
+//! - **Usage monitor and prediction.** Every window (`window_ns`) each active volume's
+//!   consumed cost vector is pushed into a ring of the last N windows. The next window's
+//!   allocation (Algorithm 1, round 1) is the baseline cost for a volume that burst or was
+//!   throttled in the last window, else `min(mean of the last N windows × α, baseline cost)`.
+//! - **Lending** (round 2). What capacity is left after round 1 and the reserve is lent to
+//!   volumes that may burst, in proportion to `usage + throttled × w_throttle` (dominant-share
+//!   scalar of the cost vectors), each capped at its burst ceiling's cost.
+//! - **Admission per dimension.** A burst request runs from the volume's lent tokens if its
+//!   whole cost vector fits (class *lent*), else from unallocated spare (class *spare*, counted
+//!   as throttled); both classes also pass a *burst pacer* at `capacity × (1 − reserve)`, so the
+//!   reserve is never used for bursting and the node stays work-conserving apart from it.
+//! - **Fast recovery.** When a baseline request pushes its volume's consumption above its
+//!   allocation (the prediction was low: the volume woke up), the missing tokens are taken at
+//!   once from the unlent pool, then from a donor picked by power of two choices among the
+//!   volumes that were lent tokens (the one with more unused lent tokens gives), then from the
+//!   reserve. The next window's round 1 gives it its full baseline back.
+//!
+//! Per-window work iterates over *active* volumes only (queued requests or usage in the last N
+//! windows), with fixed-point arithmetic, so it grows with active, not defined, volumes.
+//! Exact values BurstCBS did not publish (window, N, α, w_throttle) are parameters; see
+//! `docs/qos.md` for the defaults and the measurement behind them.
+
+use crate::cost::CostVector;
+use crate::engine::{Ctx, Entry, Place, Rules, Tick, Verdict};
+use crate::limiter::{Charge, Pacer, RateLimiter, VolumeCredits};
+use crate::policy::PolicyParams;
+use crate::rng::XorShift64;
+use crate::sched::{Slab, VolCore};
+use crate::vocab::{BurstMode, IoRate, NS_PER_S, NodeCapacity, Phase, VolumeQos};
+
+const BASELINE: usize = 0;
+const LENT: usize = 1;
+const SPARE: usize = 2;
+
+/// Fixed-point shift for shares and ratios.
+const FP: u32 = 32;
+
+/// Per-volume window and allocation state, kept dense in the rules so the per-window loop
+/// touches one contiguous array and never the volume table.
+#[derive(Clone, Debug, Default)]
+struct WinState {
+    live: bool,
+    active: bool,
+    in_list: bool,
+    backlogged: bool,
+    in_spare: bool,
+    may_burst: bool,
+    baseline: IoRate,
+    burst_ceiling: IoRate,
+    alloc: CostVector,
+    /// Cost per window at the baseline and at the burst ceiling with the average request,
+    /// recomputed when the average has moved (`costs_stale`).
+    base_cost: CostVector,
+    burst_cost: CostVector,
+    costs_stale: bool,
+    observations: u32,
+    consumed: CostVector,
+    throttled: CostVector,
+    lent: CostVector,
+    burst_requests: u64,
+    hist: Vec<CostVector>,
+    hist_pos: usize,
+    hist_sum: CostVector,
+    avg_cost: CostVector,
+    avg_units_milli: u64,
+    avg_bytes: u64,
+    has_avg: bool,
+    weight: u64,
+    last_bursting: bool,
+    last_throttled: bool,
+}
+
+impl WinState {
+    fn fresh(&self, history: usize) -> WinState {
+        WinState {
+            in_list: self.in_list,
+            hist: vec![CostVector::ZERO; history],
+            ..WinState::default()
+        }
+    }
+
+    fn configure(&mut self, qos: &VolumeQos) {
+        self.live = true;
+        self.costs_stale = true;
+        self.baseline = qos.baseline;
+        self.burst_ceiling = qos.burst_ceiling();
+        self.may_burst = qos.burst != BurstMode::None;
+    }
+
+    fn push_history(&mut self, usage: CostVector) {
+        if self.hist.is_empty() {
+            return;
+        }
+        let old = self.hist[self.hist_pos];
+        self.hist_sum = self.hist_sum.saturating_sub(old).saturating_add(usage);
+        self.hist[self.hist_pos] = usage;
+        self.hist_pos += 1;
+        if self.hist_pos == self.hist.len() {
+            self.hist_pos = 0;
+        }
+    }
+
+    fn tokens_left(&self) -> CostVector {
+        self.alloc.saturating_sub(self.consumed)
+    }
+
+    fn observe(&mut self, charge: Charge, cost: &CostVector) {
+        let units_milli = charge.units.saturating_mul(1000);
+        // The window costs follow the average; refreshing them every 16 requests (and at
+        // the first) keeps the per-window loop cheap while tracking the request mix.
+        self.observations = self.observations.wrapping_add(1);
+        if self.observations % 16 == 1 {
+            self.costs_stale = true;
+        }
+        if !self.has_avg {
+            self.avg_cost = *cost;
+            self.avg_units_milli = units_milli;
+            self.avg_bytes = charge.bytes;
+            self.has_avg = true;
+            return;
+        }
+        // EWMA with gain 1/8.
+        self.avg_cost = self.avg_cost.zip(*cost, ewma);
+        self.avg_units_milli = ewma(self.avg_units_milli, units_milli);
+        self.avg_bytes = ewma(self.avg_bytes, charge.bytes);
+    }
+}
+
+fn ewma(avg: u64, x: u64) -> u64 {
+    if x >= avg {
+        avg + (x - avg) / 8
+    } else {
+        avg - (avg - x) / 8
+    }
+}
+
+/// Summary of the last per-window allocation (for tests, benches and docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AllocSummary {
+    pub(crate) active_volumes: usize,
+    pub(crate) lenders: usize,
+    pub(crate) round1: CostVector,
+    pub(crate) lent: CostVector,
+}
+
+#[derive(Debug)]
+pub(crate) struct BurstRules {
+    window_ns: u64,
+    depth_ns: u64,
+    history_windows: usize,
+    alpha_permille: u64,
+    throttle_weight_permille: u64,
+    cap_window: CostVector,
+    reserve_window: CostVector,
+    /// `2^FP / cap_window` per dimension (0 where the dimension is unlimited).
+    inv_cap_window: [u64; 4],
+    window_idx: u64,
+    next_window_ns: u64,
+    burst_pacer: Pacer,
+    slots: Vec<WinState>,
+    active: Vec<u32>,
+    donors: Vec<u32>,
+    pool_left: CostVector,
+    reserve_left: CostVector,
+    rng: XorShift64,
+    pub(crate) last_alloc: AllocSummary,
+    recoveries: u64,
+}
+
+impl BurstRules {
+    pub(crate) fn new(capacity: NodeCapacity, params: &PolicyParams) -> Self {
+        let window_ns = params.window_ns;
+        let reserve = u64::from(params.reserve_permille);
+        let cap_window = capacity.per_second.mul_ratio_floor(window_ns, NS_PER_S);
+        let cap_window =
+            capacity.per_second.zip(
+                cap_window,
+                |per_s, w| if per_s == u64::MAX { u64::MAX } else { w },
+            );
+        let reserve_window = cap_window.map(|c| {
+            if c == u64::MAX {
+                0
+            } else {
+                c / 1000 * reserve + c % 1000 * reserve / 1000
+            }
+        });
+        let burst_rate = capacity.per_second.map(|c| {
+            if c == u64::MAX {
+                u64::MAX
+            } else {
+                crate::cost::mul_div_floor(c, 1000 - reserve, 1000)
+            }
+        });
+        let inv_cap_window = cap_window.dims().map(|c| {
+            if c == u64::MAX || c == 0 {
+                0
+            } else {
+                ((1u128 << FP) / u128::from(c)).max(1) as u64
+            }
+        });
+        BurstRules {
+            window_ns,
+            depth_ns: params.limiter_depth_ns,
+            history_windows: params.history_windows.max(1) as usize,
+            alpha_permille: u64::from(params.alpha_permille),
+            throttle_weight_permille: u64::from(params.throttle_weight_permille),
+            cap_window,
+            reserve_window,
+            inv_cap_window,
+            window_idx: 0,
+            next_window_ns: window_ns,
+            burst_pacer: Pacer::with_depth(0, burst_rate, params.limiter_depth_ns.max(1)),
+            slots: Vec::new(),
+            active: Vec::new(),
+            donors: Vec::new(),
+            pool_left: cap_window.saturating_sub(reserve_window),
+            reserve_left: reserve_window,
+            rng: XorShift64::new(params.seed),
+            last_alloc: AllocSummary::default(),
+            recoveries: 0,
+        }
+    }
+
+    fn slot(&mut self, idx: u32) -> &mut WinState {
+        let i = idx as usize;
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, WinState::default);
+        }
+        &mut self.slots[i]
+    }
+
+    /// Dominant share of a cost vector relative to one window of capacity, fixed point `2^FP`.
+    fn dominant_share(&self, v: &CostVector) -> u64 {
+        v.dims()
+            .iter()
+            .zip(self.inv_cap_window)
+            .map(|(&x, inv)| ((u128::from(x) * u128::from(inv)).min(u128::from(u64::MAX))) as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Cost per window of running at the baseline and at the burst ceiling with this volume's
+    /// average request. Floating point: this is a prediction that sizes a share, never a limit
+    /// (limits are exact integer buckets), and it keeps the per-window loop free of divisions.
+    fn window_costs(&self, st: &WinState) -> (CostVector, CostVector) {
+        if !st.has_avg {
+            return (CostVector::ZERO, CostVector::ZERO);
+        }
+        let w_s = self.window_ns as f64 / NS_PER_S as f64;
+        let per_unit = 1000.0 / st.avg_units_milli.max(1) as f64;
+        let per_byte = if st.avg_bytes == 0 {
+            f64::INFINITY
+        } else {
+            1.0 / st.avg_bytes as f64
+        };
+        let requests = |r: IoRate| -> f64 {
+            let by_units = if r.iops == u64::MAX {
+                f64::INFINITY
+            } else {
+                r.iops as f64 * w_s * per_unit
+            };
+            let by_bytes = if r.bytes_per_s == u64::MAX || per_byte.is_infinite() {
+                f64::INFINITY
+            } else {
+                r.bytes_per_s as f64 * w_s * per_byte
+            };
+            by_units.min(by_bytes)
+        };
+        let cost = |n: f64| {
+            if n.is_infinite() {
+                self.cap_window
+            } else {
+                // `as` saturates; costs are capped at one window of capacity.
+                st.avg_cost
+                    .zip(self.cap_window, |c, cap| ((c as f64 * n) as u64).min(cap))
+            }
+        };
+        (
+            cost(requests(st.baseline)),
+            cost(requests(st.burst_ceiling)),
+        )
+    }
+
+    /// Ends the finished window and computes the next window's allocations (Algorithm 1).
+    fn allocate(&mut self, gap_windows: u64) {
+        let n = self.history_windows;
+        let alpha_fp: u128 = (u128::from(self.alpha_permille) << FP) / (1000 * n as u128);
+        let mut round1 = CostVector::ZERO;
+        let mut sum_weight: u128 = 0;
+        let mut list = std::mem::take(&mut self.active);
+        let mut i = 0;
+        // Pass 1: close the window, predict, round 1.
+        while i < list.len() {
+            let idx = list[i] as usize;
+            let keep = {
+                let st = &mut self.slots[idx];
+                if !st.live || !st.active {
+                    false
+                } else {
+                    let usage = st.consumed;
+                    st.push_history(usage);
+                    for _ in 1..gap_windows.min(n as u64) {
+                        st.push_history(CostVector::ZERO);
+                    }
+                    st.last_bursting = st.burst_requests > 0;
+                    st.last_throttled = !st.throttled.is_zero();
+                    st.backlogged || !st.hist_sum.is_zero()
+                }
+            };
+            if !keep {
+                let st = &mut self.slots[idx];
+                st.active = false;
+                st.in_list = false;
+                st.alloc = CostVector::ZERO;
+                st.lent = CostVector::ZERO;
+                st.consumed = CostVector::ZERO;
+                st.throttled = CostVector::ZERO;
+                st.burst_requests = 0;
+                list.swap_remove(i);
+                continue;
+            }
+            if self.slots[idx].costs_stale {
+                let (base, burst) = self.window_costs(&self.slots[idx]);
+                let st = &mut self.slots[idx];
+                st.base_cost = base;
+                st.burst_cost = burst;
+                st.costs_stale = false;
+            }
+            let (base, burst_cost, weight) = {
+                let st = &self.slots[idx];
+                let (base, burst_cost) = (st.base_cost, st.burst_cost);
+                let alloc = if st.last_bursting || st.last_throttled {
+                    base
+                } else {
+                    st.hist_sum
+                        .map(|s| {
+                            ((u128::from(s) * alpha_fp) >> FP).min(u128::from(u64::MAX)) as u64
+                        })
+                        .min(base)
+                };
+                let weight = if st.may_burst {
+                    let u = self.dominant_share(&st.consumed);
+                    let t = self.dominant_share(&st.throttled);
+                    u.saturating_add(t.saturating_mul(self.throttle_weight_permille) / 1000)
+                        .max(1)
+                } else {
+                    0
+                };
+                (alloc, burst_cost, weight)
+            };
+            let st = &mut self.slots[idx];
+            st.alloc = base;
+            st.burst_cost = burst_cost;
+            st.weight = weight;
+            st.lent = CostVector::ZERO;
+            st.consumed = CostVector::ZERO;
+            st.throttled = CostVector::ZERO;
+            st.burst_requests = 0;
+            round1 = round1.saturating_add(base);
+            sum_weight += u128::from(weight);
+            i += 1;
+        }
+        let avail = self.cap_window.saturating_sub(self.reserve_window);
+        // Over-provisioned node: scale round 1 down so the total never exceeds the limit.
+        if !round1.fits_within(&avail) {
+            let scale: [(u64, u64); 4] =
+                std::array::from_fn(|d| (avail.dims()[d], round1.dims()[d]));
+            for &idx in &list {
+                let st = &mut self.slots[idx as usize];
+                let a = st.alloc.dims();
+                st.alloc = CostVector::from_dims(std::array::from_fn(|d| {
+                    let (num, den) = scale[d];
+                    if den > num {
+                        crate::cost::mul_div_floor(a[d], num, den)
+                    } else {
+                        a[d]
+                    }
+                }));
+            }
+            round1 = list.iter().fold(CostVector::ZERO, |acc, &idx| {
+                acc.saturating_add(self.slots[idx as usize].alloc)
+            });
+        }
+        let left = avail.saturating_sub(round1);
+        // Pass 2: lend what is left in proportion to weight, capped at the burst ceiling.
+        let per_weight: [u128; 4] = left
+            .dims()
+            .map(|l| (u128::from(l) << FP).checked_div(sum_weight).unwrap_or(0));
+        let mut lent_total = CostVector::ZERO;
+        self.donors.clear();
+        for &idx in &list {
+            let st = &self.slots[idx as usize];
+            if st.weight > 0 {
+                let room = st.burst_cost.saturating_sub(st.alloc);
+                let w = u128::from(st.weight);
+                let share = CostVector::from_dims(std::array::from_fn(|d| {
+                    ((w * per_weight[d]) >> FP).min(u128::from(u64::MAX)) as u64
+                }));
+                let extra = share.min(room).min(left.saturating_sub(lent_total));
+                let st = &mut self.slots[idx as usize];
+                st.alloc = st.alloc.saturating_add(extra);
+                st.lent = extra;
+                lent_total = lent_total.saturating_add(extra);
+                if !extra.is_zero() {
+                    self.donors.push(idx);
+                }
+            }
+            self.slots[idx as usize].in_spare = false;
+        }
+        self.pool_left = left.saturating_sub(lent_total);
+        self.reserve_left = self.reserve_window;
+        self.last_alloc = AllocSummary {
+            active_volumes: list.len(),
+            lenders: self.donors.len(),
+            round1,
+            lent: lent_total,
+        };
+        self.active = list;
+    }
+
+    /// Fast recovery: moves `need` tokens to `idx` from the pool, a power-of-two-choices donor,
+    /// then the reserve.
+    fn recover(&mut self, idx: u32, mut need: CostVector) {
+        self.recoveries += 1;
+        let mut got = need.min(self.pool_left);
+        self.pool_left = self.pool_left.saturating_sub(got);
+        need = need.saturating_sub(got);
+        if !need.is_zero() && !self.donors.is_empty() {
+            let a = self.donors[self.rng.below(self.donors.len())];
+            let b = self.donors[self.rng.below(self.donors.len())];
+            let surplus = |s: &WinState| {
+                if s.active {
+                    s.lent.min(s.tokens_left())
+                } else {
+                    CostVector::ZERO
+                }
+            };
+            let (sa, sb) = (
+                surplus(&self.slots[a as usize]),
+                surplus(&self.slots[b as usize]),
+            );
+            let (donor, avail) =
+                if a != idx && (b == idx || self.dominant_share(&sa) >= self.dominant_share(&sb)) {
+                    (a, sa)
+                } else {
+                    (b, sb)
+                };
+            if donor != idx {
+                let moved = need.min(avail);
+                let d = &mut self.slots[donor as usize];
+                d.alloc = d.alloc.saturating_sub(moved);
+                d.lent = d.lent.saturating_sub(moved);
+                got = got.saturating_add(moved);
+                need = need.saturating_sub(moved);
+            }
+        }
+        if !need.is_zero() {
+            let from_reserve = need.min(self.reserve_left);
+            self.reserve_left = self.reserve_left.saturating_sub(from_reserve);
+            got = got.saturating_add(from_reserve);
+        }
+        let st = &mut self.slots[idx as usize];
+        st.alloc = st.alloc.saturating_add(got);
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct BurstVol {
+    ceiling: RateLimiter,
+    meter: RateLimiter,
+    credits: VolumeCredits,
+}
+
+impl Rules for BurstRules {
+    type Vol = BurstVol;
+
+    fn name(&self) -> &'static str {
+        "burst"
+    }
+
+    fn classes(&self) -> usize {
+        3
+    }
+
+    fn new_vol(&mut self, now_ns: u64, idx: u32, qos: &VolumeQos) -> BurstVol {
+        let n = self.history_windows;
+        let st = self.slot(idx);
+        *st = st.fresh(n);
+        st.configure(qos);
+        BurstVol {
+            ceiling: RateLimiter::new(now_ns, qos.burst_ceiling(), self.depth_ns),
+            meter: RateLimiter::new(now_ns, qos.baseline, self.depth_ns),
+            credits: VolumeCredits::new(now_ns, qos),
+        }
+    }
+
+    fn reconfigure(&mut self, now_ns: u64, idx: u32, qos: &VolumeQos, vol: &mut BurstVol) {
+        vol.ceiling.reconfigure(now_ns, qos.burst_ceiling());
+        vol.meter.reconfigure(now_ns, qos.baseline);
+        vol.credits.reconfigure(now_ns, qos);
+        self.slot(idx).configure(qos);
+    }
+
+    fn removed(&mut self, idx: u32, _vol: &BurstVol) {
+        let n = self.history_windows;
+        let st = self.slot(idx);
+        *st = st.fresh(n);
+    }
+
+    fn enforced_ceiling(&self, qos: &VolumeQos) -> IoRate {
+        qos.burst_ceiling()
+    }
+
+    fn became_backlogged(&mut self, _now_ns: u64, idx: u32, _vol: &mut BurstVol) {
+        let st = self.slot(idx);
+        st.backlogged = true;
+        if !st.active {
+            st.active = true;
+            if !st.in_list {
+                st.in_list = true;
+                self.active.push(idx);
+            }
+        }
+    }
+
+    fn classify(
+        &mut self,
+        now_ns: u64,
+        idx: u32,
+        core: &VolCore,
+        vol: &mut BurstVol,
+        charge: Charge,
+        cost: &CostVector,
+    ) -> Place {
+        let t_ok = vol
+            .ceiling
+            .ready_at(now_ns, charge)
+            .max(vol.credits.ready_at(now_ns, charge));
+        if t_ok > now_ns {
+            self.slot(idx).in_spare = false;
+            return Place::At(t_ok);
+        }
+        let t_meter = vol.meter.ready_at(now_ns, charge);
+        let st = self.slot(idx);
+        if t_meter <= now_ns || core.qos.burst == BurstMode::None {
+            st.in_spare = false;
+            return Place::Ring {
+                class: BASELINE,
+                front: false,
+                reclassify_at: None,
+            };
+        }
+        let class = if cost.fits_within(&st.tokens_left()) {
+            LENT
+        } else {
+            SPARE
+        };
+        st.in_spare = class == SPARE;
+        Place::Ring {
+            class,
+            front: false,
+            reclassify_at: Some(t_meter),
+        }
+    }
+
+    fn is_baseline_class(&self, class: usize) -> bool {
+        class == BASELINE
+    }
+
+    fn effective_class(&self, now_ns: u64, class: usize, vol: &BurstVol, charge: Charge) -> usize {
+        if class != BASELINE && vol.meter.ready_at(now_ns, charge) <= now_ns {
+            BASELINE
+        } else {
+            class
+        }
+    }
+
+    fn class_gate(&self, now_ns: u64, class: usize, cost: &CostVector) -> u64 {
+        if class == BASELINE {
+            now_ns
+        } else {
+            self.burst_pacer.ready_at(now_ns, cost, false)
+        }
+    }
+
+    fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut BurstVol) -> Verdict {
+        let Ctx {
+            now_ns,
+            core,
+            charge,
+            ..
+        } = *ctx;
+        let phase =
+            if core.qos.burst == BurstMode::None || vol.meter.ready_at(now_ns, charge) <= now_ns {
+                Phase::Baseline
+            } else if vol.credits.is_active() {
+                Phase::BurstCredit
+            } else {
+                Phase::BurstSpare
+            };
+        Verdict::Run {
+            phase,
+            front: false,
+        }
+    }
+
+    fn charge(&mut self, ctx: &Ctx<'_>, phase: Phase, vol: &mut BurstVol) {
+        let Ctx {
+            now_ns,
+            idx,
+            core,
+            charge,
+            req,
+            ..
+        } = *ctx;
+        vol.ceiling.take(now_ns, charge);
+        vol.credits.take(now_ns, charge);
+        let cost = req.cost;
+        if phase == Phase::Baseline {
+            vol.meter.take(now_ns, charge);
+        } else {
+            self.burst_pacer.take(now_ns, &cost, false);
+        }
+        let st = self.slot(idx);
+        st.observe(charge, &cost);
+        let had = st.tokens_left();
+        st.consumed = st.consumed.saturating_add(cost);
+        if core.queue.is_empty() {
+            st.backlogged = false;
+        }
+        if phase == Phase::Baseline {
+            if !cost.fits_within(&had) {
+                self.recover(idx, cost.saturating_sub(had));
+            }
+        } else {
+            st.burst_requests += 1;
+            if !cost.fits_within(&had) {
+                st.throttled = st.throttled.saturating_add(cost);
+            }
+        }
+    }
+
+    fn tick(&mut self, now_ns: u64, _vols: &mut Slab<Entry<BurstVol>>) -> Option<Tick> {
+        if now_ns < self.next_window_ns {
+            return None;
+        }
+        let w = now_ns / self.window_ns;
+        let gap = w - self.window_idx;
+        self.window_idx = w;
+        self.next_window_ns = w.saturating_add(1).saturating_mul(self.window_ns);
+        self.allocate(gap);
+        // Fresh tokens: spare-class volumes may be lent ones now; they are corrected at their
+        // turn (at most one request each served at the lent class's priority).
+        Some(Tick {
+            replace: Vec::new(),
+            merge: Some((SPARE, LENT)),
+        })
+    }
+
+    fn credits(&self, now_ns: u64, vol: &BurstVol) -> (Option<u64>, Option<u64>) {
+        vol.credits.balances_at(now_ns)
+    }
+
+    fn check(&self, vols: &Slab<Entry<BurstVol>>) -> Result<(), String> {
+        for (_, e) in vols.iter() {
+            if !e.x.credits.within_range() {
+                return Err(format!(
+                    "volume {}: credit balance outside [0, bucket]",
+                    e.core.id
+                ));
+            }
+        }
+        // Guarantee (i) of BurstCBS: the allocation never exceeds the limit.
+        let total = self
+            .slots
+            .iter()
+            .filter(|s| s.active)
+            .fold(CostVector::ZERO, |acc, s| acc.saturating_add(s.alloc))
+            .saturating_add(self.pool_left)
+            .saturating_add(self.reserve_left);
+        if let Some(d) = total.first_exceeding(&self.cap_window) {
+            return Err(format!(
+                "allocation {} {} + pool + reserve exceeds one window of capacity {}",
+                total.get(d),
+                d.as_str(),
+                self.cap_window.get(d)
+            ));
+        }
+        Ok(())
+    }
+
+    fn baseline_guarantee(&self) -> Option<u64> {
+        Some(0)
+    }
+
+    fn must_run(
+        &self,
+        now_ns: u64,
+        core: &VolCore,
+        vol: &BurstVol,
+        charge: Charge,
+        _cost: &CostVector,
+    ) -> Option<bool> {
+        let t_ok = vol
+            .ceiling
+            .ready_at(now_ns, charge)
+            .max(vol.credits.ready_at(now_ns, charge));
+        if t_ok > now_ns {
+            return Some(false);
+        }
+        let baseline =
+            core.qos.burst == BurstMode::None || vol.meter.ready_at(now_ns, charge) <= now_ns;
+        Some(baseline || self.burst_pacer.idle_at(now_ns))
+    }
+}
+
+/// Drives the per-window allocation alone, for the benchmark (see `crate::bench_support`).
+#[derive(Debug)]
+pub(crate) struct AllocationBench {
+    rules: BurstRules,
+    vols: Slab<Entry<BurstVol>>,
+    active: Vec<u32>,
+    now_ns: u64,
+}
+
+impl AllocationBench {
+    pub(crate) fn new(defined: u32, active: u32) -> Self {
+        let capacity = NodeCapacity::new(CostVector::new(
+            1_000_000_000,
+            10_000_000_000,
+            10_000_000_000,
+            1_000_000_000,
+        ));
+        let mut rules = BurstRules::new(capacity, &PolicyParams::default());
+        let qos = VolumeQos {
+            baseline: IoRate::new(100, 10_000_000),
+            ceiling: IoRate::new(10_000, 1_000_000_000),
+            burst: BurstMode::OnDemand,
+            weight: 1,
+            io_unit_bytes: 0,
+        };
+        for idx in 0..defined {
+            let _ = rules.new_vol(0, idx, &qos);
+        }
+        let mut vol = rules.new_vol(0, 0, &qos);
+        for idx in 0..active {
+            rules.became_backlogged(0, idx, &mut vol);
+        }
+        AllocationBench {
+            rules,
+            vols: Slab::default(),
+            active: (0..active).collect(),
+            now_ns: 0,
+        }
+    }
+
+    /// Simulates one window of usage on every active volume (not part of the measurement).
+    pub(crate) fn prepare(&mut self) {
+        for (k, &idx) in self.active.iter().enumerate() {
+            let st = self.rules.slot(idx);
+            let n = 1 + (k as u64 % 7);
+            st.observe(
+                Charge {
+                    units: 1,
+                    bytes: 4096,
+                },
+                &CostVector::new(2_000, 0, 4096, 100_000),
+            );
+            st.consumed = CostVector::new(2_000 * n, 0, 4096 * n, 100_000 * n);
+            st.burst_requests = n / 2;
+            if k % 3 == 0 {
+                st.throttled = CostVector::new(2_000, 0, 4096, 100_000);
+            }
+        }
+    }
+
+    /// Runs the next window's allocation; returns the number of active volumes.
+    pub(crate) fn allocate(&mut self) -> usize {
+        self.now_ns += self.rules.window_ns;
+        let _ = self.rules.tick(self.now_ns, &mut self.vols);
+        self.rules.last_alloc.active_volumes
+    }
+}

@@ -1,0 +1,237 @@
+//! The one scheduling interface every policy implements.
+//!
+//! Shaped after dmclock (DESIGN.md principle 1): the caller owns time and passes it in as
+//! `now_ns`; a policy never reads a clock, sleeps or spawns. The tokio server and the
+//! discrete-event simulator drive the same implementation, so a simulated result is a result of
+//! the shipped scheduler. Policies are chosen by configuration ([`PolicyKind`]) and compared on
+//! the same work.
+
+use crate::error::{InvariantViolation, QosError};
+use crate::vocab::{Decision, IoRequest, NodeCapacity, Observed, Phase, VolumeId, VolumeQos};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// A scheduler: decides, for each queued I/O, whether it runs now.
+///
+/// Contract for callers:
+/// - `now_ns` never decreases between calls (a smaller value is treated as the last one seen);
+/// - after `next` returns [`Decision::WaitUntil`]`(t)`, call `next` again at `t` or after any
+///   `enqueue`, `complete` or QoS change;
+/// - a request for a volume that was never added is accepted and the volume is registered with
+///   [`VolumeQos::default`] (best effort: no guarantee, no ceiling);
+/// - `complete` is called once per dispatched request.
+pub trait Policy: Send + fmt::Debug {
+    /// Stable name (`wild`, `base`, `credit`, `burst`, `mclock`, `drr-vop`).
+    fn name(&self) -> &'static str;
+    /// Registers a volume (re-adding an existing volume behaves like `update_qos`).
+    fn add_volume(&mut self, now_ns: u64, id: VolumeId, qos: &VolumeQos);
+    /// Changes a volume's QoS live. Credit balances are kept (clamped to a smaller bucket),
+    /// never refilled: unlike QEMU, a QoS change does not hand out a fresh burst.
+    fn update_qos(&mut self, now_ns: u64, id: VolumeId, qos: &VolumeQos);
+    /// Removes a volume; its queued requests are dropped (the caller fails them).
+    fn remove_volume(&mut self, now_ns: u64, id: VolumeId);
+    /// Queues a request.
+    fn enqueue(&mut self, now_ns: u64, req: IoRequest);
+    /// Picks the next request to run, or says when to ask again.
+    fn next(&mut self, now_ns: u64) -> Decision;
+    /// Reports that a dispatched request finished (feeds online cost correction).
+    fn complete(&mut self, now_ns: u64, req: &IoRequest, observed: Observed);
+    /// Checks every invariant of the policy (tests call it after every step).
+    fn check_invariants(&self) -> Result<(), InvariantViolation>;
+    /// Number of requests queued (not yet dispatched) over all volumes.
+    fn queued_requests(&self) -> usize;
+    /// Observable state of one volume, for metrics and the preview.
+    fn snapshot(&self, id: VolumeId) -> Option<VolumeSnapshot>;
+}
+
+/// Observable per-volume state of a policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeSnapshot {
+    /// Requests queued, not yet dispatched.
+    pub queued_requests: usize,
+    /// Whole credits in the IOPS bucket, if the volume has one (Credit and Burst policies).
+    pub iops_credits: Option<u64>,
+    /// Whole credits (bytes) in the throughput bucket, if the volume has one.
+    pub bytes_credits: Option<u64>,
+    /// Requests dispatched so far, per phase in [`Phase::ALL`] order.
+    pub dispatched_requests: [u64; 3],
+    /// Payload bytes dispatched so far, per phase in [`Phase::ALL`] order.
+    pub dispatched_bytes: [u64; 3],
+}
+
+impl VolumeSnapshot {
+    /// Requests dispatched in one phase.
+    pub fn dispatched_in(&self, phase: Phase) -> u64 {
+        self.dispatched_requests[phase as usize]
+    }
+}
+
+/// Which policy to build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PolicyKind {
+    /// WildCBS: weighted round robin with per-volume ceilings, work-conserving, no isolation.
+    Wild,
+    /// BaseCBS: static caps at the baseline (Gimbal-like), no burst.
+    Base,
+    /// Token-bucket bursting per the volume's credit buckets (gp2 / Azure / QEMU semantics).
+    Credit,
+    /// BurstCBS: per-window prediction, lending, fast recovery and a reserve.
+    Burst,
+    /// mClock: reservation, weight and limit tags.
+    MClock,
+    /// Libra: deficit round robin charged in virtual IOPs (device units).
+    DrrVop,
+}
+
+impl PolicyKind {
+    /// All policies, in a stable order.
+    pub const ALL: [PolicyKind; 6] = [
+        PolicyKind::Wild,
+        PolicyKind::Base,
+        PolicyKind::Credit,
+        PolicyKind::Burst,
+        PolicyKind::MClock,
+        PolicyKind::DrrVop,
+    ];
+
+    /// The name accepted by [`FromStr`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Wild => "wild",
+            PolicyKind::Base => "base",
+            PolicyKind::Credit => "credit",
+            PolicyKind::Burst => "burst",
+            PolicyKind::MClock => "mclock",
+            PolicyKind::DrrVop => "drr-vop",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = QosError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let norm = s.trim().to_ascii_lowercase().replace('_', "-");
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == norm || (norm == "drrvop" && *k == PolicyKind::DrrVop))
+            .ok_or_else(|| QosError::UnknownPolicy(s.to_string()))
+    }
+}
+
+/// Tunables of the policies. The papers leave these open; `docs/qos.md` justifies the defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PolicyParams {
+    /// Length of one scheduling window (Burst allocation cycle, invariant accounting), ns.
+    pub window_ns: u64,
+    /// How much service a per-volume limiter saves up for a volume that was held back (by
+    /// the node, by its neighbours' turns), ns of its rate; also the largest burst above a
+    /// rate after idleness. 0 = one request.
+    pub limiter_depth_ns: u64,
+    /// Burst: number of past windows the usage prediction looks at (N).
+    pub history_windows: u32,
+    /// Burst: headroom multiplier on the predicted usage (alpha), in thousandths.
+    pub alpha_permille: u32,
+    /// Burst: extra weight of a throttled request when lending spare capacity, in thousandths.
+    pub throttle_weight_permille: u32,
+    /// Burst: share of capacity held back for fast recovery, in thousandths (50 = 5 %).
+    pub reserve_permille: u32,
+    /// DRR-VOP: quantum added per round, in device units, per unit of weight.
+    pub drr_quantum_device_units: u64,
+    /// Seed of the deterministic choice source (Burst's power-of-two-choices donor).
+    pub seed: u64,
+}
+
+impl Default for PolicyParams {
+    fn default() -> Self {
+        PolicyParams {
+            window_ns: 10_000_000,
+            limiter_depth_ns: 10_000_000,
+            history_windows: 8,
+            alpha_permille: 1_250,
+            throttle_weight_permille: 4_000,
+            reserve_permille: 50,
+            drr_quantum_device_units: 100_000,
+            seed: 0x5eed_1234_abcd_ef01,
+        }
+    }
+}
+
+impl PolicyParams {
+    /// Checks ranges; [`build_policy`] clamps instead of failing, this tells the caller why.
+    pub fn validate(&self) -> Result<(), QosError> {
+        if self.window_ns < 100_000 || self.window_ns > 10_000_000_000 {
+            return Err(QosError::InvalidParams(format!(
+                "window_ns {} outside [100 us, 10 s]",
+                self.window_ns
+            )));
+        }
+        if self.limiter_depth_ns > 10_000_000_000 {
+            return Err(QosError::InvalidParams(format!(
+                "limiter_depth_ns {} above 10 s",
+                self.limiter_depth_ns
+            )));
+        }
+        if self.history_windows == 0 || self.history_windows > 1024 {
+            return Err(QosError::InvalidParams(format!(
+                "history_windows {} outside [1, 1024]",
+                self.history_windows
+            )));
+        }
+        if self.alpha_permille < 1_000 || self.alpha_permille > 10_000 {
+            return Err(QosError::InvalidParams(format!(
+                "alpha_permille {} outside [1000, 10000]",
+                self.alpha_permille
+            )));
+        }
+        if self.throttle_weight_permille > 100_000 {
+            return Err(QosError::InvalidParams(format!(
+                "throttle_weight_permille {} above 100000",
+                self.throttle_weight_permille
+            )));
+        }
+        if self.reserve_permille >= 500 {
+            return Err(QosError::InvalidParams(format!(
+                "reserve_permille {} must be < 500",
+                self.reserve_permille
+            )));
+        }
+        if self.drr_quantum_device_units == 0 {
+            return Err(QosError::InvalidParams(
+                "drr_quantum_device_units must be > 0".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A copy with every field clamped into its valid range.
+    pub fn clamped(&self) -> PolicyParams {
+        PolicyParams {
+            window_ns: self.window_ns.clamp(100_000, 10_000_000_000),
+            limiter_depth_ns: self.limiter_depth_ns.min(10_000_000_000),
+            history_windows: self.history_windows.clamp(1, 1024),
+            alpha_permille: self.alpha_permille.clamp(1_000, 10_000),
+            throttle_weight_permille: self.throttle_weight_permille.min(100_000),
+            reserve_permille: self.reserve_permille.min(499),
+            drr_quantum_device_units: self.drr_quantum_device_units.max(1),
+            seed: self.seed,
+        }
+    }
+}
+
+/// Builds a policy. Out-of-range parameters are clamped (see [`PolicyParams::validate`]).
+pub fn build_policy(
+    kind: PolicyKind,
+    capacity: NodeCapacity,
+    params: &PolicyParams,
+) -> Box<dyn Policy> {
+    let params = params.clamped();
+    crate::policies::build(kind, capacity, &params)
+}

@@ -1,0 +1,390 @@
+//! The QoS vocabulary shared by the server, the simulator and the CLI.
+//!
+//! These are plain data types with no behaviour beyond validation, so that a volume's QoS can
+//! be stored, sent over the management API and handed to any policy unchanged. Units are in
+//! the field names; "unlimited" is `u64::MAX`, never zero, so that a zero can only mean zero.
+
+use crate::cost::CostVector;
+use crate::error::QosError;
+use serde::{Deserialize, Serialize};
+
+/// Identifier of a volume inside one scheduler instance.
+pub type VolumeId = u32;
+
+/// Nanoseconds per second, the unit conversion used everywhere in this crate.
+pub const NS_PER_S: u64 = 1_000_000_000;
+
+/// A rate in two dimensions: I/O operations per second and payload bytes per second.
+///
+/// `u64::MAX` in a field means "no limit in this dimension".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct IoRate {
+    /// I/O operations per second (counted in the volume's `io_unit_bytes` units).
+    pub iops: u64,
+    /// Payload bytes per second.
+    pub bytes_per_s: u64,
+}
+
+impl IoRate {
+    /// No limit in either dimension.
+    pub const UNLIMITED: IoRate = IoRate {
+        iops: u64::MAX,
+        bytes_per_s: u64::MAX,
+    };
+
+    /// Zero in both dimensions.
+    pub const ZERO: IoRate = IoRate {
+        iops: 0,
+        bytes_per_s: 0,
+    };
+
+    /// Builds a rate.
+    pub const fn new(iops: u64, bytes_per_s: u64) -> Self {
+        IoRate { iops, bytes_per_s }
+    }
+
+    /// Component-wise minimum.
+    pub fn min(self, other: IoRate) -> IoRate {
+        IoRate::new(
+            self.iops.min(other.iops),
+            self.bytes_per_s.min(other.bytes_per_s),
+        )
+    }
+
+    /// Component-wise maximum.
+    pub fn max(self, other: IoRate) -> IoRate {
+        IoRate::new(
+            self.iops.max(other.iops),
+            self.bytes_per_s.max(other.bytes_per_s),
+        )
+    }
+
+    /// True when `self <= other` in both dimensions.
+    pub fn le(&self, other: &IoRate) -> bool {
+        self.iops <= other.iops && self.bytes_per_s <= other.bytes_per_s
+    }
+}
+
+/// One credit bucket (a gp2/Azure "burst bucket", a QEMU leaky bucket seen from the other side).
+///
+/// Every admitted I/O spends credits equal to its size in the bucket's unit (I/O units for an
+/// IOPS bucket, bytes for a throughput bucket). The bucket refills continuously at
+/// `refill_per_s` and never holds more than `capacity`. Once empty, the volume therefore runs at
+/// exactly `refill_per_s`: this is how gp2 (refill at the baseline) and QEMU (leak at `avg`)
+/// both behave, and why a full bucket drained at rate `r` lasts `capacity / (r - refill)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CreditBucketSpec {
+    /// Maximum balance, in the bucket's unit (I/O units or bytes). Must be > 0.
+    pub capacity: u64,
+    /// Credits earned per second.
+    pub refill_per_s: u64,
+    /// Whether a newly added volume starts with a full bucket (gp2, Azure, an idle QEMU drive).
+    pub start_full: bool,
+}
+
+/// The credit buckets of a volume in credit-burst mode; at least one must be present.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CreditSpec {
+    /// Bucket counted in I/O units (gp2, Azure IOPS, QEMU `iops-*-max`).
+    pub iops: Option<CreditBucketSpec>,
+    /// Bucket counted in bytes (Azure MB/s, QEMU `bps-*-max`, st1).
+    pub bytes: Option<CreditBucketSpec>,
+}
+
+/// How a volume may exceed its baseline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BurstMode {
+    /// Never above the baseline (gp3, io2, a plain QEMU limit without `*-max`).
+    #[default]
+    None,
+    /// Above the baseline, up to the ceiling, while credits last (gp2, Azure credit, QEMU `*-max`).
+    Credits(CreditSpec),
+    /// Above the baseline, up to the ceiling, whenever the node has spare capacity
+    /// (Azure on-demand, Alibaba AutoPL burst).
+    OnDemand,
+}
+
+/// The QoS a volume was sold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct VolumeQos {
+    /// Always guaranteed (given the node is not over-provisioned).
+    pub baseline: IoRate,
+    /// Never exceeded, whatever the burst mode and however idle the node.
+    pub ceiling: IoRate,
+    /// How the volume may go above `baseline`.
+    pub burst: BurstMode,
+    /// Share of spare capacity relative to other volumes (>= 1).
+    pub weight: u32,
+    /// IOPS accounting unit: a request of `len` bytes counts as `ceil(len / io_unit_bytes)` I/Os
+    /// (AWS: 256 KiB; QEMU: `iops-size`). Zero means every request counts as one I/O.
+    pub io_unit_bytes: u32,
+}
+
+impl Default for VolumeQos {
+    /// Best effort: nothing guaranteed, no ceiling, runs on spare capacity (on-demand burst),
+    /// weight 1. This is what a volume gets when a request arrives for an unknown volume.
+    fn default() -> Self {
+        VolumeQos {
+            baseline: IoRate::ZERO,
+            ceiling: IoRate::UNLIMITED,
+            burst: BurstMode::OnDemand,
+            weight: 1,
+            io_unit_bytes: 0,
+        }
+    }
+}
+
+impl VolumeQos {
+    /// A volume limited to one fixed rate (baseline = ceiling, no burst).
+    pub fn fixed(rate: IoRate) -> Self {
+        VolumeQos {
+            baseline: rate,
+            ceiling: rate,
+            burst: BurstMode::None,
+            ..VolumeQos::default()
+        }
+    }
+
+    /// Number of I/O units a request of `len_bytes` counts as (at least one).
+    pub fn io_units(&self, len_bytes: u32) -> u64 {
+        io_units(self.io_unit_bytes, len_bytes)
+    }
+
+    /// The most a volume may ever receive under a policy that honours its burst mode:
+    /// the ceiling if it may burst, else the baseline (clamped to the ceiling).
+    pub fn burst_ceiling(&self) -> IoRate {
+        match self.burst {
+            BurstMode::None => self.baseline.min(self.ceiling),
+            BurstMode::Credits(_) | BurstMode::OnDemand => self.ceiling,
+        }
+    }
+
+    /// Checks the internal consistency of the QoS.
+    pub fn validate(&self) -> Result<(), QosError> {
+        if !self.baseline.le(&self.ceiling) {
+            return Err(QosError::InvalidQos(format!(
+                "baseline {:?} exceeds ceiling {:?}",
+                self.baseline, self.ceiling
+            )));
+        }
+        if self.weight == 0 {
+            return Err(QosError::InvalidQos("weight must be >= 1".into()));
+        }
+        if let BurstMode::Credits(spec) = &self.burst {
+            if spec.iops.is_none() && spec.bytes.is_none() {
+                return Err(QosError::InvalidQos(
+                    "credit burst mode needs an IOPS or a bytes bucket".into(),
+                ));
+            }
+            let pairs = [
+                (spec.iops, self.baseline.iops, "IOPS"),
+                (spec.bytes, self.baseline.bytes_per_s, "bytes"),
+            ];
+            for (bucket, baseline, what) in pairs {
+                let Some(b) = bucket else { continue };
+                if b.capacity == 0 {
+                    return Err(QosError::InvalidQos(format!(
+                        "{what} credit bucket capacity must be > 0"
+                    )));
+                }
+                // An empty bucket delivers exactly its refill rate; below the baseline it
+                // would break the baseline guarantee.
+                if b.refill_per_s < baseline {
+                    return Err(QosError::InvalidQos(format!(
+                        "{what} credit refill {} per s is below the baseline {baseline}",
+                        b.refill_per_s
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Number of I/O units a request of `len_bytes` counts as, given a unit size (0 = one per request).
+pub fn io_units(io_unit_bytes: u32, len_bytes: u32) -> u64 {
+    if io_unit_bytes == 0 {
+        1
+    } else {
+        u64::from(len_bytes.div_ceil(io_unit_bytes)).max(1)
+    }
+}
+
+/// What one worker (or one node) can do per second, as a cost vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NodeCapacity {
+    /// Capacity per second in each dimension (`u64::MAX` = not a bottleneck).
+    pub per_second: CostVector,
+}
+
+impl NodeCapacity {
+    /// A capacity that never binds.
+    pub const UNLIMITED: NodeCapacity = NodeCapacity {
+        per_second: CostVector::MAX,
+    };
+
+    /// Builds a capacity.
+    pub const fn new(per_second: CostVector) -> Self {
+        NodeCapacity { per_second }
+    }
+}
+
+/// The kind of an I/O request (NBD commands that reach the scheduler).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum OpKind {
+    /// Read `len_bytes` at `offset_bytes`.
+    Read,
+    /// Write `len_bytes` at `offset_bytes`.
+    Write,
+    /// Make previous writes durable.
+    Flush,
+    /// Discard a range.
+    Trim,
+    /// Write zeroes over a range without a payload.
+    WriteZeroes,
+}
+
+impl OpKind {
+    /// Whether the request carries a payload from the client.
+    pub fn has_ingress_payload(self) -> bool {
+        matches!(self, OpKind::Write)
+    }
+
+    /// Whether the reply carries a payload to the client.
+    pub fn has_egress_payload(self) -> bool {
+        matches!(self, OpKind::Read)
+    }
+
+    /// Stable lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpKind::Read => "read",
+            OpKind::Write => "write",
+            OpKind::Flush => "flush",
+            OpKind::Trim => "trim",
+            OpKind::WriteZeroes => "write_zeroes",
+        }
+    }
+}
+
+/// One request as the scheduler sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IoRequest {
+    /// Unique per request, chosen by the caller.
+    pub id: u64,
+    /// The volume it belongs to.
+    pub volume: VolumeId,
+    /// What it does.
+    pub op: OpKind,
+    /// Byte offset in the volume.
+    pub offset_bytes: u64,
+    /// Length in bytes (payload size for reads and writes, range for trim/zeroes).
+    pub len_bytes: u32,
+    /// Estimated cost (from a [`crate::model::CostModel`]).
+    pub cost: CostVector,
+    /// When the request arrived at the scheduler.
+    pub arrival_ns: u64,
+}
+
+impl IoRequest {
+    /// Payload bytes counted against a volume's bytes/s limits: reads and writes only.
+    pub fn payload_bytes(&self) -> u64 {
+        match self.op {
+            OpKind::Read | OpKind::Write => u64::from(self.len_bytes),
+            OpKind::Flush | OpKind::Trim | OpKind::WriteZeroes => 0,
+        }
+    }
+}
+
+/// Why an I/O was allowed to run, reported per I/O so an operator sees who burst on what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Phase {
+    /// Within the volume's baseline.
+    Baseline,
+    /// Above the baseline, paid with the volume's own burst credits.
+    BurstCredit,
+    /// Above the baseline, on capacity other volumes provisioned but did not use.
+    BurstSpare,
+}
+
+impl Phase {
+    /// All phases.
+    pub const ALL: [Phase; 3] = [Phase::Baseline, Phase::BurstCredit, Phase::BurstSpare];
+
+    /// Stable name for metrics (`baseline`, `burst_credit`, `burst_spare`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Baseline => "baseline",
+            Phase::BurstCredit => "burst_credit",
+            Phase::BurstSpare => "burst_spare",
+        }
+    }
+}
+
+/// The answer of [`crate::policy::Policy::next`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Run this request now.
+    Dispatch(IoRequest, Phase),
+    /// Nothing may run before this absolute time (ns); call `next` again then, or earlier if a
+    /// request is enqueued or completed.
+    WaitUntil(u64),
+    /// No request is queued.
+    Idle,
+}
+
+/// What the executor observed for a completed request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Observed {
+    /// Time spent executing (front end + backend), nanoseconds.
+    pub service_ns: u64,
+    /// Time between dispatch and the start of execution (executor queueing), nanoseconds.
+    pub queue_ns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_units_round_up_and_count_at_least_one() {
+        assert_eq!(io_units(0, 1 << 20), 1);
+        assert_eq!(io_units(256 * 1024, 4096), 1);
+        assert_eq!(io_units(256 * 1024, 256 * 1024), 1);
+        assert_eq!(io_units(256 * 1024, 256 * 1024 + 1), 2);
+        assert_eq!(io_units(256 * 1024, 1024 * 1024), 4);
+        assert_eq!(io_units(4096, 0), 1);
+    }
+
+    #[test]
+    fn validate_rejects_inconsistent_qos() {
+        let mut q = VolumeQos::fixed(IoRate::new(100, 1000));
+        assert!(q.validate().is_ok());
+        q.baseline.iops = 200;
+        assert!(q.validate().is_err());
+        let mut q = VolumeQos {
+            weight: 0,
+            ..VolumeQos::default()
+        };
+        assert!(q.validate().is_err());
+        q.weight = 1;
+        q.burst = BurstMode::Credits(CreditSpec {
+            iops: None,
+            bytes: None,
+        });
+        assert!(q.validate().is_err());
+    }
+
+    #[test]
+    fn burst_ceiling_follows_mode() {
+        let mut q = VolumeQos {
+            baseline: IoRate::new(100, 1000),
+            ceiling: IoRate::new(300, 3000),
+            burst: BurstMode::None,
+            ..VolumeQos::default()
+        };
+        assert_eq!(q.burst_ceiling(), IoRate::new(100, 1000));
+        q.burst = BurstMode::OnDemand;
+        assert_eq!(q.burst_ceiling(), IoRate::new(300, 3000));
+    }
+}

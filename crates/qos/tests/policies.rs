@@ -1,0 +1,455 @@
+//! Deterministic behaviour tests, one or more per policy, with explicit times.
+//!
+//! Unless stated otherwise the node has one CPU second per second and every request costs
+//! 1 ms of CPU, so the node does exactly 1,000 requests per second and the k-th request of a
+//! saturated node starts at k ms.
+
+mod common;
+
+use common::{Driver, MS, S, cost, cpu_capacity};
+use headroom_qos::{
+    BurstMode, CostVector, CreditBucketSpec, CreditSpec, IoRate, NodeCapacity, OpKind, Phase,
+    PolicyKind, PolicyParams, VolumeQos,
+};
+
+const REQ_CPU_NS: u64 = 1_000_000;
+
+fn node() -> NodeCapacity {
+    cpu_capacity(1_000_000_000)
+}
+
+fn c() -> CostVector {
+    cost(REQ_CPU_NS, OpKind::Read, 4096)
+}
+
+/// A volume that may burst on spare capacity up to `ceiling_iops`.
+fn on_demand(baseline_iops: u64, ceiling_iops: u64, weight: u32) -> VolumeQos {
+    VolumeQos {
+        baseline: IoRate::new(baseline_iops, u64::MAX),
+        ceiling: IoRate::new(ceiling_iops, u64::MAX),
+        burst: BurstMode::OnDemand,
+        weight,
+        io_unit_bytes: 0,
+    }
+}
+
+fn fixed(iops: u64, weight: u32) -> VolumeQos {
+    VolumeQos {
+        weight,
+        ..VolumeQos::fixed(IoRate::new(iops, u64::MAX))
+    }
+}
+
+fn credits(baseline: u64, ceiling: u64, bucket: u64) -> VolumeQos {
+    VolumeQos {
+        baseline: IoRate::new(baseline, u64::MAX),
+        ceiling: IoRate::new(ceiling, u64::MAX),
+        burst: BurstMode::Credits(CreditSpec {
+            iops: Some(CreditBucketSpec {
+                capacity: bucket,
+                refill_per_s: baseline,
+                start_full: true,
+            }),
+            bytes: None,
+        }),
+        weight: 1,
+        io_unit_bytes: 0,
+    }
+}
+
+fn flood(d: &mut Driver, vol: u32, n: usize) {
+    d.enqueue(vol, n, OpKind::Read, 4096, c());
+}
+
+// ---------------------------------------------------------------------------------------- Wild
+
+#[test]
+fn wild_fills_the_node_exactly_at_capacity() {
+    let mut d = Driver::new(PolicyKind::Wild, node());
+    d.add(1, &on_demand(0, u64::MAX, 1));
+    flood(&mut d, 1, 3_000);
+    d.run_until(2 * S);
+    assert_eq!(d.count(1, 0, S), 1_000);
+    assert_eq!(d.count(1, S, 2 * S), 1_000);
+    // The k-th request starts at exactly k ms.
+    assert!(
+        d.log
+            .iter()
+            .take(100)
+            .enumerate()
+            .all(|(k, x)| x.at_ns == k as u64 * MS)
+    );
+}
+
+#[test]
+fn wild_respects_each_ceiling() {
+    let mut d = Driver::new(PolicyKind::Wild, node());
+    d.add(1, &on_demand(0, 100, 1));
+    flood(&mut d, 1, 500);
+    d.run_until(S);
+    assert_eq!(d.count(1, 0, S), 100);
+}
+
+#[test]
+fn wild_shares_spare_capacity_by_weight() {
+    let mut d = Driver::new(PolicyKind::Wild, node());
+    d.add(1, &on_demand(0, u64::MAX, 3));
+    d.add(2, &on_demand(0, u64::MAX, 1));
+    flood(&mut d, 1, 2_000);
+    flood(&mut d, 2, 2_000);
+    d.run_until(S - 1);
+    assert_eq!((d.count(1, 0, S), d.count(2, 0, S)), (750, 250));
+    // Weighted round robin: A A A B A A A B ...
+    let order: Vec<u32> = d.log.iter().take(8).map(|x| x.req.volume).collect();
+    assert_eq!(order, vec![1, 1, 1, 2, 1, 1, 1, 2]);
+}
+
+#[test]
+fn wild_does_not_protect_a_baseline_and_burst_does() {
+    // Victim: 600 IOPS sold, demanding 600/s, weight 1. Burster: weight 9, unlimited.
+    let run = |kind| {
+        let mut d = Driver::new(kind, node());
+        d.add(1, &fixed(600, 1));
+        d.add(2, &on_demand(0, u64::MAX, 9));
+        flood(&mut d, 2, 3_000);
+        d.run_with_demand(2 * S, &[(1, 600, OpKind::Read, 4096, c())]);
+        (d.count(1, S, 2 * S), d.max_wait(1, S, 2 * S))
+    };
+    let (wild_victim, wild_wait) = run(PolicyKind::Wild);
+    assert!(
+        wild_victim <= 110,
+        "wild gives the victim its round-robin share only: {wild_victim}"
+    );
+    assert!(wild_wait > 100 * MS, "and its queue grows: {wild_wait}");
+    let (burst_victim, burst_wait) = run(PolicyKind::Burst);
+    assert!(
+        (599..=601).contains(&burst_victim),
+        "burst keeps the baseline: {burst_victim}"
+    );
+    assert!(
+        burst_wait < 2 * MS,
+        "within a couple of request times: {burst_wait}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------- Base
+
+#[test]
+fn base_caps_every_volume_at_its_baseline_even_on_an_idle_node() {
+    let mut d = Driver::new(PolicyKind::Base, node());
+    d.add(1, &on_demand(200, 1_000, 1));
+    flood(&mut d, 1, 1_000);
+    d.run_until(2 * S);
+    assert_eq!(d.count(1, 0, S), 200);
+    assert_eq!(d.count(1, S, 2 * S), 200);
+    assert_eq!(d.count_phase(1, Phase::Baseline, 0, 2 * S), 400);
+}
+
+#[test]
+fn base_isolates_a_victim_from_a_flooding_neighbour() {
+    let mut d = Driver::new(PolicyKind::Base, node());
+    d.add(1, &fixed(600, 1));
+    d.add(2, &fixed(300, 1));
+    flood(&mut d, 2, 3_000);
+    d.run_with_demand(2 * S, &[(1, 600, OpKind::Read, 4096, c())]);
+    assert_eq!(d.count(1, S, 2 * S), 600);
+    assert_eq!(d.count(2, S, 2 * S), 300);
+    assert!(d.max_wait(1, 0, 2 * S) <= 2 * MS);
+}
+
+#[test]
+fn base_applies_a_qos_change_immediately() {
+    let mut d = Driver::new(PolicyKind::Base, node());
+    d.add(1, &fixed(100, 1));
+    flood(&mut d, 1, 1_000);
+    d.run_until(S - 1);
+    d.update(1, &fixed(400, 1));
+    d.run_until(2 * S - 1);
+    assert_eq!(d.count(1, 0, S), 100);
+    // One 100-IOPS interval is still owed at the change (10 ms at 100/s = 2.5 ms at 400/s).
+    assert!(
+        (398..=400).contains(&d.count(1, S, 2 * S)),
+        "{}",
+        d.count(1, S, 2 * S)
+    );
+}
+
+// -------------------------------------------------------------------------------------- Credit
+
+#[test]
+fn credit_bursts_while_credits_last_then_holds_the_baseline() {
+    // Bucket 1,000, refill 100/s, ceiling 500: a full burst lasts 1,000 / (500 − 100) = 2.5 s.
+    let mut d = Driver::new(PolicyKind::Credit, node());
+    d.add(1, &credits(100, 500, 1_000));
+    d.run_with_demand(
+        5 * S,
+        &[(
+            1,
+            1_000,
+            OpKind::Read,
+            4096,
+            cost(1_000, OpKind::Read, 4096),
+        )],
+    );
+    let per_s: Vec<usize> = (0..5).map(|s| d.count(1, s * S, (s + 1) * S)).collect();
+    assert_eq!(per_s, vec![500, 500, 250 + 50, 100, 100]);
+    // Above-baseline requests are labelled as paid by credits.
+    assert_eq!(d.count_phase(1, Phase::Baseline, 0, S), 100);
+    assert_eq!(d.count_phase(1, Phase::BurstCredit, 0, S), 400);
+    assert_eq!(d.count_phase(1, Phase::BurstCredit, 3 * S, 5 * S), 0);
+    assert_eq!(d.policy.snapshot(1).unwrap().iops_credits, Some(0));
+}
+
+#[test]
+fn credit_qos_change_keeps_the_balance_instead_of_refilling() {
+    let mut d = Driver::new(PolicyKind::Credit, node());
+    d.add(1, &credits(100, 500, 1_000));
+    d.run_with_demand(
+        S,
+        &[(1, 500, OpKind::Read, 4096, cost(1_000, OpKind::Read, 4096))],
+    );
+    let before = d.policy.snapshot(1).unwrap().iops_credits.unwrap();
+    assert!((599..=601).contains(&before), "{before}");
+    // QEMU would refill the whole burst here; we keep the balance.
+    d.update(1, &credits(100, 800, 5_000));
+    assert_eq!(d.policy.snapshot(1).unwrap().iops_credits, Some(before));
+    // A smaller bucket clamps it.
+    d.update(1, &credits(100, 800, 300));
+    assert_eq!(d.policy.snapshot(1).unwrap().iops_credits, Some(300));
+}
+
+#[test]
+fn credit_serves_baselines_before_bursts_on_a_saturated_node() {
+    let mut d = Driver::new(PolicyKind::Credit, node());
+    d.add(1, &fixed(600, 1));
+    d.add(2, &credits(200, 1_000, 1_000_000));
+    flood(&mut d, 2, 3_000);
+    d.run_with_demand(2 * S, &[(1, 600, OpKind::Read, 4096, c())]);
+    assert_eq!(d.count(1, S, 2 * S), 600);
+    // The flooding volume gets its 200 baseline plus the 200 left over, paid by credits.
+    let b = d.count(2, S, 2 * S);
+    assert!((399..=401).contains(&b), "{b}");
+    assert!(d.count_phase(2, Phase::Baseline, S, 2 * S) >= 199);
+    assert!(d.max_wait(1, 0, 2 * S) <= 2 * MS);
+}
+
+// --------------------------------------------------------------------------------------- Burst
+
+#[test]
+fn burst_lends_spare_capacity_but_keeps_the_reserve() {
+    let mut d = Driver::new(PolicyKind::Burst, node());
+    d.add(1, &on_demand(0, u64::MAX, 1));
+    flood(&mut d, 1, 3_000);
+    d.run_until(2 * S);
+    // 5 % of the node is held back for fast recovery: 950 of 1,000 requests per second.
+    let n = d.count(1, S, 2 * S);
+    assert!((949..=951).contains(&n), "{n}");
+    assert_eq!(d.count_phase(1, Phase::BurstSpare, S, 2 * S), n);
+}
+
+#[test]
+fn burst_gives_a_waking_volume_its_baseline_at_once() {
+    let params = PolicyParams::default();
+    let mut d = Driver::with_params(PolicyKind::Burst, node(), &params);
+    d.add(1, &fixed(300, 1));
+    d.add(2, &on_demand(0, u64::MAX, 1));
+    flood(&mut d, 2, 5_000);
+    // The victim is idle for 100 windows, then demands its baseline.
+    d.run_until(S);
+    let start = d.now;
+    d.run_with_demand(start + S, &[(1, 300, OpKind::Read, 4096, c())]);
+    assert_eq!(d.count(1, start, start + S), 300);
+    // No throttling on wake-up: every request runs within about one request time.
+    assert!(
+        d.max_wait(1, start, start + S) <= 2 * MS,
+        "{}",
+        d.max_wait(1, start, start + S)
+    );
+    // Burster keeps the rest: 1,000 − 300 = 700 per second.
+    let b = d.count(2, start, start + S);
+    assert!((698..=702).contains(&b), "{b}");
+    assert!(params.window_ns < S);
+}
+
+#[test]
+fn burst_without_burst_mode_stays_at_baseline() {
+    let mut d = Driver::new(PolicyKind::Burst, node());
+    d.add(1, &fixed(250, 1));
+    flood(&mut d, 1, 1_000);
+    d.run_until(S - 1);
+    assert_eq!(d.count(1, 0, S), 250);
+    assert_eq!(d.count_phase(1, Phase::Baseline, 0, S), 250);
+}
+
+#[test]
+fn burst_with_credits_bursts_only_while_credits_last() {
+    let mut d = Driver::new(PolicyKind::Burst, node());
+    d.add(1, &credits(100, 500, 1_000));
+    d.run_with_demand(
+        4 * S,
+        &[(
+            1,
+            1_000,
+            OpKind::Read,
+            4096,
+            cost(1_000, OpKind::Read, 4096),
+        )],
+    );
+    let per_s: Vec<usize> = (0..4).map(|s| d.count(1, s * S, (s + 1) * S)).collect();
+    assert_eq!(per_s, vec![500, 500, 300, 100]);
+    assert_eq!(d.count_phase(1, Phase::BurstCredit, 0, S), 400);
+}
+
+// -------------------------------------------------------------------------------------- mClock
+
+#[test]
+fn mclock_meets_reservations_and_shares_the_rest_by_weight() {
+    let mut d = Driver::new(PolicyKind::MClock, node());
+    d.add(1, &on_demand(600, u64::MAX, 1));
+    d.add(2, &on_demand(100, u64::MAX, 1));
+    flood(&mut d, 1, 3_000);
+    flood(&mut d, 2, 3_000);
+    d.run_until(2 * S);
+    let (a, b) = (d.count(1, S, 2 * S), d.count(2, S, 2 * S));
+    // Reservations first (600 + 100); the proportional tags of both advance with all service,
+    // so the 300 left go to the volume behind in proportional share: B.
+    assert!((599..=601).contains(&a), "{a}");
+    assert!((399..=401).contains(&b), "{b}");
+    assert_eq!(d.count_phase(1, Phase::Baseline, S, 2 * S), a);
+}
+
+#[test]
+fn mclock_splits_by_weight_and_honours_limits() {
+    let mut d = Driver::new(PolicyKind::MClock, node());
+    d.add(1, &on_demand(0, u64::MAX, 2));
+    d.add(2, &on_demand(0, u64::MAX, 1));
+    d.add(3, &on_demand(0, 100, 4));
+    flood(&mut d, 1, 3_000);
+    flood(&mut d, 2, 3_000);
+    flood(&mut d, 3, 3_000);
+    d.run_until(2 * S);
+    // Volume 3 is held at its 100 limit; 900 left split 2:1.
+    assert_eq!(d.count(3, S, 2 * S), 100);
+    let (a, b) = (d.count(1, S, 2 * S), d.count(2, S, 2 * S));
+    assert!(
+        (598..=602).contains(&a) && (298..=302).contains(&b),
+        "{a} {b}"
+    );
+}
+
+#[test]
+fn mclock_idle_volume_earns_no_credit() {
+    let mut d = Driver::new(PolicyKind::MClock, node());
+    d.add(1, &on_demand(0, 100, 1));
+    d.run_until(5 * S);
+    flood(&mut d, 1, 1_000);
+    let t = d.now;
+    d.run_until(t + 100 * MS - 1);
+    // 100 ms at 100/s: 10 requests, not the 500 five idle seconds would have "saved".
+    assert_eq!(d.count(1, t, t + 100 * MS), 10);
+}
+
+#[test]
+fn mclock_limit_change_is_retimed_not_refilled() {
+    let mut d = Driver::new(PolicyKind::MClock, node());
+    d.add(1, &on_demand(0, 10, 1));
+    flood(&mut d, 1, 1_000);
+    d.run_until(S - 1);
+    assert_eq!(d.count(1, 0, S), 10);
+    d.update(1, &on_demand(0, 500, 1));
+    d.run_until(2 * S - 1);
+    let n = d.count(1, S, 2 * S);
+    assert!((499..=500).contains(&n), "{n}");
+}
+
+// ------------------------------------------------------------------------------------- DRR-VOP
+
+fn vop_node() -> NodeCapacity {
+    NodeCapacity::new(CostVector::new(u64::MAX, u64::MAX, u64::MAX, 1_000_000))
+}
+
+#[test]
+fn drr_vop_is_fair_in_device_units_not_in_iops() {
+    let small = CostVector::new(0, 0, 4096, 100);
+    let large = CostVector::new(0, 0, 131_072, 1_000);
+    let params = PolicyParams {
+        drr_quantum_device_units: 1_000,
+        ..PolicyParams::default()
+    };
+    let mut d = Driver::with_params(PolicyKind::DrrVop, vop_node(), &params);
+    d.add(1, &on_demand(0, u64::MAX, 1));
+    d.add(2, &on_demand(0, u64::MAX, 1));
+    d.enqueue(1, 20_000, OpKind::Read, 4096, small);
+    d.enqueue(2, 2_000, OpKind::Read, 131_072, large);
+    d.run_until(S - 1);
+    let units = |v| {
+        d.log
+            .iter()
+            .filter(|x| x.req.volume == v)
+            .map(|x| x.req.cost.device_units)
+            .sum::<u64>()
+    };
+    let (a, b) = (units(1), units(2));
+    assert!(a.abs_diff(b) <= 2_000, "{a} vs {b}");
+    // So the small-request volume runs ten times the IOPS.
+    let (na, nb) = (d.count(1, 0, S), d.count(2, 0, S));
+    assert!(na >= 9 * nb, "{na} vs {nb}");
+}
+
+#[test]
+fn drr_vop_weights_and_ceilings() {
+    let r = CostVector::new(0, 0, 4096, 100);
+    let params = PolicyParams {
+        drr_quantum_device_units: 100,
+        ..PolicyParams::default()
+    };
+    let mut d = Driver::with_params(PolicyKind::DrrVop, vop_node(), &params);
+    d.add(1, &on_demand(0, u64::MAX, 3));
+    d.add(2, &on_demand(0, u64::MAX, 1));
+    d.add(3, &on_demand(0, 1_000, 8));
+    for v in 1..=3 {
+        d.enqueue(v, 12_000, OpKind::Read, 4096, r);
+    }
+    d.run_until(S - 1);
+    // 10,000 requests fit; volume 3 is capped at 1,000, the other 9,000 split 3:1.
+    assert_eq!(d.count(3, 0, S), 1_000);
+    let (a, b) = (d.count(1, 0, S), d.count(2, 0, S));
+    assert!(
+        a.abs_diff(6_750) <= 10 && b.abs_diff(2_250) <= 10,
+        "{a} {b}"
+    );
+}
+
+// ------------------------------------------------------------------------------- all policies
+
+#[test]
+fn every_policy_handles_unknown_volumes_removal_and_bad_qos_without_panicking() {
+    for kind in PolicyKind::ALL {
+        let mut d = Driver::new(kind, node());
+        // Unknown volume: registered best effort (Base gives best effort nothing).
+        flood(&mut d, 7, 5);
+        d.run_until(10 * MS);
+        let expected = if kind == PolicyKind::Base { 0 } else { 5 };
+        assert_eq!(d.count(7, 0, S), expected, "{kind}");
+        // Removal drops queued requests and keeps the accounting straight.
+        d.add(8, &fixed(1, 1));
+        flood(&mut d, 8, 10);
+        d.remove(8);
+        assert!(d.policy.snapshot(8).is_none());
+        // An inconsistent QoS (baseline above ceiling, zero weight) must not panic.
+        d.check = false;
+        let bad = VolumeQos {
+            baseline: IoRate::new(1_000, 1),
+            ceiling: IoRate::new(10, 0),
+            weight: 0,
+            ..VolumeQos::default()
+        };
+        d.add(9, &bad);
+        flood(&mut d, 9, 10);
+        d.run_until(d.now + S);
+        // Time going backwards is treated as the last time seen.
+        d.now = 0;
+        let _ = d.drain();
+        assert_eq!(d.policy.name(), kind.as_str());
+    }
+}
