@@ -1,0 +1,1411 @@
+//! The simulated storage node: tenants, workers running the shipped policies, NIC and devices.
+//!
+//! Path of one I/O (DESIGN.md "data flow"): a tenant's generator issues it on one of its
+//! submission queues; the dispatch mode picks a worker; the worker's `qos::CostModel`
+//! estimates its cost vector and the worker's `qos::Policy` queues it. Whenever a worker's CPU
+//! is free it asks its policy `next(now)`: a dispatched I/O occupies the CPU for its (true) CPU
+//! time, then crosses the NIC (writes on ingress, reads on egress) and the backend devices, and
+//! completes; `Policy::complete` and the tenant's generator hear about it at that instant.
+//!
+//! NIC and devices are FIFO servers fed in time order (an I/O enters them when its CPU stage
+//! ends, and those events are processed in time order), so their finish times are computed on
+//! entry and each I/O costs exactly two events (CPU done, completion) plus one arrival event
+//! for open-loop tenants. No per-event allocation: requests live in a slab recycled through a
+//! free list, and the event heap and rings keep their storage.
+
+use crate::cpu::CpuSpec;
+use crate::device::Device;
+use crate::engine::EventQueue;
+use crate::error::SimError;
+use crate::fifo::Fifo;
+use crate::histogram::Histogram;
+use crate::link::Link;
+use crate::rng::{STREAM_NODE, STREAM_POPULATION, STREAM_TENANT_BASE, SimRng};
+use crate::scenario::{DispatchMode, InvariantMode, ReadRouting, ScenarioSpec};
+use crate::trace::TraceRecord;
+use crate::workload::{Arrival, Mode, Pattern, Schedule, SizeMix};
+use headroom_qos::{
+    BurstMode, CostModel, CostVector, CreditBucketSpec, CreditSpec, Decision, IoRate, IoRequest,
+    NodeCapacity, Observed, OpKind, Phase, Policy, PolicyKind, PolicyParams, VolumeId, VolumeQos,
+    build_policy,
+};
+use std::collections::VecDeque;
+use std::path::Path;
+use std::str::FromStr;
+
+const NS_PER_S_F: f64 = 1e9;
+const NONE: u32 = u32::MAX;
+/// Open-loop requests waiting for a free queue slot are capped, so that an overloaded tenant
+/// cannot grow memory without bound; arrivals beyond it are counted as dropped.
+const MAX_BACKLOG: u32 = 1 << 20;
+
+/// Which scheduler the workers run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyChoice {
+    /// A shipped `headroom-qos` policy.
+    Qos(PolicyKind),
+    /// No scheduler (see [`crate::fifo`]).
+    Fifo,
+}
+
+impl PolicyChoice {
+    /// Parses `wild`, `base`, `credit`, `burst`, `mclock`, `drr-vop` or `fifo`.
+    pub fn parse(name: &str) -> Result<PolicyChoice, SimError> {
+        if name.trim().eq_ignore_ascii_case("fifo") {
+            return Ok(PolicyChoice::Fifo);
+        }
+        PolicyKind::from_str(name)
+            .map(PolicyChoice::Qos)
+            .map_err(|_| SimError::UnknownPolicy(name.to_string()))
+    }
+
+    /// Stable name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PolicyChoice::Qos(k) => k.as_str(),
+            PolicyChoice::Fifo => "fifo",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+/// Kept to 8 bytes (generations are `u16`: a stale event whose generation wrapped around only
+/// causes one harmless extra call to `next`/`issue` checks).
+enum Ev {
+    Arrival { tenant: u32, generation: u16 },
+    Toggle { tenant: u32 },
+    CpuDone { worker: u16, slot: u32 },
+    StealDone { worker: u16 },
+    Complete { slot: u32 },
+    Wake { worker: u16, generation: u16 },
+    Action { index: u32 },
+    Check,
+}
+
+struct Worker {
+    policy: Box<dyn Policy>,
+    cost_model: CostModel,
+    busy: bool,
+    wake_at_ns: u64,
+    wake_generation: u16,
+    ring: VecDeque<u32>,
+    ops: u64,
+    busy_ns: u64,
+    steals: u64,
+    stolen: u64,
+    waits: u64,
+    idles: u64,
+    past_waits: u64,
+}
+
+struct Tenant {
+    volume: VolumeId,
+    group: u32,
+    global_index: u32,
+    mode: Mode,
+    qd: u32,
+    gap_mean_ns: f64,
+    uniform_gaps: bool,
+    read_fraction: f64,
+    sequential: bool,
+    cursor_bytes: u64,
+    last_end_bytes: u64,
+    volume_bytes: u64,
+    region_base_bytes: u64,
+    schedule: Schedule,
+    on: bool,
+    arrival_generation: u16,
+    outstanding: u32,
+    backlog: u32,
+    rng: SimRng,
+    queues: u32,
+    hot_share: f64,
+    spray: u32,
+    trace: Vec<TraceRecord>,
+    /// Next trace record to arrive.
+    trace_arrive: usize,
+    /// Next trace record to issue (records in between are the backlog).
+    trace_issue: usize,
+    trace_speed: f64,
+    // measured (inside the group's statistics window)
+    ops: u64,
+    bytes: u64,
+    lat_sum_ns: u64,
+    issued: u64,
+    dropped: u64,
+    device_ns: f64,
+}
+
+/// Throughput and latency of one group in one timeline bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimelineBucket {
+    /// I/Os completed.
+    pub ops: u64,
+    /// Payload bytes completed.
+    pub bytes: u64,
+    /// Sum of their latencies, ns.
+    pub lat_sum_ns: u64,
+}
+
+pub(crate) struct GroupRun {
+    pub name: String,
+    sizes: SizeMix,
+    pub from_ns: u64,
+    pub to_ns: u64,
+    pub hist: Histogram,
+    pub ops: u64,
+    pub bytes: u64,
+    pub phase_ops: [u64; 3],
+    pub timeline: Vec<TimelineBucket>,
+    /// Sum of time spent queued in the policy (issue to dispatch), ns.
+    pub sched_wait_ns: u64,
+    /// Sum of time spent queued after dispatch (NIC and device queues), ns.
+    pub downstream_wait_ns: u64,
+    /// Volumes created over the run (initial ones included).
+    pub volumes_created: u64,
+    /// Provisioned capacity over the whole run, GiB × seconds (what a cloud bills).
+    pub provisioned_gib_s: f64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    Ring,
+    Queued,
+    Running,
+}
+
+struct Slot {
+    req: IoRequest,
+    tenant: u32,
+    worker: u32,
+    issue_ns: u64,
+    dispatch_ns: u64,
+    service_ns: u64,
+    wait_ns: u64,
+    backend_wait_ns: u64,
+    device_cost_ns: f64,
+    phase: Phase,
+    sequential: bool,
+    state: SlotState,
+    next_free: u32,
+}
+
+/// Per-tenant outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantSummary {
+    /// Group index.
+    pub group: usize,
+    /// I/Os completed in the group's window.
+    pub ops: u64,
+    /// Bytes completed in the window.
+    pub bytes: u64,
+    /// Mean latency, µs.
+    pub lat_mean_us: f64,
+    /// I/Os issued over the whole run.
+    pub issued: u64,
+    /// Open-loop arrivals dropped because the backlog was full.
+    pub dropped: u64,
+    /// Device time its completed I/Os used (in the window), ns.
+    pub device_ns: f64,
+}
+
+/// Per-worker outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerSummary {
+    /// I/Os it executed after warm-up.
+    pub ops: u64,
+    /// Fraction of the run its CPU was busy.
+    pub busy_fraction: f64,
+    /// Steal operations it made.
+    pub steals: u64,
+    /// Requests it stole.
+    pub stolen: u64,
+    /// `next` answers: wait, idle, and waits for a time not after now.
+    pub decisions: [u64; 3],
+}
+
+/// Everything one policy run produced.
+pub(crate) struct RunData {
+    pub groups: Vec<GroupRun>,
+    pub tenants: Vec<TenantSummary>,
+    pub workers: Vec<WorkerSummary>,
+    pub phase_timeline: Vec<[u64; 3]>,
+    pub timeline_ns: u64,
+    pub events: u64,
+    pub completed: u64,
+    pub duration_ns: u64,
+    pub warmup_ns: u64,
+    pub ingress_utilisation: f64,
+    pub egress_utilisation: f64,
+    pub device_utilisation: f64,
+    pub violations: u64,
+    pub first_violation: Option<String>,
+}
+
+fn secs_to_ns(s: f64) -> u64 {
+    (s * NS_PER_S_F).round().max(0.0) as u64
+}
+
+fn scale_u64(v: u64, num: u64, den: u64) -> u64 {
+    if v == u64::MAX || den == 0 {
+        return v;
+    }
+    (u128::from(v) * u128::from(num) / u128::from(den)) as u64
+}
+
+/// The share `num/den` of a volume's QoS, for a worker that sees that share of its requests.
+pub fn scale_qos(q: &VolumeQos, num: u64, den: u64) -> VolumeQos {
+    if num == den {
+        return *q;
+    }
+    let rate = |r: IoRate| {
+        IoRate::new(
+            scale_u64(r.iops, num, den),
+            scale_u64(r.bytes_per_s, num, den),
+        )
+    };
+    let bucket = |b: Option<CreditBucketSpec>| {
+        b.map(|b| CreditBucketSpec {
+            capacity: scale_u64(b.capacity, num, den).max(1),
+            refill_per_s: scale_u64(b.refill_per_s, num, den),
+            start_full: b.start_full,
+        })
+    };
+    VolumeQos {
+        baseline: rate(q.baseline),
+        ceiling: rate(q.ceiling),
+        burst: match q.burst {
+            BurstMode::Credits(c) => BurstMode::Credits(CreditSpec {
+                iops: bucket(c.iops),
+                bytes: bucket(c.bytes),
+            }),
+            other => other,
+        },
+        weight: q.weight,
+        io_unit_bytes: q.io_unit_bytes,
+    }
+}
+
+fn f64_to_cap(v: f64) -> u64 {
+    if v.is_finite() && v > 0.0 && v < u64::MAX as f64 {
+        v.round() as u64
+    } else {
+        u64::MAX
+    }
+}
+
+/// The node being simulated under one policy.
+pub(crate) struct Node<'a> {
+    spec: &'a ScenarioSpec,
+    seed: u64,
+    policy_name: &'static str,
+    q: EventQueue<Ev>,
+    workers: Vec<Worker>,
+    tenants: Vec<Tenant>,
+    groups: Vec<GroupRun>,
+    group_qos: Vec<VolumeQos>,
+    slots: Vec<Slot>,
+    free_head: u32,
+    ingress: Link,
+    egress: Link,
+    devices: Vec<Device>,
+    device_sets: usize,
+    replicas: usize,
+    read_routing: ReadRouting,
+    stripe_bytes: u64,
+    cpu: CpuSpec,
+    node_rng: SimRng,
+    dispatch: DispatchMode,
+    timeline_ns: u64,
+    phase_timeline: Vec<[u64; 3]>,
+    end_ns: u64,
+    warmup_ns: u64,
+    completed: u64,
+    violations: u64,
+    first_violation: Option<String>,
+    next_volume: VolumeId,
+}
+
+impl<'a> Node<'a> {
+    pub(crate) fn build(
+        spec: &'a ScenarioSpec,
+        base_dir: &Path,
+        choice: PolicyChoice,
+        seed: u64,
+    ) -> Result<Node<'a>, SimError> {
+        let n = &spec.node;
+        let nworkers = n.workers as usize;
+        let mut devices = Vec::new();
+        for d in &n.devices {
+            let curve = d.curve()?;
+            for _ in 0..d.count {
+                devices.push(Device::new(d, curve.clone()));
+            }
+        }
+        let replicas = n.replication.map_or(1, |r| r.factor as usize);
+        if devices.len() % replicas != 0 {
+            return Err(SimError::Invalid(format!(
+                "{} devices cannot be split into replica sets of {replicas}",
+                devices.len()
+            )));
+        }
+        let device_sets = devices.len() / replicas;
+
+        // The estimator and the capacity per worker handed to the policies.
+        let cost_model = spec.cost.build(&n.cpu, &n.devices[0])?;
+        let c = &n.capacity;
+        let w = n.workers as f64;
+        let scaled = |v: f64| f64_to_cap(v * c.scale);
+        let per_device = cost_model.device.capacity_per_s();
+        let device_units_total = if per_device == u64::MAX {
+            f64::INFINITY
+        } else {
+            per_device as f64 * devices.len() as f64 / replicas as f64
+        };
+        let nic_cap = |rate: f64| {
+            if rate > 0.0 {
+                scaled(rate / w)
+            } else {
+                u64::MAX
+            }
+        };
+        let capacity = NodeCapacity::new(CostVector::new(
+            c.cpu_ns_per_s
+                .map_or_else(|| scaled(NS_PER_S_F), f64_to_cap),
+            c.ingress_bytes_per_s
+                .map_or_else(|| nic_cap(n.nic.ingress_bytes_per_s), f64_to_cap),
+            c.egress_bytes_per_s
+                .map_or_else(|| nic_cap(n.nic.egress_bytes_per_s), f64_to_cap),
+            c.device_units_per_s
+                .map_or_else(|| scaled(device_units_total / w), f64_to_cap),
+        ));
+
+        let mut workers = Vec::with_capacity(nworkers);
+        for i in 0..nworkers {
+            let policy: Box<dyn Policy> = match choice {
+                PolicyChoice::Fifo => Box::new(Fifo::default()),
+                PolicyChoice::Qos(kind) => {
+                    let mut params: PolicyParams = spec.policy_params;
+                    params.seed = seed ^ (0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1));
+                    let uncapped = spec
+                        .uncapped_policies
+                        .iter()
+                        .any(|p| PolicyKind::from_str(p).ok() == Some(kind));
+                    let cap = if uncapped {
+                        NodeCapacity::UNLIMITED
+                    } else {
+                        capacity
+                    };
+                    build_policy(kind, cap, &params)
+                }
+            };
+            workers.push(Worker {
+                policy,
+                cost_model: cost_model.clone(),
+                busy: false,
+                wake_at_ns: u64::MAX,
+                wake_generation: 0,
+                ring: VecDeque::new(),
+                ops: 0,
+                busy_ns: 0,
+                steals: 0,
+                stolen: 0,
+                waits: 0,
+                idles: 0,
+                past_waits: 0,
+            });
+        }
+
+        let end_ns = secs_to_ns(spec.duration_s);
+        let warmup_ns = secs_to_ns(spec.warmup_s);
+        let timeline_ns = ((spec.timeline_ms * 1e6).round() as u64).max(1);
+        let buckets = end_ns.div_ceil(timeline_ns) as usize;
+
+        let mut groups = Vec::with_capacity(spec.groups.len());
+        let mut group_qos = Vec::with_capacity(spec.groups.len());
+        let mut tenants: Vec<Tenant> = Vec::new();
+        let mut pop_rng = SimRng::new(seed, STREAM_POPULATION);
+        let mut region_base = 0u64;
+        for (gi, g) in spec.groups.iter().enumerate() {
+            let sizes = SizeMix::from_spec(&g.workload.sizes)?;
+            let qos = g.qos.to_volume_qos(g.volume_bytes())?;
+            let from_ns = g.stats_from_s.map_or(warmup_ns, secs_to_ns);
+            let to_ns = g.stats_to_s.map_or(end_ns, secs_to_ns).min(end_ns);
+            let wl = &g.workload;
+            let volume_bytes = g.volume_bytes();
+            let traces: Vec<Vec<TraceRecord>> = match (&wl.mode, &wl.trace) {
+                (Mode::Trace, Some(t)) => {
+                    let path = base_dir.join(&t.path);
+                    let trace = crate::trace::load(&path, t.format)?;
+                    let mut devs: Vec<Vec<TraceRecord>> =
+                        trace.devices.into_iter().map(|d| d.records).collect();
+                    let limit = if t.max_devices > 0 {
+                        t.max_devices
+                    } else if g.tenants > 0 {
+                        g.tenants as usize
+                    } else {
+                        devs.len()
+                    };
+                    devs.truncate(limit);
+                    devs
+                }
+                _ => Vec::new(),
+            };
+            let count = if wl.mode == Mode::Trace {
+                traces.len()
+            } else {
+                g.tenants as usize
+            };
+            let mut traces = traces.into_iter();
+            for _ in 0..count {
+                let global_index = tenants.len() as u32;
+                let mut rng = SimRng::new(seed, STREAM_TENANT_BASE + u64::from(global_index));
+                // Rate and on/off schedule.
+                let mut rate = wl.rate_iops;
+                let mut cycle = wl.onoff;
+                if let Some(f) = wl.rate_of_baseline {
+                    rate = f * qos.baseline.iops as f64;
+                }
+                if let Some(p) = &wl.population {
+                    let load = p.draw(&mut pop_rng);
+                    let base = if qos.baseline.iops == 0 || qos.baseline.iops == u64::MAX {
+                        return Err(SimError::Invalid(format!(
+                            "group {}: a population needs a finite baseline_iops",
+                            g.name
+                        )));
+                    } else {
+                        qos.baseline.iops as f64
+                    };
+                    rate = load.level * base;
+                    cycle = if load.bursting {
+                        Some(p.tail_onoff)
+                    } else {
+                        None
+                    };
+                }
+                let windows_ns = wl
+                    .active
+                    .as_ref()
+                    .map(|ws| {
+                        let mut v: Vec<(u64, u64)> = ws
+                            .iter()
+                            .map(|w| (secs_to_ns(w[0]), secs_to_ns(w[1])))
+                            .collect();
+                        v.sort_unstable();
+                        v
+                    })
+                    .unwrap_or_default();
+                let cycle_ns = cycle.map(|c| {
+                    let on = secs_to_ns(c.on_s).max(1);
+                    let off = secs_to_ns(c.off_s);
+                    let phase = if c.random_phase {
+                        rng.below(on + off)
+                    } else {
+                        0
+                    };
+                    (on, off, phase)
+                });
+                let (trace, trace_speed) = match (&wl.trace, traces.next()) {
+                    (Some(t), Some(recs)) => (recs, t.speed.max(1e-9)),
+                    _ => (Vec::new(), 1.0),
+                };
+                tenants.push(Tenant {
+                    volume: global_index,
+                    group: gi as u32,
+                    global_index,
+                    mode: wl.mode,
+                    qd: wl.qd,
+                    gap_mean_ns: if rate > 0.0 {
+                        NS_PER_S_F / rate
+                    } else {
+                        f64::INFINITY
+                    },
+                    uniform_gaps: wl.arrival == Arrival::Uniform,
+                    read_fraction: wl.read_fraction,
+                    sequential: wl.pattern == Pattern::Sequential,
+                    cursor_bytes: 0,
+                    last_end_bytes: u64::MAX / 2,
+                    volume_bytes,
+                    region_base_bytes: region_base,
+                    schedule: Schedule {
+                        windows_ns,
+                        cycle_ns,
+                    },
+                    on: false,
+                    arrival_generation: 0,
+                    outstanding: 0,
+                    backlog: 0,
+                    rng,
+                    queues: g.queues,
+                    hot_share: g.hot_queue_share,
+                    spray: global_index,
+                    trace,
+                    trace_arrive: 0,
+                    trace_issue: 0,
+                    trace_speed,
+                    ops: 0,
+                    bytes: 0,
+                    lat_sum_ns: 0,
+                    issued: 0,
+                    dropped: 0,
+                    device_ns: 0.0,
+                });
+                region_base = region_base
+                    .saturating_add(volume_bytes.div_ceil(device_sets as u64) + (64 << 20));
+            }
+            groups.push(GroupRun {
+                name: g.name.clone(),
+                sizes,
+                from_ns,
+                to_ns,
+                hist: Histogram::new(),
+                ops: 0,
+                bytes: 0,
+                phase_ops: [0; 3],
+                timeline: vec![TimelineBucket::default(); buckets],
+                sched_wait_ns: 0,
+                downstream_wait_ns: 0,
+                volumes_created: count as u64,
+                provisioned_gib_s: count as f64 * g.volume_gib * spec.duration_s,
+            });
+            group_qos.push(qos);
+        }
+
+        let mut node = Node {
+            spec,
+            seed,
+            policy_name: choice.name(),
+            q: EventQueue::with_capacity(tenants.len() * 2 + 1024),
+            workers,
+            tenants,
+            groups,
+            group_qos,
+            slots: Vec::new(),
+            free_head: NONE,
+            ingress: Link::new(n.nic.ingress_bytes_per_s),
+            egress: Link::new(n.nic.egress_bytes_per_s),
+            devices,
+            device_sets,
+            replicas,
+            read_routing: n.replication.map_or(ReadRouting::Primary, |r| r.reads),
+            stripe_bytes: n.stripe_kib.saturating_mul(1024).max(4096),
+            cpu: n.cpu,
+            node_rng: SimRng::new(seed, STREAM_NODE),
+            dispatch: n.dispatch,
+            timeline_ns,
+            phase_timeline: vec![[0; 3]; buckets],
+            end_ns,
+            warmup_ns,
+            completed: 0,
+            violations: 0,
+            first_violation: None,
+            next_volume: 0,
+        };
+        node.next_volume = node.tenants.len() as VolumeId;
+        node.register_volumes(0);
+        Ok(node)
+    }
+
+    /// Worker that owns queue `queue` of tenant `t` under pinned dispatch.
+    fn home_worker(&self, t: &Tenant, queue: u32) -> usize {
+        ((u64::from(t.global_index) * u64::from(t.queues) + u64::from(queue))
+            % self.workers.len() as u64) as usize
+    }
+
+    /// `(worker, share numerator, share denominator)` of a tenant's QoS per worker.
+    fn shares(&self, ti: usize) -> Vec<(usize, u64, u64)> {
+        let n = self.workers.len();
+        let t = &self.tenants[ti];
+        match self.dispatch {
+            DispatchMode::OneToN => (0..n).map(|w| (w, 1, n as u64)).collect(),
+            DispatchMode::OneToOne | DispatchMode::Stealing => {
+                let mut counts = vec![0u64; n];
+                for qi in 0..t.queues {
+                    counts[self.home_worker(t, qi)] += 1;
+                }
+                counts
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| **c > 0)
+                    .map(|(w, c)| (w, *c, u64::from(t.queues)))
+                    .collect()
+            }
+        }
+    }
+
+    fn register_volumes(&mut self, now: u64) {
+        for ti in 0..self.tenants.len() {
+            let qos = self.group_qos[self.tenants[ti].group as usize];
+            let vol = self.tenants[ti].volume;
+            for (w, num, den) in self.shares(ti) {
+                let share = scale_qos(&qos, num, den);
+                self.workers[w].policy.add_volume(now, vol, &share);
+            }
+        }
+    }
+
+    fn update_group_qos(&mut self, now: u64, group: usize, qos: VolumeQos) {
+        self.group_qos[group] = qos;
+        for ti in 0..self.tenants.len() {
+            if self.tenants[ti].group as usize != group {
+                continue;
+            }
+            let vol = self.tenants[ti].volume;
+            for (w, num, den) in self.shares(ti) {
+                let share = scale_qos(&qos, num, den);
+                self.workers[w].policy.update_qos(now, vol, &share);
+            }
+        }
+        for w in 0..self.workers.len() {
+            self.kick(w, now);
+        }
+    }
+
+    fn alloc_slot(&mut self) -> u32 {
+        if self.free_head != NONE {
+            let i = self.free_head;
+            self.free_head = self.slots[i as usize].next_free;
+            return i;
+        }
+        let i = self.slots.len() as u32;
+        self.slots.push(Slot {
+            req: IoRequest {
+                id: u64::from(i),
+                volume: 0,
+                op: OpKind::Read,
+                offset_bytes: 0,
+                len_bytes: 0,
+                cost: CostVector::ZERO,
+                arrival_ns: 0,
+            },
+            tenant: 0,
+            worker: 0,
+            issue_ns: 0,
+            dispatch_ns: 0,
+            service_ns: 0,
+            wait_ns: 0,
+            backend_wait_ns: 0,
+            device_cost_ns: 0.0,
+            phase: Phase::Baseline,
+            sequential: false,
+            state: SlotState::Free,
+            next_free: NONE,
+        });
+        i
+    }
+
+    fn free_slot(&mut self, i: u32) {
+        let s = &mut self.slots[i as usize];
+        s.state = SlotState::Free;
+        s.next_free = self.free_head;
+        self.free_head = i;
+    }
+
+    /// Runs the simulation to the end.
+    pub(crate) fn run(mut self, progress: &mut dyn FnMut(f64)) -> Result<RunData, SimError> {
+        for ti in 0..self.tenants.len() {
+            self.q.push(0, Ev::Toggle { tenant: ti as u32 });
+        }
+        for (i, a) in self.spec.actions.iter().enumerate() {
+            self.q
+                .push(secs_to_ns(a.at_s), Ev::Action { index: i as u32 });
+        }
+        let check_ns = secs_to_ns(self.spec.check_invariants_ms / 1e3);
+        if check_ns > 0 {
+            self.q.push(check_ns, Ev::Check);
+        }
+        let mut next_progress = 1u64 << 16;
+        while let Some((now, ev)) = self.q.pop() {
+            if now >= self.end_ns {
+                break;
+            }
+            match ev {
+                Ev::Arrival { tenant, generation } => {
+                    self.on_arrival(tenant as usize, generation, now)
+                }
+                Ev::Toggle { tenant } => self.on_toggle(tenant as usize, now),
+                Ev::CpuDone { worker, slot } => self.on_cpu_done(worker as usize, slot, now),
+                Ev::StealDone { worker } => {
+                    self.workers[worker as usize].busy = false;
+                    self.kick(worker as usize, now);
+                }
+                Ev::Complete { slot } => self.on_complete(slot, now),
+                Ev::Wake { worker, generation } => {
+                    let w = &mut self.workers[worker as usize];
+                    if w.wake_generation == generation {
+                        w.wake_at_ns = u64::MAX;
+                        self.kick(worker as usize, now);
+                    }
+                }
+                Ev::Action { index } => self.on_action(index as usize, now)?,
+                Ev::Check => {
+                    self.check(now)?;
+                    self.q.push(now + check_ns, Ev::Check);
+                }
+            }
+            if self.q.processed() >= next_progress {
+                next_progress += 1 << 16;
+                progress(now as f64 / self.end_ns as f64);
+            }
+        }
+        self.check(self.end_ns)?;
+        progress(1.0);
+        Ok(self.finish())
+    }
+
+    fn check(&mut self, now: u64) -> Result<(), SimError> {
+        for (i, w) in self.workers.iter().enumerate() {
+            if let Err(v) = w.policy.check_invariants() {
+                if self.spec.invariants == InvariantMode::Fail {
+                    return Err(SimError::Invariant {
+                        policy: self.policy_name.to_string(),
+                        at_ns: now,
+                        seed: self.seed,
+                        detail: format!("worker {i}: {v}"),
+                    });
+                }
+                self.violations += 1;
+                if self.first_violation.is_none() {
+                    self.first_violation = Some(format!("t={now} ns worker {i}: {v}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_action(&mut self, index: usize, now: u64) -> Result<(), SimError> {
+        let a = &self.spec.actions[index];
+        let Some(group) = self.spec.groups.iter().position(|g| g.name == a.group) else {
+            return Err(SimError::Invalid(format!("unknown group {}", a.group)));
+        };
+        if let Some(q) = &a.set_qos {
+            let qos = q.to_volume_qos(self.spec.groups[group].volume_bytes())?;
+            self.update_group_qos(now, group, qos);
+        }
+        if a.replace_volumes {
+            self.replace_volumes(now, group, a.start_full, a.overlap_s);
+        }
+        if a.every_s > 0.0 {
+            self.q.push(
+                now + secs_to_ns(a.every_s),
+                Ev::Action {
+                    index: index as u32,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Moves every tenant of `group` to a fresh volume; queued requests follow it.
+    fn replace_volumes(
+        &mut self,
+        now: u64,
+        group: usize,
+        start_full: Option<bool>,
+        overlap_s: f64,
+    ) {
+        let mut qos = self.group_qos[group];
+        if let (Some(full), BurstMode::Credits(mut c)) = (start_full, qos.burst) {
+            for b in [&mut c.iops, &mut c.bytes].into_iter().flatten() {
+                b.start_full = full;
+            }
+            qos.burst = BurstMode::Credits(c);
+        }
+        let gib = self.spec.groups[group].volume_gib;
+        for ti in 0..self.tenants.len() {
+            if self.tenants[ti].group as usize != group {
+                continue;
+            }
+            let old = self.tenants[ti].volume;
+            let new = self.next_volume;
+            self.next_volume += 1;
+            // Requests the policies still hold for the old volume, in issue order.
+            let mut moved: Vec<u32> = (0..self.slots.len() as u32)
+                .filter(|&i| {
+                    let s = &self.slots[i as usize];
+                    s.tenant as usize == ti
+                        && matches!(s.state, SlotState::Queued | SlotState::Ring)
+                })
+                .collect();
+            moved.sort_by_key(|&i| (self.slots[i as usize].issue_ns, i));
+            for (w, num, den) in self.shares(ti) {
+                let share = scale_qos(&qos, num, den);
+                let p = &mut self.workers[w].policy;
+                p.add_volume(now, new, &share);
+                p.remove_volume(now, old);
+            }
+            self.tenants[ti].volume = new;
+            for i in moved {
+                let s = &mut self.slots[i as usize];
+                s.req.volume = new;
+                if s.state == SlotState::Queued {
+                    let w = s.worker as usize;
+                    let req = s.req.clone();
+                    self.workers[w].policy.enqueue(now, req);
+                }
+            }
+            let g = &mut self.groups[group];
+            g.volumes_created += 1;
+            g.provisioned_gib_s += gib * overlap_s;
+        }
+        for w in 0..self.workers.len() {
+            self.kick(w, now);
+        }
+    }
+
+    fn on_toggle(&mut self, ti: usize, now: u64) {
+        let was_on = self.tenants[ti].on;
+        let on = self.tenants[ti].schedule.is_on(now);
+        self.tenants[ti].on = on;
+        if on && !was_on {
+            match self.tenants[ti].mode {
+                Mode::Closed => {
+                    while self.tenants[ti].outstanding < self.tenants[ti].qd {
+                        if !self.issue(ti, now) {
+                            break;
+                        }
+                    }
+                }
+                Mode::Open => {
+                    let t = &mut self.tenants[ti];
+                    t.arrival_generation = t.arrival_generation.wrapping_add(1);
+                    let gap = Self::gap_ns(t);
+                    if let Some(gap) = gap {
+                        let generation = t.arrival_generation;
+                        self.q.push(
+                            now + gap,
+                            Ev::Arrival {
+                                tenant: ti as u32,
+                                generation,
+                            },
+                        );
+                    }
+                }
+                Mode::Trace => {
+                    let t = &mut self.tenants[ti];
+                    t.arrival_generation = t.arrival_generation.wrapping_add(1);
+                    if let Some(at) = Self::trace_time(t) {
+                        let generation = t.arrival_generation;
+                        self.q.push(
+                            at.max(now),
+                            Ev::Arrival {
+                                tenant: ti as u32,
+                                generation,
+                            },
+                        );
+                    }
+                }
+                Mode::Idle => {}
+            }
+        } else if !on && was_on {
+            let t = &mut self.tenants[ti];
+            t.arrival_generation = t.arrival_generation.wrapping_add(1);
+        }
+        if let Some(next) = self.tenants[ti].schedule.next_change_ns(now) {
+            self.q.push(next, Ev::Toggle { tenant: ti as u32 });
+        }
+    }
+
+    #[inline]
+    fn gap_ns(t: &mut Tenant) -> Option<u64> {
+        if !t.gap_mean_ns.is_finite() {
+            return None;
+        }
+        let g = if t.uniform_gaps {
+            t.gap_mean_ns
+        } else {
+            t.rng.exp(t.gap_mean_ns)
+        };
+        Some(crate::fastmath::round_u64(g).max(1))
+    }
+
+    fn trace_time(t: &Tenant) -> Option<u64> {
+        t.trace
+            .get(t.trace_arrive)
+            .map(|r| (r.at_ns as f64 / t.trace_speed) as u64)
+    }
+
+    fn on_arrival(&mut self, ti: usize, generation: u16, now: u64) {
+        let t = &mut self.tenants[ti];
+        if t.arrival_generation != generation || !t.on {
+            return;
+        }
+        let can_issue = t.qd == 0 || t.outstanding < t.qd;
+        let next = match t.mode {
+            Mode::Trace => {
+                t.trace_arrive += 1;
+                Self::trace_time(t).map(|at| at.max(now))
+            }
+            _ => Self::gap_ns(t).map(|g| now + g),
+        };
+        if !can_issue {
+            if t.backlog < MAX_BACKLOG {
+                t.backlog += 1;
+            } else {
+                // Drop the oldest waiting request; the new one takes its place.
+                t.dropped += 1;
+                if t.mode == Mode::Trace {
+                    t.trace_issue += 1;
+                }
+            }
+        }
+        if can_issue {
+            self.issue(ti, now);
+        }
+        if let Some(at) = next {
+            self.q.push(
+                at,
+                Ev::Arrival {
+                    tenant: ti as u32,
+                    generation,
+                },
+            );
+        }
+    }
+
+    /// Draws the tenant's next request and hands it to a worker.
+    fn issue(&mut self, ti: usize, now: u64) -> bool {
+        let nworkers = self.workers.len();
+        let (op, offset, len, queue, sequential) = {
+            let t = &mut self.tenants[ti];
+            let g = &self.groups[t.group as usize];
+            let (op, offset, len) = if t.mode == Mode::Trace {
+                match t.trace.get(t.trace_issue) {
+                    Some(r) => {
+                        t.trace_issue += 1;
+                        (r.op, r.offset_bytes % t.volume_bytes.max(1), r.len_bytes)
+                    }
+                    None => return false,
+                }
+            } else {
+                let len = g.sizes.sample(&mut t.rng);
+                let op = if t.read_fraction >= 1.0
+                    || (t.read_fraction > 0.0 && t.rng.unit() < t.read_fraction)
+                {
+                    OpKind::Read
+                } else {
+                    OpKind::Write
+                };
+                let len64 = u64::from(len);
+                let offset = if t.sequential {
+                    if t.cursor_bytes + len64 > t.volume_bytes {
+                        t.cursor_bytes = 0;
+                    }
+                    let o = t.cursor_bytes;
+                    t.cursor_bytes += len64;
+                    o
+                } else {
+                    let pages = (t.volume_bytes.saturating_sub(len64) / 4096).max(1);
+                    t.rng.below(pages) * 4096
+                };
+                (op, offset, len)
+            };
+            let sequential = offset.abs_diff(t.last_end_bytes) <= crate::device::SEQ_WINDOW_BYTES;
+            t.last_end_bytes = offset + u64::from(len);
+            let queue = if t.queues <= 1 {
+                0
+            } else if t.hot_share > 0.0 {
+                if t.rng.chance(t.hot_share) {
+                    0
+                } else {
+                    1 + t.rng.below(u64::from(t.queues - 1)) as u32
+                }
+            } else {
+                t.rng.below(u64::from(t.queues)) as u32
+            };
+            t.outstanding += 1;
+            t.issued += 1;
+            (op, offset, len, queue, sequential)
+        };
+        let worker = match self.dispatch {
+            DispatchMode::OneToN => {
+                let t = &mut self.tenants[ti];
+                let w = t.spray as usize % nworkers;
+                t.spray = t.spray.wrapping_add(1);
+                w
+            }
+            DispatchMode::OneToOne | DispatchMode::Stealing => {
+                self.home_worker(&self.tenants[ti], queue)
+            }
+        };
+        let cost = self.workers[worker]
+            .cost_model
+            .estimate(op, len, sequential);
+        let slot = self.alloc_slot();
+        let volume = self.tenants[ti].volume;
+        {
+            let s = &mut self.slots[slot as usize];
+            s.req = IoRequest {
+                id: u64::from(slot),
+                volume,
+                op,
+                offset_bytes: offset,
+                len_bytes: len,
+                cost,
+                arrival_ns: now,
+            };
+            s.tenant = ti as u32;
+            s.worker = worker as u32;
+            s.issue_ns = now;
+            s.sequential = sequential;
+            s.service_ns = 0;
+            s.wait_ns = 0;
+            s.backend_wait_ns = 0;
+        }
+        if self.dispatch == DispatchMode::Stealing {
+            self.slots[slot as usize].state = SlotState::Ring;
+            self.workers[worker].ring.push_back(slot);
+            if self.workers[worker].busy {
+                // A polling idle worker notices the backlog and steals.
+                if let Some(idle) = (0..nworkers).find(|w| !self.workers[*w].busy) {
+                    self.kick(idle, now);
+                }
+            }
+        } else {
+            self.slots[slot as usize].state = SlotState::Queued;
+            let req = self.slots[slot as usize].req.clone();
+            self.workers[worker].policy.enqueue(now, req);
+        }
+        self.kick(worker, now);
+        true
+    }
+
+    /// Lets worker `w` dispatch if its CPU is free.
+    fn kick(&mut self, w: usize, now: u64) {
+        if self.workers[w].busy {
+            return;
+        }
+        loop {
+            if self.dispatch == DispatchMode::Stealing {
+                self.refill_from_ring(w, now);
+            }
+            match self.workers[w].policy.next(now) {
+                Decision::Dispatch(req, phase) => {
+                    self.start(w, req, phase, now);
+                    return;
+                }
+                Decision::WaitUntil(t) => {
+                    let wk = &mut self.workers[w];
+                    wk.waits += 1;
+                    if t <= now {
+                        wk.past_waits += 1;
+                    }
+                    let t = t.max(now + 1);
+                    if t < wk.wake_at_ns {
+                        wk.wake_at_ns = t;
+                        wk.wake_generation = wk.wake_generation.wrapping_add(1);
+                        let generation = wk.wake_generation;
+                        self.q.push(
+                            t,
+                            Ev::Wake {
+                                worker: w as u16,
+                                generation,
+                            },
+                        );
+                    }
+                    return;
+                }
+                Decision::Idle => {
+                    self.workers[w].idles += 1;
+                    if self.dispatch == DispatchMode::Stealing && !self.workers[w].ring.is_empty() {
+                        continue;
+                    }
+                    if self.dispatch == DispatchMode::Stealing {
+                        self.try_steal(w, now);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn refill_from_ring(&mut self, w: usize, now: u64) {
+        let batch = self.spec.node.steal_batch as usize;
+        while self.workers[w].policy.queued_requests() < batch {
+            let Some(slot) = self.workers[w].ring.pop_front() else {
+                break;
+            };
+            let s = &mut self.slots[slot as usize];
+            s.state = SlotState::Queued;
+            s.worker = w as u32;
+            let req = s.req.clone();
+            self.workers[w].policy.enqueue(now, req);
+        }
+    }
+
+    /// An idle worker takes up to a batch from the longest other ring.
+    fn try_steal(&mut self, w: usize, now: u64) {
+        let mut victim = None;
+        let mut longest = 0;
+        for (i, other) in self.workers.iter().enumerate() {
+            if i != w && other.ring.len() > longest {
+                longest = other.ring.len();
+                victim = Some(i);
+            }
+        }
+        let Some(v) = victim else {
+            return;
+        };
+        let take = longest.div_ceil(2).min(self.spec.node.steal_batch as usize);
+        for _ in 0..take {
+            if let Some(slot) = self.workers[v].ring.pop_back() {
+                self.workers[w].ring.push_front(slot);
+            }
+        }
+        let cost = self.spec.node.steal_cost_ns * take as u64;
+        let wk = &mut self.workers[w];
+        wk.steals += 1;
+        wk.stolen += take as u64;
+        if cost > 0 {
+            wk.busy = true;
+            if now >= self.warmup_ns {
+                wk.busy_ns += cost;
+            }
+            self.q.push(now + cost, Ev::StealDone { worker: w as u16 });
+        } else {
+            self.q.push(now, Ev::StealDone { worker: w as u16 });
+            wk.busy = true;
+        }
+    }
+
+    fn start(&mut self, w: usize, req: IoRequest, phase: Phase, now: u64) {
+        let slot = req.id as u32;
+        let mut cpu_ns = self
+            .cpu
+            .sample_ns(req.op, req.len_bytes, &mut self.node_rng);
+        if self.dispatch == DispatchMode::Stealing {
+            cpu_ns += self.spec.node.sync_overhead_ns;
+        }
+        let s = &mut self.slots[slot as usize];
+        s.req = req;
+        s.phase = phase;
+        s.dispatch_ns = now;
+        s.worker = w as u32;
+        s.state = SlotState::Running;
+        s.service_ns = cpu_ns;
+        let wk = &mut self.workers[w];
+        wk.busy = true;
+        if now >= self.warmup_ns {
+            wk.busy_ns += cpu_ns;
+            wk.ops += 1;
+        }
+        self.q.push(
+            now + cpu_ns,
+            Ev::CpuDone {
+                worker: w as u16,
+                slot,
+            },
+        );
+    }
+
+    fn on_cpu_done(&mut self, w: usize, slot: u32, now: u64) {
+        self.workers[w].busy = false;
+        let (op, offset, len, ti, sequential) = {
+            let s = &self.slots[slot as usize];
+            (
+                s.req.op,
+                s.req.offset_bytes,
+                s.req.len_bytes,
+                s.tenant as usize,
+                s.sequential,
+            )
+        };
+        // NIC: writes arrive on ingress, reads leave on egress.
+        let link_done = match op {
+            OpKind::Write => self.ingress.submit(now, u64::from(len)),
+            OpKind::Read => self.egress.submit(now, u64::from(len)),
+            _ => now,
+        };
+        let link_transfer = match op {
+            OpKind::Read | OpKind::Write => self.link_time_ns(op, len),
+            _ => 0,
+        };
+        let link_time = link_done - now;
+        let link_wait = link_time.saturating_sub(link_transfer);
+        // Devices.
+        let t = &self.tenants[ti];
+        let stripe = self.stripe_bytes;
+        let extent = offset / stripe;
+        let sets = self.device_sets as u64;
+        let set = ((u64::from(t.global_index) + extent) % sets) as usize;
+        let phys = t.region_base_bytes + (extent / sets) * stripe + offset % stripe;
+        let r = self.replicas;
+        let mut done = link_done;
+        let mut device_wait = 0;
+        let mut device_service = 0;
+        let mut device_cost = 0.0;
+        let is_read = op == OpKind::Read;
+        if is_read || r == 1 {
+            let j = if is_read {
+                match self.read_routing {
+                    ReadRouting::Primary => 0,
+                    ReadRouting::RoundRobin => t.global_index as usize % r,
+                    ReadRouting::TypeAware => usize::from(sequential) % r,
+                }
+            } else {
+                0
+            };
+            let svc = self.devices[set * r + j].submit(link_done, op, phys, len);
+            device_cost = svc.cost_ns;
+            done = svc.done_ns;
+            device_wait = svc.start_ns - link_done;
+            device_service = svc.done_ns - svc.start_ns;
+        } else {
+            for j in 0..r {
+                let svc = self.devices[set * r + j].submit(link_done, op, phys, len);
+                device_cost += svc.cost_ns;
+                if svc.done_ns >= done {
+                    done = svc.done_ns;
+                    device_wait = svc.start_ns - link_done;
+                    device_service = svc.done_ns - svc.start_ns;
+                }
+            }
+        }
+        let s = &mut self.slots[slot as usize];
+        // Front-end queueing (the NIC) is what the delay-based CPU correction watches; the
+        // backend's queueing counts as service, as in BurstCBS (§1.5: backend delay excluded).
+        s.service_ns += link_transfer + device_wait + device_service;
+        s.wait_ns += link_wait;
+        s.backend_wait_ns = device_wait;
+        s.device_cost_ns = device_cost;
+        self.q.push(done, Ev::Complete { slot });
+        self.kick(w, now);
+    }
+
+    fn link_time_ns(&self, op: OpKind, len: u32) -> u64 {
+        let link = if op == OpKind::Write {
+            &self.ingress
+        } else {
+            &self.egress
+        };
+        link.transfer_ns(u64::from(len))
+    }
+
+    fn on_complete(&mut self, slot: u32, now: u64) {
+        let (w, ti, phase, len, issue_ns, dispatch_ns, backend_wait, device_cost, observed) = {
+            let s = &self.slots[slot as usize];
+            (
+                s.worker as usize,
+                s.tenant as usize,
+                s.phase,
+                s.req.len_bytes,
+                s.issue_ns,
+                s.dispatch_ns,
+                s.backend_wait_ns,
+                s.device_cost_ns,
+                Observed {
+                    service_ns: s.service_ns,
+                    queue_ns: s.wait_ns,
+                },
+            )
+        };
+        {
+            let s = &self.slots[slot as usize];
+            let wk = &mut self.workers[w];
+            wk.cost_model.observe(
+                s.req.op,
+                s.req.len_bytes,
+                s.sequential,
+                &s.req.cost,
+                observed,
+            );
+            wk.policy.complete(now, &s.req, observed);
+        }
+        self.free_slot(slot);
+        self.completed += 1;
+        let lat = now - issue_ns;
+        let bytes = u64::from(len);
+        let t = &mut self.tenants[ti];
+        let g = &mut self.groups[t.group as usize];
+        if now >= g.from_ns && now < g.to_ns {
+            g.hist.record(lat);
+            g.ops += 1;
+            g.bytes += bytes;
+            g.phase_ops[phase as usize] += 1;
+            g.sched_wait_ns += dispatch_ns - issue_ns;
+            g.downstream_wait_ns += observed.queue_ns + backend_wait;
+            t.ops += 1;
+            t.bytes += bytes;
+            t.lat_sum_ns += lat;
+            t.device_ns += device_cost;
+        }
+        let b = (now / self.timeline_ns) as usize;
+        if let Some(tb) = g.timeline.get_mut(b) {
+            tb.ops += 1;
+            tb.bytes += bytes;
+            tb.lat_sum_ns += lat;
+        }
+        if let Some(pb) = self.phase_timeline.get_mut(b) {
+            pb[phase as usize] += 1;
+        }
+        t.outstanding -= 1;
+        let reissue = t.on
+            && match t.mode {
+                Mode::Closed => t.outstanding < t.qd,
+                Mode::Open | Mode::Trace => {
+                    if t.backlog > 0 {
+                        t.backlog -= 1;
+                        true
+                    } else {
+                        false
+                    }
+                }
+                Mode::Idle => false,
+            };
+        if reissue {
+            self.issue(ti, now);
+        }
+        self.kick(w, now);
+    }
+
+    fn finish(self) -> RunData {
+        let dur = self.end_ns.saturating_sub(self.warmup_ns).max(1) as f64;
+        let tenants = self
+            .tenants
+            .iter()
+            .map(|t| TenantSummary {
+                group: t.group as usize,
+                ops: t.ops,
+                bytes: t.bytes,
+                lat_mean_us: if t.ops > 0 {
+                    t.lat_sum_ns as f64 / t.ops as f64 / 1e3
+                } else {
+                    0.0
+                },
+                issued: t.issued,
+                dropped: t.dropped,
+                device_ns: t.device_ns,
+            })
+            .collect();
+        let workers = self
+            .workers
+            .iter()
+            .map(|w| WorkerSummary {
+                ops: w.ops,
+                busy_fraction: w.busy_ns as f64 / dur,
+                steals: w.steals,
+                stolen: w.stolen,
+                decisions: [w.waits, w.idles, w.past_waits],
+            })
+            .collect();
+        let total = self.end_ns.max(1) as f64;
+        let dev_busy: f64 = self.devices.iter().map(|d| d.busy_ns).sum::<f64>();
+        RunData {
+            groups: self.groups,
+            tenants,
+            workers,
+            phase_timeline: self.phase_timeline,
+            timeline_ns: self.timeline_ns,
+            events: self.q.processed(),
+            completed: self.completed,
+            duration_ns: self.end_ns,
+            warmup_ns: self.warmup_ns,
+            ingress_utilisation: self.ingress.busy_ns / total,
+            egress_utilisation: self.egress.busy_ns / total,
+            device_utilisation: dev_busy / (total * self.devices.len().max(1) as f64),
+            violations: self.violations,
+            first_violation: self.first_violation,
+        }
+    }
+}
