@@ -1,0 +1,242 @@
+//! End-to-end: the real clients (nbdinfo, qemu-img, qemu-io, nbdcopy, fio) against the real
+//! server binary over loopback.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
+
+mod common;
+
+use std::process::Command;
+
+use common::{Server, have_tool, random_file, run_ok, text};
+use serde_json::Value;
+
+#[test]
+fn nbdinfo_lists_exports_with_size_and_flags() {
+    if !have_tool("nbdinfo") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    server.create_volume("alpha", "64MiB");
+    server.create_volume("beta", "1GiB");
+
+    let out = run_ok(Command::new("nbdinfo").args(["--list", "--json", &server.uri("")]));
+    let listing: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let exports = listing["exports"].as_array().expect("exports array");
+    let mut seen: Vec<(String, u64)> = exports
+        .iter()
+        .map(|e| {
+            (
+                e["export-name"].as_str().unwrap().to_string(),
+                e["export-size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            ("alpha".to_string(), 64 << 20),
+            ("beta".to_string(), 1 << 30)
+        ]
+    );
+
+    let out = run_ok(Command::new("nbdinfo").args(["--json", &server.uri("alpha")]));
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let export = &info["exports"][0];
+    assert_eq!(export["export-size"].as_u64(), Some(64 << 20));
+    assert_eq!(export["is_read_only"], Value::Bool(false));
+    for flag in [
+        "can_flush",
+        "can_fua",
+        "can_trim",
+        "can_zero",
+        "can_multi_conn",
+        "can_cache",
+        "can_fast_zero",
+    ] {
+        assert_eq!(export[flag], Value::Bool(true), "{flag} in {export}");
+    }
+    assert_eq!(export["block_size_maximum"].as_u64(), Some(32 << 20));
+    assert_eq!(info["protocol"].as_str(), Some("newstyle-fixed"));
+
+    // An unknown export is refused, not served.
+    let out = Command::new("nbdinfo")
+        .arg(server.uri("missing"))
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "nbdinfo on a missing export: {}",
+        text(&out)
+    );
+    server.stop();
+}
+
+#[test]
+fn map_shows_holes_where_unwritten_and_data_where_written() {
+    if !have_tool("nbdinfo") || !have_tool("qemu-io") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    server.create_volume("sparse", "64MiB");
+    let uri = server.uri("sparse");
+
+    let map = |uri: &str| -> Vec<(u64, u64, u64)> {
+        let out = run_ok(Command::new("nbdinfo").args(["--map", "--json", uri]));
+        let entries: Value = serde_json::from_slice(&out.stdout).unwrap();
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["offset"].as_u64().unwrap(),
+                    e["length"].as_u64().unwrap(),
+                    e["type"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    // Fresh volume: one hole (type 3 = hole|zero) covering everything.
+    assert_eq!(map(&uri), vec![(0, 64 << 20, 3)]);
+
+    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0xab 8M 64k", &uri]));
+    let entries = map(&uri);
+    let data: Vec<_> = entries.iter().filter(|e| e.2 == 0).collect();
+    assert_eq!(data.len(), 1, "one data run in {entries:?}");
+    let (offset, length, _) = *data[0];
+    assert!(
+        offset <= 8 << 20 && offset + length >= (8 << 20) + (64 << 10),
+        "{entries:?}"
+    );
+    assert!(
+        length <= 4 << 20,
+        "data run no larger than the touched extents: {entries:?}"
+    );
+    let hole_bytes: u64 = entries.iter().filter(|e| e.2 == 3).map(|e| e.1).sum();
+    assert_eq!(hole_bytes + length, 64 << 20, "{entries:?}");
+
+    // Reading back through another client sees the pattern, and zeros elsewhere.
+    run_ok(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "read -P 0xab 8M 64k",
+        "-c",
+        "read -P 0 0 8M",
+        &uri,
+    ]));
+
+    // Trimming the whole range turns it back into a hole.
+    run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "discard 0 64M", &uri]));
+    assert_eq!(map(&uri), vec![(0, 64 << 20, 3)]);
+    server.stop();
+}
+
+#[test]
+fn qemu_img_and_nbdcopy_round_trip_256mib() {
+    if !have_tool("qemu-img") || !have_tool("nbdcopy") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let image = dir.path().join("random.raw");
+    random_file(&image, 256 << 20, 42);
+
+    server.create_volume("viaqemu", "256MiB");
+    run_ok(
+        Command::new("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&image)
+            .arg(server.uri("viaqemu")),
+    );
+    let back = dir.path().join("back-qemu.raw");
+    run_ok(
+        Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "raw", &server.uri("viaqemu")])
+            .arg(&back),
+    );
+    let out = run_ok(
+        Command::new("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(&image)
+            .arg(&back),
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("identical"),
+        "{}",
+        text(&out)
+    );
+    std::fs::remove_file(&back).unwrap();
+
+    server.create_volume("viacopy", "256MiB");
+    run_ok(
+        Command::new("nbdcopy")
+            .arg(&image)
+            .arg(server.uri("viacopy")),
+    );
+    let back = dir.path().join("back-copy.raw");
+    run_ok(
+        Command::new("nbdcopy")
+            .arg(server.uri("viacopy"))
+            .arg(&back),
+    );
+    let original = std::fs::read(&image).unwrap();
+    let copied = std::fs::read(&back).unwrap();
+    assert_eq!(original.len(), copied.len());
+    assert!(original == copied, "nbdcopy round trip differs");
+    server.stop();
+}
+
+fn fio_verify(server: &Server, export: &str, rw: &str) {
+    let out = Command::new("fio")
+        .args([
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={}", server.uri(export)),
+            &format!("--rw={rw}"),
+            "--bsrange=4k-1m",
+            "--iodepth=32",
+            "--numjobs=2",
+            "--size=48m",
+            "--offset_increment=64m",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--do_verify=1",
+            "--group_reporting",
+            "--output-format=json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "fio {rw} failed: {}", text(&out));
+    // The nbd engine prints "fio: connected to NBD server" lines before the JSON document.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json_start = stdout
+        .find('{')
+        .unwrap_or_else(|| panic!("no JSON from fio: {}", text(&out)));
+    let report: Value = serde_json::from_str(&stdout[json_start..])
+        .unwrap_or_else(|err| panic!("fio json: {err}: {}", text(&out)));
+    let job = &report["jobs"][0];
+    assert_eq!(job["error"].as_u64(), Some(0), "{job}");
+    let written = job["write"]["io_bytes"].as_u64().unwrap();
+    assert!(written > 0, "fio wrote nothing: {job}");
+    if rw == "randwrite" {
+        // Verification re-reads everything written.
+        let read = job["read"]["io_bytes"].as_u64().unwrap();
+        assert!(read >= written, "verify read {read} < written {written}");
+    }
+}
+
+#[test]
+fn fio_randwrite_and_randrw_verify_over_two_connections() {
+    if !have_tool("fio") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    server.create_volume("fio", "128MiB");
+    fio_verify(&server, "fio", "randwrite");
+    fio_verify(&server, "fio", "randrw");
+    server.stop();
+}

@@ -1,0 +1,204 @@
+//! Shared harness for the end-to-end tests: starts the real `headroom` binary on free loopback
+//! ports, learns its addresses from the line it prints, drives it with real clients, and stops
+//! it by PID (SIGTERM for a clean stop, SIGKILL to simulate a crash).
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod raw;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_headroom");
+
+/// True when `tool` is on PATH. When it is missing the test is skipped with a message, unless
+/// HEADROOM_REQUIRE_TOOLS is set (CI), where a missing tool fails the test.
+pub fn have_tool(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .map(|out| out.status.success())
+        .unwrap_or(false);
+    if !found {
+        if std::env::var_os("HEADROOM_REQUIRE_TOOLS").is_some() {
+            panic!("{tool} is required (HEADROOM_REQUIRE_TOOLS is set) but not installed");
+        }
+        eprintln!("SKIPPED: {tool} is not installed (scripts/test installs it)");
+    }
+    found
+}
+
+pub struct Server {
+    child: Option<Child>,
+    pub nbd: SocketAddr,
+    pub api: String,
+    pub data_dir: PathBuf,
+    pub log_path: PathBuf,
+}
+
+impl Server {
+    /// Starts a file-backed server on `data_dir` (small device files so tests stay light).
+    pub fn start(data_dir: &Path) -> Server {
+        Self::start_with(data_dir, &["--devices", "2", "--device-size", "4GiB"])
+    }
+
+    /// Starts a memory-backed server; `data_dir` only holds its log.
+    pub fn start_memory(data_dir: &Path, capacity: &str) -> Server {
+        Self::start_with(data_dir, &["--memory", capacity])
+    }
+
+    pub fn start_with(data_dir: &Path, extra: &[&str]) -> Server {
+        std::fs::create_dir_all(data_dir).expect("create data dir");
+        let log_path = data_dir.with_extension("log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("open log");
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("HEADROOM_LOG", "debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn headroom serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        // Blocks until the server has bound both ports and printed them (or exited).
+        let ready = loop {
+            match lines.next() {
+                Some(Ok(line)) if line.starts_with("nbd://") => break line,
+                Some(Ok(_)) => continue,
+                _ => {
+                    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                    panic!("server exited before it was ready; log:\n{log}");
+                }
+            }
+        };
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let mut parts = ready.split_whitespace();
+        let nbd = parts
+            .next()
+            .and_then(|s| s.strip_prefix("nbd://"))
+            .and_then(|s| s.parse().ok())
+            .expect("nbd address");
+        let api = parts.nth(1).expect("api url").to_string();
+        Server {
+            child: Some(child),
+            nbd,
+            api,
+            data_dir: data_dir.to_path_buf(),
+            log_path,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// `nbd://127.0.0.1:PORT/EXPORT`
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd://{}/{}", self.nbd, export)
+    }
+
+    /// Runs the CLI against this server's API.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .env("HEADROOM_API", &self.api)
+            .output()
+            .expect("run headroom CLI")
+    }
+
+    pub fn create_volume(&self, name: &str, size: &str) {
+        let out = self.cli(&["volume", "create", name, "--size", size]);
+        assert!(out.status.success(), "volume create failed: {}", text(&out));
+    }
+
+    /// SIGTERM and wait: the server must exit 0 after flushing.
+    pub fn stop(mut self) {
+        let mut child = self.child.take().expect("running");
+        signal(child.id(), "TERM");
+        let status = child.wait().expect("wait");
+        assert!(
+            status.success(),
+            "server exited with {status} after SIGTERM; log:\n{}",
+            self.log()
+        );
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill9(mut self) {
+        let mut child = self.child.take().expect("running");
+        signal(child.id(), "KILL");
+        let _ = child.wait();
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id(), "KILL");
+            let _ = child.wait();
+        }
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+/// stdout and stderr of a finished command, for assertion messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs a command and asserts it succeeded.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|err| panic!("running {cmd:?}: {err}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", text(&out));
+    out
+}
+
+/// A file of `size_bytes` deterministic pseudo-random bytes (xorshift; incompressible enough).
+pub fn random_file(path: &Path, size_bytes: usize, seed: u64) {
+    let mut state = seed | 1;
+    let mut data = vec![0u8; size_bytes];
+    for chunk in data.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let bytes = state.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+    std::fs::write(path, data).expect("write random file");
+}
