@@ -23,8 +23,8 @@ use crate::config::Limits;
 use crate::exec::Executor;
 
 /// The one metadata context we serve.
-const ALLOCATION_CONTEXT_ID: u32 = 1;
-const ALLOCATION_CONTEXT_NAME: &str = "base:allocation";
+const ALLOCATION_CONTEXT_ID: u32 = nbd::BASE_ALLOCATION_CONTEXT_ID;
+const ALLOCATION_CONTEXT_NAME: &str = nbd::BASE_ALLOCATION;
 /// Replies copied into the batch buffer; larger payloads are written straight from their buffer.
 const INLINE_PAYLOAD_BYTES: usize = 64 << 10;
 
@@ -96,10 +96,11 @@ async fn negotiate(
     let mut flags_buf = [0u8; 4];
     stream.read_exact(&mut flags_buf).await?;
     let client_flags = nbd::decode_client_flags(u32::from_be_bytes(flags_buf))?;
-
-    let mut structured = false;
-    // (export name, selected) from the last SET_META_CONTEXT
-    let mut meta_selection: Option<(String, bool)> = None;
+    let mut state = Haggling {
+        no_zeroes: client_flags.no_zeroes,
+        structured: false,
+        meta_selection: None,
+    };
 
     loop {
         let mut header_buf = [0u8; 16];
@@ -136,189 +137,190 @@ async fn negotiate(
         }
         let mut data = vec![0u8; header.length as usize];
         stream.read_exact(&mut data).await?;
-        let option = match nbd::decode_option(&header, &data) {
-            Ok(option) => option,
+        let step = match nbd::decode_option(&header, &data) {
+            Ok(option) => state.answer(ctx, header.option, option, &mut out)?,
+            // A malformed EXPORT_NAME has no error reply: the spec's only answer is to close.
+            Err(err) if err.closes_connection() => Step::End,
             Err(err) => {
-                if err.closes_connection() {
-                    // A malformed EXPORT_NAME has no error reply: the spec's only answer is to close.
-                    return Ok(None);
-                }
                 nbd::encode_option_error(
                     &mut out,
                     header.option,
                     err.reply_type(),
                     &err.to_string(),
                 );
-                stream.write_all(&out).await?;
-                continue;
+                Step::Continue
             }
         };
-        match option {
-            nbd::ClientOption::ExportName(name) => {
-                let volume = match ctx.store.open_volume(&name) {
-                    Ok(volume) => volume,
-                    // The spec leaves no way to refuse EXPORT_NAME but closing.
-                    Err(_) => return Err(SessionError::UnknownExport(name)),
-                };
-                let flags = transmission_flags(structured);
-                nbd::encode_export_name_reply(
-                    &mut out,
-                    volume.size_bytes(),
-                    flags,
-                    client_flags.no_zeroes,
-                );
+        match step {
+            Step::Continue => stream.write_all(&out).await?,
+            Step::Transmit(negotiated) => {
                 stream.write_all(&out).await?;
-                let allocation_context = selected_for(&meta_selection, &name);
-                return Ok(Some(Negotiated {
-                    volume,
-                    structured,
-                    allocation_context,
-                }));
+                return Ok(Some(negotiated));
             }
-            nbd::ClientOption::Info(request) | nbd::ClientOption::Go(request) => {
-                let is_go = header.option == consts::NBD_OPT_GO;
-                let volume = match ctx.store.open_volume(&request.export_name) {
-                    Ok(volume) => volume,
-                    Err(_) => {
-                        nbd::encode_option_reply(
-                            &mut out,
-                            header.option,
-                            consts::NBD_REP_ERR_UNKNOWN,
-                            format!("no export named {:?}", request.export_name).as_bytes(),
-                        );
-                        stream.write_all(&out).await?;
-                        continue;
-                    }
-                };
-                let flags = transmission_flags(structured);
-                nbd::encode_info_export(&mut out, header.option, volume.size_bytes(), flags);
-                for info in &request.info_types {
-                    match *info {
-                        consts::NBD_INFO_NAME => {
-                            nbd::encode_info_name(&mut out, header.option, volume.name());
-                        }
-                        consts::NBD_INFO_DESCRIPTION => nbd::encode_info_description(
-                            &mut out,
-                            header.option,
-                            &describe(&volume),
-                        ),
-                        _ => {}
-                    }
-                }
-                // Always sent: clients that did not ask still benefit from knowing our limit.
-                nbd::encode_info_block_size(
-                    &mut out,
-                    header.option,
-                    1,
-                    4096,
-                    ctx.limits.max_request_bytes,
-                );
-                nbd::encode_option_reply(&mut out, header.option, consts::NBD_REP_ACK, &[]);
-                stream.write_all(&out).await?;
-                if is_go {
-                    let allocation_context =
-                        structured && selected_for(&meta_selection, &request.export_name);
-                    return Ok(Some(Negotiated {
-                        volume,
-                        structured,
-                        allocation_context,
-                    }));
-                }
-            }
-            nbd::ClientOption::List => {
-                for info in ctx.store.list_volumes() {
-                    nbd::encode_rep_server(
-                        &mut out,
-                        header.option,
-                        &info.name,
-                        &format!("{} bytes", info.size_bytes),
-                    );
-                }
-                nbd::encode_option_reply(&mut out, header.option, consts::NBD_REP_ACK, &[]);
-                stream.write_all(&out).await?;
-            }
-            nbd::ClientOption::Abort => {
-                nbd::encode_option_reply(&mut out, header.option, consts::NBD_REP_ACK, &[]);
-                // The client may close without reading the ack; that is fine.
+            Step::End => {
+                // The client may close without reading a final ack; that is fine.
                 let _ = stream.write_all(&out).await;
                 return Ok(None);
-            }
-            nbd::ClientOption::StructuredReply => {
-                if structured {
-                    nbd::encode_option_reply(
-                        &mut out,
-                        header.option,
-                        consts::NBD_REP_ERR_INVALID,
-                        b"structured replies already negotiated",
-                    );
-                } else {
-                    structured = true;
-                    nbd::encode_option_reply(&mut out, header.option, consts::NBD_REP_ACK, &[]);
-                }
-                stream.write_all(&out).await?;
-            }
-            nbd::ClientOption::ListMetaContext(request)
-            | nbd::ClientOption::SetMetaContext(request) => {
-                let is_set = header.option == consts::NBD_OPT_SET_META_CONTEXT;
-                if !structured {
-                    nbd::encode_option_reply(
-                        &mut out,
-                        header.option,
-                        consts::NBD_REP_ERR_INVALID,
-                        b"negotiate structured replies first",
-                    );
-                    stream.write_all(&out).await?;
-                    continue;
-                }
-                if ctx.store.volume_info(&request.export_name).is_err() {
-                    nbd::encode_option_reply(
-                        &mut out,
-                        header.option,
-                        consts::NBD_REP_ERR_UNKNOWN,
-                        format!("no export named {:?}", request.export_name).as_bytes(),
-                    );
-                    stream.write_all(&out).await?;
-                    continue;
-                }
-                let matches = nbd::allocation_context_matches(&request.queries, is_set);
-                if matches {
-                    nbd::encode_rep_meta_context(
-                        &mut out,
-                        header.option,
-                        ALLOCATION_CONTEXT_ID,
-                        ALLOCATION_CONTEXT_NAME,
-                    );
-                }
-                nbd::encode_option_reply(&mut out, header.option, consts::NBD_REP_ACK, &[]);
-                stream.write_all(&out).await?;
-                if is_set {
-                    meta_selection = Some((request.export_name, matches));
-                }
-            }
-            nbd::ClientOption::StartTls | nbd::ClientOption::ExtendedHeaders => {
-                nbd::encode_option_reply(
-                    &mut out,
-                    header.option,
-                    consts::NBD_REP_ERR_UNSUP,
-                    b"not supported by this server",
-                );
-                stream.write_all(&out).await?;
-            }
-            nbd::ClientOption::Unknown(_) => {
-                nbd::encode_option_reply(
-                    &mut out,
-                    header.option,
-                    consts::NBD_REP_ERR_UNSUP,
-                    b"unknown option",
-                );
-                stream.write_all(&out).await?;
             }
         }
     }
 }
 
-fn selected_for(selection: &Option<(String, bool)>, export: &str) -> bool {
-    matches!(selection, Some((name, true)) if name == export)
+/// What negotiation has settled so far.
+struct Haggling {
+    no_zeroes: bool,
+    structured: bool,
+    /// (export name, base:allocation selected) from the last SET_META_CONTEXT.
+    meta_selection: Option<(String, bool)>,
+}
+
+/// What follows an option's reply.
+enum Step {
+    Continue,
+    Transmit(Negotiated),
+    End,
+}
+
+impl Haggling {
+    /// Appends the reply to one decoded option to `out` and says what comes next.
+    fn answer(
+        &mut self,
+        ctx: &SessionContext,
+        option_number: u32,
+        option: nbd::ClientOption,
+        out: &mut Vec<u8>,
+    ) -> Result<Step, SessionError> {
+        let unknown = |out: &mut Vec<u8>, name: &str| {
+            let message = format!("no export named {name:?}");
+            nbd::encode_option_error(out, option_number, consts::NBD_REP_ERR_UNKNOWN, &message);
+            Step::Continue
+        };
+        let ack = |out: &mut Vec<u8>| {
+            nbd::encode_option_reply(out, option_number, consts::NBD_REP_ACK, &[]);
+        };
+        match option {
+            nbd::ClientOption::ExportName(name) => {
+                // The spec leaves no way to refuse EXPORT_NAME but closing.
+                let Ok(volume) = ctx.store.open_volume(&name) else {
+                    return Err(SessionError::UnknownExport(name));
+                };
+                let flags = transmission_flags(self.structured);
+                nbd::encode_export_name_reply(out, volume.size_bytes(), flags, self.no_zeroes);
+                let allocation_context = self.structured && self.selected_for(&name);
+                Ok(Step::Transmit(Negotiated {
+                    volume,
+                    structured: self.structured,
+                    allocation_context,
+                }))
+            }
+            nbd::ClientOption::Info(request) | nbd::ClientOption::Go(request) => {
+                let Ok(volume) = ctx.store.open_volume(&request.export_name) else {
+                    return Ok(unknown(out, &request.export_name));
+                };
+                let flags = transmission_flags(self.structured);
+                nbd::encode_info_export(out, option_number, volume.size_bytes(), flags);
+                for info in &request.info_types {
+                    match *info {
+                        consts::NBD_INFO_NAME => {
+                            nbd::encode_info_name(out, option_number, volume.name());
+                        }
+                        consts::NBD_INFO_DESCRIPTION => {
+                            nbd::encode_info_description(out, option_number, &describe(&volume));
+                        }
+                        _ => {}
+                    }
+                }
+                // Always sent: clients that did not ask still benefit from knowing our limit.
+                nbd::encode_info_block_size(
+                    out,
+                    option_number,
+                    nbd::MIN_BLOCK_BYTES,
+                    nbd::PREFERRED_BLOCK_BYTES,
+                    ctx.limits.max_request_bytes,
+                );
+                ack(out);
+                if option_number != consts::NBD_OPT_GO {
+                    return Ok(Step::Continue);
+                }
+                let allocation_context = self.structured && self.selected_for(&request.export_name);
+                Ok(Step::Transmit(Negotiated {
+                    volume,
+                    structured: self.structured,
+                    allocation_context,
+                }))
+            }
+            nbd::ClientOption::List => {
+                for info in ctx.store.list_volumes() {
+                    let description = format!("{} bytes", info.size_bytes);
+                    nbd::encode_rep_server(out, option_number, &info.name, &description);
+                }
+                ack(out);
+                Ok(Step::Continue)
+            }
+            nbd::ClientOption::Abort => {
+                ack(out);
+                Ok(Step::End)
+            }
+            nbd::ClientOption::StructuredReply => {
+                if self.structured {
+                    nbd::encode_option_error(
+                        out,
+                        option_number,
+                        consts::NBD_REP_ERR_INVALID,
+                        "structured replies already negotiated",
+                    );
+                } else {
+                    self.structured = true;
+                    ack(out);
+                }
+                Ok(Step::Continue)
+            }
+            nbd::ClientOption::ListMetaContext(request)
+            | nbd::ClientOption::SetMetaContext(request) => {
+                let is_set = option_number == consts::NBD_OPT_SET_META_CONTEXT;
+                if !self.structured {
+                    nbd::encode_option_error(
+                        out,
+                        option_number,
+                        consts::NBD_REP_ERR_INVALID,
+                        "negotiate structured replies first",
+                    );
+                    return Ok(Step::Continue);
+                }
+                if ctx.store.volume_info(&request.export_name).is_err() {
+                    return Ok(unknown(out, &request.export_name));
+                }
+                let matches = nbd::allocation_context_matches(&request.queries, is_set);
+                if matches {
+                    nbd::encode_rep_meta_context(
+                        out,
+                        option_number,
+                        ALLOCATION_CONTEXT_ID,
+                        ALLOCATION_CONTEXT_NAME,
+                    );
+                }
+                ack(out);
+                if is_set {
+                    self.meta_selection = Some((request.export_name, matches));
+                }
+                Ok(Step::Continue)
+            }
+            nbd::ClientOption::StartTls | nbd::ClientOption::ExtendedHeaders => {
+                let message = "not supported by this server";
+                nbd::encode_option_error(out, option_number, consts::NBD_REP_ERR_UNSUP, message);
+                Ok(Step::Continue)
+            }
+            nbd::ClientOption::Unknown(_) => {
+                let message = "unknown option";
+                nbd::encode_option_error(out, option_number, consts::NBD_REP_ERR_UNSUP, message);
+                Ok(Step::Continue)
+            }
+        }
+    }
+
+    fn selected_for(&self, export: &str) -> bool {
+        matches!(&self.meta_selection, Some((name, true)) if name == export)
+    }
 }
 
 fn describe(volume: &Volume) -> String {
