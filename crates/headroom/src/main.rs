@@ -64,6 +64,10 @@ struct ServeArgs {
     /// Capacity of each device file in a new data directory (sparse).
     #[arg(long, default_value = "64GiB", value_parser = parse_size)]
     device_size: u64,
+    /// Use this existing block device or file as a pool device (repeatable; replaces the
+    /// created device files).
+    #[arg(long = "device")]
+    device_paths: Vec<PathBuf>,
     /// Worker threads executing block I/O (0 = inline on the network threads).
     #[arg(long, default_value_t = 2)]
     io_threads: usize,
@@ -189,6 +193,7 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
             data_dir: args.data_dir.clone(),
             device_count: args.devices,
             device_capacity_bytes: args.device_size,
+            device_paths: args.device_paths.clone(),
         },
     };
     let mut config = NodeConfig::new(backend);

@@ -128,3 +128,54 @@ fn flushed_blocks_survive_kill_9() {
     reader.disconnect();
     server.stop();
 }
+
+#[test]
+fn explicit_devices_back_the_pool_and_keep_data_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let devices: Vec<_> = (0..2)
+        .map(|i| dir.path().join(format!("disk{i}.img")))
+        .collect();
+    for device in &devices {
+        let file = std::fs::File::create(device).unwrap();
+        file.set_len(64 << 20).unwrap();
+    }
+    let args: Vec<String> = devices
+        .iter()
+        .flat_map(|d| ["--device".to_string(), d.display().to_string()])
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let data_dir = dir.path().join("data");
+    let server = Server::start_with(&data_dir, &args);
+    server.create_volume("ondisk", "96MiB");
+    let mut client = Client::open(server.nbd, "ondisk");
+    // 48 extents of 2 MiB: more than one 64 MiB device holds, so both are used.
+    for i in 0..48u64 {
+        assert_eq!(client.write(i, i << 21, &pattern(9, i, 4096), 0), 0);
+    }
+    assert_eq!(client.flush(100), 0);
+    client.disconnect();
+    let out = server.cli(&["volume", "create", "toobig", "--size", "64MiB"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let mut filler = Client::open(server.nbd, "toobig");
+    // The pool (128 MiB) has 32 MiB left: the 17th new extent finds no space.
+    let mut errors = Vec::new();
+    for i in 0..17u64 {
+        errors.push(filler.write(i, i << 21, &[1u8; 512], 0));
+    }
+    assert!(errors[..16].iter().all(|&e| e == 0), "{errors:?}");
+    assert_eq!(errors[16], common::raw::ENOSPC);
+    filler.disconnect();
+    server.stop();
+    for device in &devices {
+        assert!(std::fs::metadata(device).unwrap().len() >= 64 << 20);
+    }
+
+    let server = Server::start_with(&data_dir, &args);
+    let mut reader = Client::open(server.nbd, "ondisk");
+    for i in 0..48u64 {
+        let data = reader.read(i, i << 21, 4096).unwrap();
+        assert!(data == pattern(9, i, 4096), "extent {i} lost");
+    }
+    reader.disconnect();
+    server.stop();
+}

@@ -10,8 +10,11 @@ pub enum StoreBackend {
     /// Sparse device files and a redb database under a data directory.
     Files {
         data_dir: PathBuf,
+        /// Sparse device files created in a new data directory.
         device_count: u32,
         device_capacity_bytes: u64,
+        /// Existing block devices or files to use instead of created device files.
+        device_paths: Vec<PathBuf>,
     },
     /// Everything in RAM (tests and protocol benchmarks); lost on exit.
     Memory { capacity_bytes: u64 },

@@ -53,10 +53,12 @@ impl Node {
                 data_dir,
                 device_count,
                 device_capacity_bytes,
+                device_paths,
             } => {
                 let mut store_config = StoreConfig::new(data_dir.clone());
                 store_config.device_count = *device_count;
                 store_config.device_capacity_bytes = *device_capacity_bytes;
+                store_config.device_paths = device_paths.clone();
                 // Opening may punch free space after a crash: keep it off the runtime threads.
                 tokio::task::spawn_blocking(move || Store::open(&store_config))
                     .await
