@@ -66,8 +66,8 @@ struct WinState {
     throttled: CostVector,
     lent: CostVector,
     burst_requests: u64,
-    hist: Vec<CostVector>,
-    hist_pos: usize,
+    /// Next position in this volume's segment of `BurstRules::hist`.
+    hist_pos: u32,
     hist_sum: CostVector,
     avg_cost: CostVector,
     avg_units_milli: u64,
@@ -79,10 +79,9 @@ struct WinState {
 }
 
 impl WinState {
-    fn fresh(&self, history: usize) -> WinState {
+    fn fresh(&self) -> WinState {
         WinState {
             in_list: self.in_list,
-            hist: vec![CostVector::ZERO; history],
             ..WinState::default()
         }
     }
@@ -95,17 +94,20 @@ impl WinState {
         self.may_burst = qos.burst != BurstMode::None;
     }
 
-    fn push_history(&mut self, usage: CostVector) {
-        if self.hist.is_empty() {
+    /// Pushes one window's usage into the volume's history ring `hist` (its segment of
+    /// `BurstRules::hist`, never empty).
+    fn push_history(&mut self, hist: &mut [CostVector], usage: CostVector) {
+        let pos = self.hist_pos as usize;
+        let Some(old) = hist.get_mut(pos) else {
             return;
-        }
-        let old = self.hist[self.hist_pos];
-        self.hist_sum = self.hist_sum.saturating_sub(old).saturating_add(usage);
-        self.hist[self.hist_pos] = usage;
-        self.hist_pos += 1;
-        if self.hist_pos == self.hist.len() {
-            self.hist_pos = 0;
-        }
+        };
+        self.hist_sum = self.hist_sum.saturating_sub(*old).saturating_add(usage);
+        *old = usage;
+        self.hist_pos = if pos + 1 == hist.len() {
+            0
+        } else {
+            self.hist_pos + 1
+        };
     }
 
     fn tokens_left(&self) -> CostVector {
@@ -142,6 +144,16 @@ fn ewma(avg: u64, x: u64) -> u64 {
     }
 }
 
+/// A volume that may be lent tokens in round 2 of the allocation.
+#[derive(Clone, Copy, Debug)]
+struct Lender {
+    idx: u32,
+    weight: u64,
+    /// Its round-1 allocation (after any scaling).
+    alloc: CostVector,
+    burst_cost: CostVector,
+}
+
 /// Summary of the last per-window allocation (for tests, benches and docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct AllocSummary {
@@ -166,7 +178,12 @@ pub(crate) struct BurstRules {
     next_window_ns: u64,
     burst_pacer: Pacer,
     slots: Vec<WinState>,
+    /// Usage history of every slot, `history_windows` entries per slot, flat so that the
+    /// per-window loop does not chase one heap pointer per volume.
+    hist: Vec<CostVector>,
     active: Vec<u32>,
+    /// Volumes that may be lent tokens this window (scratch of `allocate`).
+    lenders: Vec<Lender>,
     donors: Vec<u32>,
     pool_left: CostVector,
     reserve_left: CostVector,
@@ -219,7 +236,9 @@ impl BurstRules {
             next_window_ns: window_ns,
             burst_pacer: Pacer::with_depth(0, burst_rate, params.limiter_depth_ns.max(1)),
             slots: Vec::new(),
+            hist: Vec::new(),
             active: Vec::new(),
+            lenders: Vec::new(),
             donors: Vec::new(),
             pool_left: cap_window.saturating_sub(reserve_window),
             reserve_left: reserve_window,
@@ -233,90 +252,55 @@ impl BurstRules {
         let i = idx as usize;
         if self.slots.len() <= i {
             self.slots.resize_with(i + 1, WinState::default);
+            self.hist
+                .resize(self.slots.len() * self.history_windows, CostVector::ZERO);
         }
         &mut self.slots[i]
     }
 
-    /// Dominant share of a cost vector relative to one window of capacity, fixed point `2^FP`.
-    fn dominant_share(&self, v: &CostVector) -> u64 {
-        v.dims()
-            .iter()
-            .zip(self.inv_cap_window)
-            .map(|(&x, inv)| ((u128::from(x) * u128::from(inv)).min(u128::from(u64::MAX))) as u64)
-            .max()
-            .unwrap_or(0)
+    /// Resets a slot for a new (or removed) volume, history included.
+    fn reset_slot(&mut self, idx: u32) {
+        let n = self.history_windows;
+        let st = self.slot(idx);
+        *st = st.fresh();
+        let start = idx as usize * n;
+        if let Some(h) = self.hist.get_mut(start..start + n) {
+            h.fill(CostVector::ZERO);
+        }
     }
 
-    /// Cost per window of running at the baseline and at the burst ceiling with this volume's
-    /// average request. Floating point: this is a prediction that sizes a share, never a limit
-    /// (limits are exact integer buckets), and it keeps the per-window loop free of divisions.
-    fn window_costs(&self, st: &WinState) -> (CostVector, CostVector) {
-        if !st.has_avg {
-            return (CostVector::ZERO, CostVector::ZERO);
-        }
-        let w_s = self.window_ns as f64 / NS_PER_S as f64;
-        let per_unit = 1000.0 / st.avg_units_milli.max(1) as f64;
-        let per_byte = if st.avg_bytes == 0 {
-            f64::INFINITY
-        } else {
-            1.0 / st.avg_bytes as f64
-        };
-        let requests = |r: IoRate| -> f64 {
-            let by_units = if r.iops == u64::MAX {
-                f64::INFINITY
-            } else {
-                r.iops as f64 * w_s * per_unit
-            };
-            let by_bytes = if r.bytes_per_s == u64::MAX || per_byte.is_infinite() {
-                f64::INFINITY
-            } else {
-                r.bytes_per_s as f64 * w_s * per_byte
-            };
-            by_units.min(by_bytes)
-        };
-        let cost = |n: f64| {
-            if n.is_infinite() {
-                self.cap_window
-            } else {
-                // `as` saturates; costs are capped at one window of capacity.
-                st.avg_cost
-                    .zip(self.cap_window, |c, cap| ((c as f64 * n) as u64).min(cap))
-            }
-        };
-        (
-            cost(requests(st.baseline)),
-            cost(requests(st.burst_ceiling)),
-        )
+    /// Dominant share of a cost vector relative to one window of capacity, fixed point `2^FP`.
+    fn dominant_share(&self, v: &CostVector) -> u64 {
+        dominant_share(&self.inv_cap_window, v)
     }
 
     /// Ends the finished window and computes the next window's allocations (Algorithm 1).
     fn allocate(&mut self, gap_windows: u64) {
         let n = self.history_windows;
-        let alpha_fp: u128 = (u128::from(self.alpha_permille) << FP) / (1000 * n as u128);
+        // alpha / N in 2^FP fixed point; alpha_permille is at most u32::MAX, so this fits.
+        let alpha_fp: u64 = ((u128::from(self.alpha_permille) << FP) / (1000 * n as u128))
+            .min(u128::from(u64::MAX)) as u64;
         let mut round1 = CostVector::ZERO;
         let mut sum_weight: u128 = 0;
         let mut list = std::mem::take(&mut self.active);
+        self.lenders.clear();
         let mut i = 0;
-        // Pass 1: close the window, predict, round 1.
+        // Pass 1: close the window, predict, round 1. One borrow of the slot per volume and the
+        // constants in locals, so the loop does no repeated bounds checks or reloads.
+        let inv_cap = self.inv_cap_window;
+        let throttle_w = self.throttle_weight_permille;
+        let (cap_window, window_ns) = (self.cap_window, self.window_ns);
+        let zero_pushes = gap_windows.min(n as u64).saturating_sub(1);
         while i < list.len() {
             let idx = list[i] as usize;
-            let keep = {
-                let st = &mut self.slots[idx];
-                if !st.live || !st.active {
-                    false
-                } else {
-                    let usage = st.consumed;
-                    st.push_history(usage);
-                    for _ in 1..gap_windows.min(n as u64) {
-                        st.push_history(CostVector::ZERO);
-                    }
-                    st.last_bursting = st.burst_requests > 0;
-                    st.last_throttled = !st.throttled.is_zero();
-                    st.backlogged || !st.hist_sum.is_zero()
-                }
+            let (Some(st), Some(hist)) = (
+                self.slots.get_mut(idx),
+                self.hist.get_mut(idx * n..(idx + 1) * n),
+            ) else {
+                list.swap_remove(i);
+                continue;
             };
-            if !keep {
-                let st = &mut self.slots[idx];
+            if !st.live || !st.active {
                 st.active = false;
                 st.in_list = false;
                 st.alloc = CostVector::ZERO;
@@ -327,44 +311,69 @@ impl BurstRules {
                 list.swap_remove(i);
                 continue;
             }
-            if self.slots[idx].costs_stale {
-                let (base, burst) = self.window_costs(&self.slots[idx]);
-                let st = &mut self.slots[idx];
+            let usage = st.consumed;
+            st.push_history(hist, usage);
+            for _ in 0..zero_pushes {
+                st.push_history(hist, CostVector::ZERO);
+            }
+            st.last_bursting = st.burst_requests > 0;
+            st.last_throttled = !st.throttled.is_zero();
+            if !st.backlogged && st.hist_sum.is_zero() {
+                // Idle for N windows: leaves the active list.
+                st.active = false;
+                st.in_list = false;
+                st.alloc = CostVector::ZERO;
+                st.lent = CostVector::ZERO;
+                st.consumed = CostVector::ZERO;
+                st.throttled = CostVector::ZERO;
+                st.burst_requests = 0;
+                list.swap_remove(i);
+                continue;
+            }
+            if st.costs_stale {
+                let (base, burst) = window_costs(st, cap_window, window_ns);
                 st.base_cost = base;
                 st.burst_cost = burst;
                 st.costs_stale = false;
             }
-            let (base, burst_cost, weight) = {
-                let st = &self.slots[idx];
-                let (base, burst_cost) = (st.base_cost, st.burst_cost);
-                let alloc = if st.last_bursting || st.last_throttled {
-                    base
-                } else {
-                    st.hist_sum
-                        .map(|s| {
-                            ((u128::from(s) * alpha_fp) >> FP).min(u128::from(u64::MAX)) as u64
-                        })
-                        .min(base)
-                };
-                let weight = if st.may_burst {
-                    let u = self.dominant_share(&st.consumed);
-                    let t = self.dominant_share(&st.throttled);
-                    u.saturating_add(t.saturating_mul(self.throttle_weight_permille) / 1000)
-                        .max(1)
+            let base = st.base_cost;
+            let alloc = if st.last_bursting || st.last_throttled {
+                base
+            } else {
+                st.hist_sum
+                    .map(|s| {
+                        ((u128::from(s) * u128::from(alpha_fp)) >> FP).min(u128::from(u64::MAX))
+                            as u64
+                    })
+                    .min(base)
+            };
+            let weight = if st.may_burst {
+                let u = dominant_share(&inv_cap, &st.consumed);
+                let t = if st.last_throttled {
+                    dominant_share(&inv_cap, &st.throttled)
                 } else {
                     0
                 };
-                (alloc, burst_cost, weight)
+                u.saturating_add(t.saturating_mul(throttle_w) / 1000).max(1)
+            } else {
+                0
             };
-            let st = &mut self.slots[idx];
-            st.alloc = base;
-            st.burst_cost = burst_cost;
+            st.alloc = alloc;
             st.weight = weight;
+            st.in_spare = false;
             st.lent = CostVector::ZERO;
             st.consumed = CostVector::ZERO;
             st.throttled = CostVector::ZERO;
             st.burst_requests = 0;
-            round1 = round1.saturating_add(base);
+            if weight > 0 {
+                self.lenders.push(Lender {
+                    idx: idx as u32,
+                    weight,
+                    alloc,
+                    burst_cost: st.burst_cost,
+                });
+            }
+            round1 = round1.saturating_add(alloc);
             sum_weight += u128::from(weight);
             i += 1;
         }
@@ -388,6 +397,9 @@ impl BurstRules {
             round1 = list.iter().fold(CostVector::ZERO, |acc, &idx| {
                 acc.saturating_add(self.slots[idx as usize].alloc)
             });
+            for l in &mut self.lenders {
+                l.alloc = self.slots[l.idx as usize].alloc;
+            }
         }
         let left = avail.saturating_sub(round1);
         // Pass 2: lend what is left in proportion to weight, capped at the burst ceiling.
@@ -396,25 +408,26 @@ impl BurstRules {
             .map(|l| (u128::from(l) << FP).checked_div(sum_weight).unwrap_or(0));
         let mut lent_total = CostVector::ZERO;
         self.donors.clear();
-        for &idx in &list {
-            let st = &self.slots[idx as usize];
-            if st.weight > 0 {
-                let room = st.burst_cost.saturating_sub(st.alloc);
-                let w = u128::from(st.weight);
-                let share = CostVector::from_dims(std::array::from_fn(|d| {
-                    ((w * per_weight[d]) >> FP).min(u128::from(u64::MAX)) as u64
-                }));
-                let extra = share.min(room).min(left.saturating_sub(lent_total));
-                let st = &mut self.slots[idx as usize];
-                st.alloc = st.alloc.saturating_add(extra);
+        // Each share is at most `weight × left / sum_weight` (both roundings are down), so the
+        // shares sum to at most `left` and need no running clamp; `check` verifies the total.
+        // The lenders were gathered densely in pass 1, so this pass reads one small array and
+        // only writes the volumes that are lent something.
+        for l in &self.lenders {
+            let room = l.burst_cost.saturating_sub(l.alloc);
+            let w = u128::from(l.weight);
+            let share = CostVector::from_dims(std::array::from_fn(|d| {
+                ((w * per_weight[d]) >> FP).min(u128::from(u64::MAX)) as u64
+            }));
+            let extra = share.min(room);
+            if !extra.is_zero() {
+                let st = &mut self.slots[l.idx as usize];
+                st.alloc = l.alloc.saturating_add(extra);
                 st.lent = extra;
                 lent_total = lent_total.saturating_add(extra);
-                if !extra.is_zero() {
-                    self.donors.push(idx);
-                }
+                self.donors.push(l.idx);
             }
-            self.slots[idx as usize].in_spare = false;
         }
+        debug_assert!(lent_total.fits_within(&left));
         self.pool_left = left.saturating_sub(lent_total);
         self.reserve_left = self.reserve_window;
         self.last_alloc = AllocSummary {
@@ -472,6 +485,59 @@ impl BurstRules {
     }
 }
 
+/// Dominant share of `v` relative to one window of capacity (`inv_cap` = `2^FP / capacity`
+/// per dimension), fixed point `2^FP`.
+fn dominant_share(inv_cap: &[u64; 4], v: &CostVector) -> u64 {
+    v.dims()
+        .iter()
+        .zip(inv_cap)
+        .map(|(&x, &inv)| ((u128::from(x) * u128::from(inv)).min(u128::from(u64::MAX))) as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Cost per window of running at the baseline and at the burst ceiling with this volume's
+/// average request. Floating point: this is a prediction that sizes a share, never a limit
+/// (limits are exact integer buckets), and it keeps the per-window loop free of divisions.
+fn window_costs(st: &WinState, cap_window: CostVector, window_ns: u64) -> (CostVector, CostVector) {
+    if !st.has_avg {
+        return (CostVector::ZERO, CostVector::ZERO);
+    }
+    let w_s = window_ns as f64 / NS_PER_S as f64;
+    let per_unit = 1000.0 / st.avg_units_milli.max(1) as f64;
+    let per_byte = if st.avg_bytes == 0 {
+        f64::INFINITY
+    } else {
+        1.0 / st.avg_bytes as f64
+    };
+    let requests = |r: IoRate| -> f64 {
+        let by_units = if r.iops == u64::MAX {
+            f64::INFINITY
+        } else {
+            r.iops as f64 * w_s * per_unit
+        };
+        let by_bytes = if r.bytes_per_s == u64::MAX || per_byte.is_infinite() {
+            f64::INFINITY
+        } else {
+            r.bytes_per_s as f64 * w_s * per_byte
+        };
+        by_units.min(by_bytes)
+    };
+    let cost = |n: f64| {
+        if n.is_infinite() {
+            cap_window
+        } else {
+            // `as` saturates; costs are capped at one window of capacity.
+            st.avg_cost
+                .zip(cap_window, |c, cap| ((c as f64 * n) as u64).min(cap))
+        }
+    };
+    (
+        cost(requests(st.baseline)),
+        cost(requests(st.burst_ceiling)),
+    )
+}
+
 #[derive(Debug)]
 pub(crate) struct BurstVol {
     ceiling: RateLimiter,
@@ -491,10 +557,8 @@ impl Rules for BurstRules {
     }
 
     fn new_vol(&mut self, now_ns: u64, idx: u32, qos: &VolumeQos) -> BurstVol {
-        let n = self.history_windows;
-        let st = self.slot(idx);
-        *st = st.fresh(n);
-        st.configure(qos);
+        self.reset_slot(idx);
+        self.slot(idx).configure(qos);
         BurstVol {
             ceiling: RateLimiter::new(now_ns, qos.burst_ceiling(), self.depth_ns),
             meter: RateLimiter::new(now_ns, qos.baseline, self.depth_ns),
@@ -510,9 +574,7 @@ impl Rules for BurstRules {
     }
 
     fn removed(&mut self, idx: u32, _vol: &BurstVol) {
-        let n = self.history_windows;
-        let st = self.slot(idx);
-        *st = st.fresh(n);
+        self.reset_slot(idx);
     }
 
     fn enforced_ceiling(&self, qos: &VolumeQos) -> IoRate {
