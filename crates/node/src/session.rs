@@ -440,6 +440,12 @@ async fn transmit(
                 break Ok(());
             }
         };
+        tracing::trace!(
+            command = request.command.name(),
+            offset = request.offset,
+            length = request.length,
+            "request"
+        );
         if matches!(request.command, nbd::Command::Disc) {
             break Ok(());
         }
