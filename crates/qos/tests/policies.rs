@@ -397,6 +397,39 @@ fn drr_vop_is_fair_in_device_units_not_in_iops() {
 }
 
 #[test]
+fn drr_vop_stays_fair_in_device_units_when_requests_exceed_the_quantum() {
+    // Both request sizes cost more than the 1,000-unit quantum (the simulator's case: IOCost
+    // units of a 256 KiB write against the default quantum). Raising each volume's quantum to
+    // its own largest request gave equal IOPS (3,200 vs 12,800 units per turn); the node-wide
+    // raise keeps equal device units.
+    let small = CostVector::new(0, 0, 4096, 3_200);
+    let large = CostVector::new(0, 0, 131_072, 12_800);
+    let params = PolicyParams {
+        drr_quantum_device_units: 1_000,
+        ..PolicyParams::default()
+    };
+    let mut d = Driver::with_params(PolicyKind::DrrVop, vop_node(), &params);
+    d.add(1, &on_demand(0, u64::MAX, 1));
+    d.add(2, &on_demand(0, u64::MAX, 1));
+    d.enqueue(1, 20_000, OpKind::Read, 4096, small);
+    d.enqueue(2, 5_000, OpKind::Read, 131_072, large);
+    d.run_until(S - 1);
+    let units = |v| {
+        d.log
+            .iter()
+            .filter(|x| x.req.volume == v)
+            .map(|x| x.req.cost.device_units)
+            .sum::<u64>()
+    };
+    let (a, b) = (units(1), units(2));
+    assert!(a > 0 && b > 0);
+    // Within one turn (one quantum of 12,800 units, plus one large request) of each other.
+    assert!(a.abs_diff(b) <= 2 * 12_800, "{a} vs {b}");
+    let (na, nb) = (d.count(1, 0, S), d.count(2, 0, S));
+    assert!(na >= 3 * nb, "{na} vs {nb}");
+}
+
+#[test]
 fn drr_vop_weights_and_ceilings() {
     let r = CostVector::new(0, 0, 4096, 100);
     let params = PolicyParams {

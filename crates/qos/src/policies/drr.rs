@@ -6,9 +6,12 @@
 //! round; unused capacity flows to whoever is ready (work-conserving), bounded by each volume's
 //! burst ceiling.
 //!
-//! A round always lets a volume run at least one request (its quantum is raised to the largest
-//! cost it has queued), like Gimbal's virtual slots hold at least one request; this keeps
-//! `next` O(1) amortised instead of spinning through empty rounds.
+//! A round always lets a volume run at least one request: the quantum per unit of weight is
+//! raised to the largest request cost seen on the node, like Gimbal's virtual slots hold at
+//! least one request; this keeps `next` O(1) amortised instead of spinning through empty
+//! rounds. The raise is node-wide, never per volume: raising each volume's quantum to its own
+//! largest request would hand a volume of large requests a larger quantum and turn the
+//! fairness in device units into fairness in IOPS (found by the simulator, Libra's scenario).
 
 use crate::cost::CostVector;
 use crate::engine::{Ctx, Place, Rules, Verdict};
@@ -21,6 +24,8 @@ use crate::vocab::{IoRate, Phase, VolumeQos};
 pub(crate) struct DrrRules {
     quantum_device_units: u64,
     depth_ns: u64,
+    /// Largest DRR charge of any request classified so far (monotone).
+    max_cost: u64,
 }
 
 impl DrrRules {
@@ -28,13 +33,16 @@ impl DrrRules {
         DrrRules {
             quantum_device_units: params.drr_quantum_device_units.max(1),
             depth_ns: params.limiter_depth_ns,
+            max_cost: 1,
         }
     }
 
-    fn quantum(&self, qos: &VolumeQos, max_cost: u64) -> u64 {
+    /// A volume's quantum per turn: the configured quantum, raised node-wide to the largest
+    /// request cost seen, times its weight (so every turn runs at least one request).
+    fn quantum(&self, qos: &VolumeQos) -> u64 {
         self.quantum_device_units
+            .max(self.max_cost)
             .saturating_mul(u64::from(qos.weight.max(1)))
-            .max(max_cost)
     }
 }
 
@@ -46,7 +54,6 @@ pub(crate) struct DrrVol {
     deficit: u64,
     /// The next visit starts a new turn (adds a quantum).
     fresh_turn: bool,
-    max_cost: u64,
 }
 
 /// The DRR charge of a request: its device units (at least one, so zero-cost requests still rotate).
@@ -71,7 +78,6 @@ impl Rules for DrrRules {
             meter: RateLimiter::new(now_ns, qos.baseline, self.depth_ns),
             deficit: 0,
             fresh_turn: true,
-            max_cost: 1,
         }
     }
 
@@ -99,7 +105,7 @@ impl Rules for DrrRules {
         charge: Charge,
         cost: &CostVector,
     ) -> Place {
-        vol.max_cost = vol.max_cost.max(vop(cost));
+        self.max_cost = self.max_cost.max(vop(cost));
         let t = vol.ceiling.ready_at(now_ns, charge);
         if t > now_ns {
             Place::At(t)
@@ -121,10 +127,9 @@ impl Rules for DrrRules {
             ..
         } = *ctx;
         let c = vop(&req.cost);
+        self.max_cost = self.max_cost.max(c);
         if vol.fresh_turn {
-            vol.deficit = vol
-                .deficit
-                .saturating_add(self.quantum(&core.qos, vol.max_cost.max(c)));
+            vol.deficit = vol.deficit.saturating_add(self.quantum(&core.qos));
             vol.fresh_turn = false;
         }
         if vol.deficit < c {
