@@ -1,15 +1,17 @@
 //! Simulator speed on one core for a 1,000-tenant node.
 //!
-//! `cargo run -p headroom-sim --release --example speed -- [POLICY ...] [--hour]`
+//! `cargo run -p headroom-sim --release --example speed -- [POLICY ...] [--hour] [--one-to-one] [--seconds=S]`
 //!
 //! Default: 1,000 tenants in closed loop (QD 2, 4–16 KiB, 70 % reads) on 8 workers with
 //! 1-to-N dispatch for 20 simulated seconds; prints simulated I/Os per wall-clock second per
 //! policy. `--hour`: one simulated hour of 1,000 tenants at 100 IOPS each (100k IOPS, open
-//! loop), the issue's "one hour in under two minutes" check.
+//! loop), the issue's "one hour in under two minutes" check. `--one-to-one`: each tenant's
+//! queue pinned to one worker (each worker's policy holds 125 volumes) instead of 1-to-N
+//! (every worker's policy holds all 1,000, so the per-volume state is eight times larger).
 
 use headroom_sim::{RunOptions, Scenario, run};
 
-fn scenario(hour: bool) -> String {
+fn scenario(hour: bool, dispatch: &str, seconds: f64) -> String {
     let (duration, workload) = if hour {
         (
             3600.0,
@@ -17,7 +19,7 @@ fn scenario(hour: bool) -> String {
         )
     } else {
         (
-            20.0,
+            seconds,
             r#"{ mode = "closed", qd = 2, sizes = "iops", read_fraction = 0.7 }"#,
         )
     };
@@ -29,7 +31,7 @@ fn scenario(hour: bool) -> String {
         check_invariants_ms = 0.0
         [node]
         workers = 8
-        dispatch = "one_to_n"
+        dispatch = "{dispatch}"
         [[node.devices]]
         profile = "ssd_fast"
         latency_ns = 80000
@@ -46,18 +48,30 @@ fn scenario(hour: bool) -> String {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let hour = args.iter().any(|a| a == "--hour");
-    let mut policies: Vec<String> = args.into_iter().filter(|a| a != "--hour").collect();
+    let dispatch = if args.iter().any(|a| a == "--one-to-one") {
+        "one_to_one"
+    } else {
+        "one_to_n"
+    };
+    let seconds = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--seconds="))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(20.0);
+    let mut policies: Vec<String> = args.into_iter().filter(|a| !a.starts_with("--")).collect();
     if policies.is_empty() {
         policies = vec!["fifo".into(), "wild".into(), "base".into(), "burst".into()];
     }
-    let s = match Scenario::from_toml_str(&scenario(hour)) {
+    let s = match Scenario::from_toml_str(&scenario(hour, dispatch, seconds)) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
             std::process::exit(1);
         }
     };
-    println!("policy  simulated_ios  wall_s  M_ios_per_s  events_per_io  sim_iops");
+    println!(
+        "policy  simulated_ios  wall_s  M_ios_per_s  events_per_io  sim_iops  next_calls_per_io"
+    );
     for p in policies {
         let started = std::time::Instant::now();
         let r = run(
@@ -72,12 +86,22 @@ fn main() {
         match r {
             Ok(r) => {
                 let d = &r.results[0].details;
+                let ios = d.completed_ios.max(1) as f64;
+                // Every `next` call ends in a dispatch, a wait or an idle.
+                let (waits, idles) = d.workers.iter().fold((0, 0), |(w, i), wk| {
+                    let [waits, idles, _] = wk.policy_waits_idles_past;
+                    (w + waits, i + idles)
+                });
+                let next_calls = d.completed_ios + waits + idles;
                 println!(
-                    "{p:7} {:13} {wall:7.2} {:12.2} {:14.2} {:9.0}",
+                    "{p:7} {:13} {wall:7.2} {:12.2} {:14.2} {:9.0} {:18.2} (waits {:.2}, idles {:.2})",
                     d.completed_ios,
                     d.completed_ios as f64 / wall / 1e6,
-                    d.events as f64 / d.completed_ios.max(1) as f64,
-                    d.node_iops
+                    d.events as f64 / ios,
+                    d.node_iops,
+                    next_calls as f64 / ios,
+                    waits as f64 / ios,
+                    idles as f64 / ios
                 );
             }
             Err(e) => eprintln!("{p}: error: {e}"),
