@@ -170,11 +170,13 @@ impl TokenBucket {
             return u64::MAX;
         }
         let deficit = (need_nano - level) as u128;
-        let wait = deficit.div_ceil(u128::from(self.rate_per_s));
-        u64::try_from(wait)
-            .ok()
-            .and_then(|w| now_ns.checked_add(w))
-            .unwrap_or(u64::MAX)
+        // A deficit that fits 64 bits (every one but absurd rates or debts) divides in 64 bits:
+        // the same exact ceiling, without the 128-bit division routine on the hot path.
+        let wait = match u64::try_from(deficit) {
+            Ok(d) => Some(d.div_ceil(self.rate_per_s)),
+            Err(_) => u64::try_from(deficit.div_ceil(u128::from(self.rate_per_s))).ok(),
+        };
+        wait.and_then(|w| now_ns.checked_add(w)).unwrap_or(u64::MAX)
     }
 
     /// Limiter use: charges `units` at `now_ns` (may leave a debt).

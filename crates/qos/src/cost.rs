@@ -195,6 +195,10 @@ pub fn mul_div_floor(x: u64, num: u64, den: u64) -> u64 {
     if den == 0 {
         return if x == 0 || num == 0 { 0 } else { u64::MAX };
     }
+    // Same exact result in 64 bits when the product fits (no 128-bit division routine).
+    if let Some(p) = x.checked_mul(num) {
+        return p / den;
+    }
     let v = u128::from(x) * u128::from(num) / u128::from(den);
     u64::try_from(v).unwrap_or(u64::MAX)
 }
@@ -203,6 +207,9 @@ pub fn mul_div_floor(x: u64, num: u64, den: u64) -> u64 {
 pub fn mul_div_ceil(x: u64, num: u64, den: u64) -> u64 {
     if den == 0 {
         return if x == 0 || num == 0 { 0 } else { u64::MAX };
+    }
+    if let Some(p) = x.checked_mul(num) {
+        return p.div_ceil(den);
     }
     let v = (u128::from(x) * u128::from(num)).div_ceil(u128::from(den));
     u64::try_from(v).unwrap_or(u64::MAX)
