@@ -28,6 +28,7 @@
 //! Exact values BurstCBS did not publish (window, N, α, w_throttle) are parameters; see
 //! `docs/qos.md` for the defaults and the measurement behind them.
 
+use super::credit_phase;
 use crate::cost::CostVector;
 use crate::engine::{Ctx, Entry, Place, Rules, Tick, Verdict};
 use crate::limiter::{Charge, Pacer, RateLimiter, VolumeCredits};
@@ -682,22 +683,8 @@ impl Rules for BurstRules {
     }
 
     fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut BurstVol) -> Verdict {
-        let Ctx {
-            now_ns,
-            core,
-            charge,
-            ..
-        } = *ctx;
-        let phase =
-            if core.qos.burst == BurstMode::None || vol.meter.ready_at(now_ns, charge) <= now_ns {
-                Phase::Baseline
-            } else if vol.credits.is_active() {
-                Phase::BurstCredit
-            } else {
-                Phase::BurstSpare
-            };
         Verdict::Run {
-            phase,
+            phase: credit_phase(ctx, &vol.meter, &vol.credits),
             front: false,
         }
     }

@@ -9,6 +9,7 @@
 //! baseline requests priority over burst requests when the node is saturated, which is what
 //! keeps every volume's baseline guaranteed.
 
+use super::credit_phase;
 use crate::cost::CostVector;
 use crate::engine::{Ctx, Entry, Place, Rules, Verdict};
 use crate::limiter::{Charge, RateLimiter, VolumeCredits};
@@ -104,22 +105,8 @@ impl Rules for CreditRules {
     }
 
     fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut CreditVol) -> Verdict {
-        let Ctx {
-            now_ns,
-            core,
-            charge,
-            ..
-        } = *ctx;
-        let phase =
-            if core.qos.burst == BurstMode::None || vol.meter.ready_at(now_ns, charge) <= now_ns {
-                Phase::Baseline
-            } else if vol.credits.is_active() {
-                Phase::BurstCredit
-            } else {
-                Phase::BurstSpare
-            };
         Verdict::Run {
-            phase,
+            phase: credit_phase(ctx, &vol.meter, &vol.credits),
             front: false,
         }
     }

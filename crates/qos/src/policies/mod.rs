@@ -7,9 +7,29 @@ mod drr;
 mod mclock;
 mod wild;
 
-use crate::engine::Engine;
+use crate::engine::{Ctx, Engine};
+use crate::limiter::{RateLimiter, VolumeCredits};
 use crate::policy::{Policy, PolicyKind, PolicyParams};
-use crate::vocab::NodeCapacity;
+use crate::vocab::{BurstMode, NodeCapacity, Phase};
+
+/// The phase a credit-bursting volume's next request runs in (shared by Credit and Burst):
+/// within its baseline meter it is `Baseline`; above it, `BurstCredit` while its credit
+/// bucket is active, else `BurstSpare` (spare node capacity only).
+pub(crate) fn credit_phase(ctx: &Ctx<'_>, meter: &RateLimiter, credits: &VolumeCredits) -> Phase {
+    let Ctx {
+        now_ns,
+        core,
+        charge,
+        ..
+    } = *ctx;
+    if core.qos.burst == BurstMode::None || meter.ready_at(now_ns, charge) <= now_ns {
+        Phase::Baseline
+    } else if credits.is_active() {
+        Phase::BurstCredit
+    } else {
+        Phase::BurstSpare
+    }
+}
 
 pub(crate) fn build(
     kind: PolicyKind,
