@@ -3,6 +3,7 @@
 //! Strong isolation and no burst at all: capacity a volume does not use is lost. Ready volumes
 //! are served round robin.
 
+use super::single_class_place;
 use crate::cost::CostVector;
 use crate::engine::{Ctx, Place, Rules, Verdict};
 use crate::limiter::{Charge, RateLimiter};
@@ -57,16 +58,7 @@ impl Rules for BaseRules {
         charge: Charge,
         _cost: &CostVector,
     ) -> Place {
-        let t = vol.limit.ready_at(now_ns, charge);
-        if t > now_ns {
-            Place::At(t)
-        } else {
-            Place::Ring {
-                class: 0,
-                front: false,
-                reclassify_at: None,
-            }
-        }
+        single_class_place(&vol.limit, now_ns, charge)
     }
 
     fn verdict(&mut self, ctx: &Ctx<'_>, _vol: &mut BaseVol) -> Verdict {

@@ -28,7 +28,7 @@
 //! Exact values BurstCBS did not publish (window, N, α, w_throttle) are parameters; see
 //! `docs/qos.md` for the defaults and the measurement behind them.
 
-use super::credit_phase;
+use super::{credit_phase, promote_within_baseline};
 use crate::cost::CostVector;
 use crate::engine::{Ctx, Entry, Place, Rules, Tick, Verdict};
 use crate::limiter::{Charge, Pacer, RateLimiter, VolumeCredits};
@@ -667,11 +667,7 @@ impl Rules for BurstRules {
     }
 
     fn effective_class(&self, now_ns: u64, class: usize, vol: &BurstVol, charge: Charge) -> usize {
-        if class != BASELINE && vol.meter.ready_at(now_ns, charge) <= now_ns {
-            BASELINE
-        } else {
-            class
-        }
+        promote_within_baseline(class, BASELINE, &vol.meter, now_ns, charge)
     }
 
     fn class_gate(&self, now_ns: u64, class: usize, cost: &CostVector) -> u64 {

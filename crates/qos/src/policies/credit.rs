@@ -9,7 +9,7 @@
 //! baseline requests priority over burst requests when the node is saturated, which is what
 //! keeps every volume's baseline guaranteed.
 
-use super::credit_phase;
+use super::{credit_phase, promote_within_baseline};
 use crate::cost::CostVector;
 use crate::engine::{Ctx, Entry, Place, Rules, Verdict};
 use crate::limiter::{Charge, RateLimiter, VolumeCredits};
@@ -97,11 +97,7 @@ impl Rules for CreditRules {
     }
 
     fn effective_class(&self, now_ns: u64, class: usize, vol: &CreditVol, charge: Charge) -> usize {
-        if class != BASELINE && vol.meter.ready_at(now_ns, charge) <= now_ns {
-            BASELINE
-        } else {
-            class
-        }
+        promote_within_baseline(class, BASELINE, &vol.meter, now_ns, charge)
     }
 
     fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut CreditVol) -> Verdict {

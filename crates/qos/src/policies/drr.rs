@@ -13,6 +13,7 @@
 //! largest request would hand a volume of large requests a larger quantum and turn the
 //! fairness in device units into fairness in IOPS (found by the simulator, Libra's scenario).
 
+use super::single_class_place;
 use crate::cost::CostVector;
 use crate::engine::{Ctx, Place, Rules, Verdict};
 use crate::limiter::{Charge, RateLimiter};
@@ -106,16 +107,7 @@ impl Rules for DrrRules {
         cost: &CostVector,
     ) -> Place {
         self.max_cost = self.max_cost.max(vop(cost));
-        let t = vol.ceiling.ready_at(now_ns, charge);
-        if t > now_ns {
-            Place::At(t)
-        } else {
-            Place::Ring {
-                class: 0,
-                front: false,
-                reclassify_at: None,
-            }
-        }
+        single_class_place(&vol.ceiling, now_ns, charge)
     }
 
     fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut DrrVol) -> Verdict {

@@ -7,10 +7,41 @@ mod drr;
 mod mclock;
 mod wild;
 
-use crate::engine::{Ctx, Engine};
-use crate::limiter::{RateLimiter, VolumeCredits};
+use crate::engine::{Ctx, Engine, Place};
+use crate::limiter::{Charge, RateLimiter, VolumeCredits};
 use crate::policy::{Policy, PolicyKind, PolicyParams};
 use crate::vocab::{BurstMode, NodeCapacity, Phase};
+
+/// Where a request of a single-class policy (Wild, Base, DRR-VOP) goes: wait until `limit`
+/// admits it, else into the one ring.
+pub(crate) fn single_class_place(limit: &RateLimiter, now_ns: u64, charge: Charge) -> Place {
+    let t = limit.ready_at(now_ns, charge);
+    if t > now_ns {
+        Place::At(t)
+    } else {
+        Place::Ring {
+            class: 0,
+            front: false,
+            reclassify_at: None,
+        }
+    }
+}
+
+/// A queued burst-class request moves to the baseline class as soon as the volume's baseline
+/// meter admits it (Credit and Burst).
+pub(crate) fn promote_within_baseline(
+    class: usize,
+    baseline_class: usize,
+    meter: &RateLimiter,
+    now_ns: u64,
+    charge: Charge,
+) -> usize {
+    if class != baseline_class && meter.ready_at(now_ns, charge) <= now_ns {
+        baseline_class
+    } else {
+        class
+    }
+}
 
 /// The phase a credit-bursting volume's next request runs in (shared by Credit and Burst):
 /// within its baseline meter it is `Baseline`; above it, `BurstCredit` while its credit

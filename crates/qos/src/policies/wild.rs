@@ -5,6 +5,7 @@
 //! with an always-full queue delays every request of its neighbours (no isolation): it is the
 //! baseline the other policies are measured against.
 
+use super::single_class_place;
 use crate::cost::CostVector;
 use crate::engine::{Ctx, Place, Rules, Verdict};
 use crate::limiter::{Charge, RateLimiter};
@@ -61,16 +62,7 @@ impl Rules for WildRules {
         charge: Charge,
         _cost: &CostVector,
     ) -> Place {
-        let t = vol.ceiling.ready_at(now_ns, charge);
-        if t > now_ns {
-            Place::At(t)
-        } else {
-            Place::Ring {
-                class: 0,
-                front: false,
-                reclassify_at: None,
-            }
-        }
+        single_class_place(&vol.ceiling, now_ns, charge)
     }
 
     fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut WildVol) -> Verdict {
