@@ -8,6 +8,14 @@
 //! and bursts far above it (Base: a baseline that never binds). Time advances 1 µs per I/O (a node doing a million IOPS),
 //! so Burst's 10 ms window rolls over every 10,000 I/Os and its allocation is included,
 //! amortised, in its per-I/O figure.
+//!
+//! `per_io_random` is the same loop with the volumes visited in a pseudo-random order, as in
+//! the simulator (arrivals land on random volumes): the ready ring starts in a shuffled order
+//! and every replacement request goes to a pseudo-random active volume, so consecutive I/Os
+//! touch unrelated, cache-cold volumes instead of walking the volume table in order.
+//!
+//! `BENCH_TRACK=off` runs every policy with `PolicyParams::track_invariants` off (no
+//! per-volume invariant tracking; the default, on, is what the tests use).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use headroom_qos::bench_support::BurstAllocation;
@@ -42,11 +50,27 @@ struct Bench {
     policy: Box<dyn Policy>,
     now: u64,
     next_id: u64,
+    /// Active volumes; `Some(state)`: replacements go to pseudo-random ones (xorshift state).
+    active: u32,
+    random: Option<u64>,
+}
+
+fn xorshift(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    x
 }
 
 impl Bench {
-    fn new(kind: PolicyKind, volumes: u32, active: u32) -> Bench {
-        let mut policy = build_policy(kind, NodeCapacity::UNLIMITED, &PolicyParams::default());
+    fn new(kind: PolicyKind, volumes: u32, active: u32, random: bool) -> Bench {
+        let params = PolicyParams {
+            track_invariants: std::env::var("BENCH_TRACK").map_or(true, |v| v != "off"),
+            ..PolicyParams::default()
+        };
+        let mut policy = build_policy(kind, NodeCapacity::UNLIMITED, &params);
         for v in 0..volumes {
             policy.add_volume(0, v, &qos(kind));
         }
@@ -54,13 +78,31 @@ impl Bench {
             policy,
             now: 0,
             next_id: 0,
+            active,
+            random: random.then_some(0x9e37_79b9_7f4a_7c15),
         };
-        for v in 0..active {
+        // The order in which volumes first become backlogged is their ring order.
+        let mut order: Vec<u32> = (0..active).collect();
+        if let Some(state) = &mut b.random {
+            for i in (1..order.len()).rev() {
+                let j = (xorshift(state) % (i as u64 + 1)) as usize;
+                order.swap(i, j);
+            }
+        }
+        for v in order {
             for _ in 0..BACKLOG {
                 b.enqueue(v);
             }
         }
         b
+    }
+
+    /// The volume that gets the replacement for a request of `done` (itself, or random).
+    fn replacement_for(&mut self, done: u32) -> u32 {
+        match &mut self.random {
+            Some(state) => (xorshift(state) % u64::from(self.active)) as u32,
+            None => done,
+        }
     }
 
     fn enqueue(&mut self, volume: u32) {
@@ -84,7 +126,8 @@ impl Bench {
             match self.policy.next(self.now) {
                 Decision::Dispatch(req, _) => {
                     self.policy.complete(self.now, &req, Observed::default());
-                    self.enqueue(req.volume);
+                    let v = self.replacement_for(req.volume);
+                    self.enqueue(v);
                     black_box(req.id);
                     return;
                 }
@@ -96,14 +139,28 @@ impl Bench {
 }
 
 fn per_io(c: &mut Criterion) {
-    let mut group = c.benchmark_group("per_io");
+    per_io_group(c, "per_io", &[10, 1_000, 10_000], &[1, 100], false);
+}
+
+fn per_io_random(c: &mut Criterion) {
+    per_io_group(c, "per_io_random", &[1_000, 10_000], &[100], true);
+}
+
+fn per_io_group(
+    c: &mut Criterion,
+    name: &str,
+    volume_counts: &[u32],
+    active_pcts: &[u32],
+    random: bool,
+) {
+    let mut group = c.benchmark_group(name);
     for kind in PolicyKind::ALL {
-        for volumes in [10u32, 1_000, 10_000] {
-            for active_pct in [1u32, 100] {
+        for &volumes in volume_counts {
+            for &active_pct in active_pcts {
                 let active = (volumes * active_pct / 100).max(1);
                 let id = BenchmarkId::new(kind.as_str(), format!("{volumes}vols_{active_pct}pct"));
                 group.bench_function(id, |bencher| {
-                    let mut b = Bench::new(kind, volumes, active);
+                    let mut b = Bench::new(kind, volumes, active, random);
                     // Warm the structures (first window, heaps at size).
                     for _ in 0..20_000 {
                         b.one_io();
@@ -149,5 +206,5 @@ fn burst_allocation(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, per_io, burst_allocation);
+criterion_group!(benches, per_io, per_io_random, burst_allocation);
 criterion_main!(benches);

@@ -32,8 +32,9 @@ const NANO: i128 = NS_PER_S as i128;
 pub struct TokenBucket {
     /// Refill rate in units per second; `u64::MAX` means unlimited (always full, never charged).
     rate_per_s: u64,
-    /// Maximum level in nano-units.
-    capacity_nano: i128,
+    /// Maximum level in whole units (in nano-units: `× 10⁹`, see `capacity_nano`). Stored in
+    /// units, not as an `i128` of nano-units, so a bucket is 48 bytes instead of 64.
+    capacity_units: u64,
     /// Current level in nano-units at `last_ns` (negative = debt, limiter use only).
     level_nano: i128,
     /// Limiter buckets keep a sub-nanosecond rounding allowance above capacity.
@@ -48,7 +49,7 @@ impl TokenBucket {
         let capacity_nano = i128::from(capacity_units) * NANO;
         TokenBucket {
             rate_per_s,
-            capacity_nano,
+            capacity_units,
             level_nano: if start_full { capacity_nano } else { 0 },
             limiter: false,
             last_ns: now_ns,
@@ -66,7 +67,7 @@ impl TokenBucket {
         let mut b = TokenBucket::new(now_ns, rate_per_s, capacity_units, false);
         b.limiter = true;
         if rate_per_s > 0 {
-            b.level_nano = (i128::from(initial_units) * NANO).min(b.capacity_nano);
+            b.level_nano = (i128::from(initial_units) * NANO).min(b.capacity_nano());
         }
         b
     }
@@ -92,12 +93,12 @@ impl TokenBucket {
 
     /// Capacity in whole units.
     pub fn capacity_units(&self) -> u64 {
-        u64::try_from(self.capacity_nano / NANO).unwrap_or(u64::MAX)
+        self.capacity_units
     }
 
     /// Level in nano-units at `now_ns` (without changing the bucket).
     pub fn level_nano_at(&self, now_ns: u64) -> i128 {
-        let top = self.capacity_nano + self.slack_nano();
+        let top = self.capacity_nano() + self.slack_nano();
         if now_ns <= self.last_ns || self.level_nano >= top {
             return self.level_nano;
         }
@@ -136,7 +137,7 @@ impl TokenBucket {
         if self.is_unlimited() || units == 0 {
             return now_ns;
         }
-        self.time_to_reach(now_ns, NANO.min(self.capacity_nano))
+        self.time_to_reach(now_ns, NANO.min(self.capacity_nano()))
     }
 
     /// Limiter use: earliest time `>= now_ns` at which the level is at least `−allowance`
@@ -217,7 +218,7 @@ impl TokenBucket {
         self.level_nano = self
             .level_nano
             .saturating_add(i128::from(units) * NANO)
-            .min(self.capacity_nano + self.slack_nano());
+            .min(self.capacity_nano() + self.slack_nano());
     }
 
     /// Changes rate and capacity live. The level is kept (clamped to the new capacity), never
@@ -229,17 +230,19 @@ impl TokenBucket {
         self.advance(now_ns);
         let was_unlimited = self.is_unlimited();
         self.rate_per_s = rate_per_s;
-        self.capacity_nano = i128::from(capacity_units) * NANO;
+        self.capacity_units = capacity_units;
         if self.limiter && was_unlimited && rate_per_s > 0 {
-            self.level_nano = self.capacity_nano;
+            self.level_nano = self.capacity_nano();
         }
-        self.level_nano = self.level_nano.min(self.capacity_nano + self.slack_nano());
+        self.level_nano = self
+            .level_nano
+            .min(self.capacity_nano() + self.slack_nano());
     }
 
     /// True when the stored level lies within `[floor_nano, capacity]` (plus the limiter's
     /// sub-nanosecond rounding allowance).
     pub fn level_within(&self, floor_nano: i128) -> bool {
-        self.level_nano >= floor_nano && self.level_nano <= self.capacity_nano + self.slack_nano()
+        self.level_nano >= floor_nano && self.level_nano <= self.capacity_nano() + self.slack_nano()
     }
 
     /// Raw level in nano-units as stored (for invariant checks and snapshots).
@@ -249,7 +252,7 @@ impl TokenBucket {
 
     /// Capacity in nano-units.
     pub fn capacity_nano(&self) -> i128 {
-        self.capacity_nano
+        i128::from(self.capacity_units) * NANO
     }
 }
 

@@ -142,12 +142,16 @@ pub(crate) struct Tick {
 }
 
 /// A volume in the engine: the common part and the policy's part.
+///
+/// `repr(C)`: the promotion time next to the slot's generation (a promotion firing reads
+/// both), then the policy's limiters, then the common part, whose cold QoS record comes last.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Entry<V> {
-    pub(crate) core: VolCore,
-    pub(crate) x: V,
     /// Time of this volume's pending promotion timer (0: none).
     promo_at_ns: u64,
+    pub(crate) x: V,
+    pub(crate) core: VolCore,
 }
 
 /// A ring-based policy: [`Rules`] plus the shared mechanics.
@@ -162,7 +166,13 @@ pub(crate) struct Engine<R: Rules> {
 }
 
 impl<R: Rules> Engine<R> {
-    pub(crate) fn new(rules: R, capacity: NodeCapacity, window_ns: u64, depth_ns: u64) -> Self {
+    pub(crate) fn new(
+        rules: R,
+        capacity: NodeCapacity,
+        window_ns: u64,
+        depth_ns: u64,
+        track_invariants: bool,
+    ) -> Self {
         let classes = rules.classes();
         let name = rules.name();
         Engine {
@@ -171,7 +181,13 @@ impl<R: Rules> Engine<R> {
             vols: Slab::default(),
             ready: Ready::new(classes),
             pacer: Pacer::new(0, capacity.per_second),
-            tracker: Tracker::new(name, window_ns, capacity.per_second, depth_ns),
+            tracker: Tracker::new(
+                name,
+                window_ns,
+                capacity.per_second,
+                depth_ns,
+                track_invariants,
+            ),
         }
     }
 
@@ -185,8 +201,8 @@ impl<R: Rules> Engine<R> {
     fn insert_volume(&mut self, now: u64, id: VolumeId, qos: &VolumeQos) -> u32 {
         let idx = self.vols.vacant_index();
         let x = self.rules.new_vol(now, idx, qos);
-        let mut core = VolCore::new(id, *qos);
-        self.tracker.on_add(now, &mut core);
+        let core = VolCore::new(id, *qos);
+        self.tracker.on_add(now, idx, qos);
         self.vols.insert(
             id,
             Entry {
@@ -206,7 +222,7 @@ impl<R: Rules> Engine<R> {
         let Some(req) = e.core.queue.front() else {
             return;
         };
-        let charge = Charge::of(&e.core.qos, req);
+        let charge = e.core.charge(req);
         let cost = req.cost;
         match self
             .rules
@@ -286,9 +302,9 @@ impl<R: Rules> Policy for Engine<R> {
         };
         let ceiling = self.rules.enforced_ceiling(qos);
         if let Some(e) = self.vols.get_mut(idx) {
-            e.core.qos = *qos;
+            e.core.set_qos(*qos);
             self.rules.reconfigure(now, idx, qos, &mut e.x);
-            self.tracker.on_qos_change(now, &mut e.core, ceiling);
+            self.tracker.on_qos_change(now, idx, &e.core, ceiling);
         }
         self.place(now, idx, false);
     }
@@ -310,7 +326,7 @@ impl<R: Rules> Policy for Engine<R> {
         };
         let was_empty = e.core.queue.is_empty();
         e.core.queue.push_back(req);
-        self.tracker.on_enqueue(now, &mut e.core);
+        self.tracker.on_enqueue(now, idx, &e.core);
         if was_empty {
             self.rules.became_backlogged(now, idx, &mut e.x);
             self.place(now, idx, false);
@@ -358,7 +374,7 @@ impl<R: Rules> Policy for Engine<R> {
                 continue;
             };
             let cost = head.cost;
-            let charge = Charge::of(&e.core.qos, head);
+            let charge = e.core.charge(head);
             let eff_class = self.rules.effective_class(now, class, &e.x, charge);
             let baseline_class = self.rules.is_baseline_class(eff_class);
             let gate = self
@@ -404,10 +420,14 @@ impl<R: Rules> Policy for Engine<R> {
                     }
                 }
                 Verdict::Run { phase, front } => {
-                    let ceiling = self
-                        .vols
-                        .get(idx)
-                        .map(|e| self.rules.enforced_ceiling(&e.core.qos));
+                    // Only the per-volume invariant tracking needs the ceiling.
+                    let ceiling = if self.tracker.per_volume {
+                        self.vols
+                            .get(idx)
+                            .map(|e| self.rules.enforced_ceiling(&e.core.qos))
+                    } else {
+                        None
+                    };
                     let Some(e) = self.vols.get_mut(idx) else {
                         continue;
                     };
@@ -427,12 +447,13 @@ impl<R: Rules> Policy for Engine<R> {
                         phase,
                         &mut e.x,
                     );
+                    e.core.stats.record(phase, charge.bytes);
                     self.tracker.on_dispatch(
                         now,
-                        &mut e.core,
+                        idx,
+                        &e.core,
                         &req,
                         charge,
-                        phase,
                         ceiling.unwrap_or(IoRate::UNLIMITED),
                     );
                     self.place(now, idx, front);
@@ -449,10 +470,15 @@ impl<R: Rules> Policy for Engine<R> {
 
     fn complete(&mut self, now_ns: u64, req: &IoRequest, _observed: Observed) {
         self.clock.at(now_ns);
+        if !self.tracker.per_volume {
+            // Nothing to record on the volume: O(1) without touching it.
+            self.tracker.idle_claim = false;
+            return;
+        }
         if let Some(idx) = self.vols.lookup(req.volume)
-            && let Some(e) = self.vols.get_mut(idx)
+            && self.vols.get(idx).is_some()
         {
-            self.tracker.on_complete(&mut e.core);
+            self.tracker.on_complete(idx);
         }
     }
 
@@ -463,7 +489,11 @@ impl<R: Rules> Policy for Engine<R> {
             .map_err(|d| self.tracker.violation("policy", d))?;
         if let Some(reserve) = self.rules.baseline_guarantee() {
             self.tracker.check_baseline(
-                &self.vols.iter().map(|(_, e)| &e.core).collect::<Vec<_>>(),
+                &self
+                    .vols
+                    .iter()
+                    .map(|(idx, e)| (idx, &e.core))
+                    .collect::<Vec<_>>(),
                 reserve,
             )?;
         }

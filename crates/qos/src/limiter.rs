@@ -21,8 +21,13 @@ pub struct Charge {
 impl Charge {
     /// The charge of `req` under `qos`.
     pub fn of(qos: &VolumeQos, req: &IoRequest) -> Charge {
+        Charge::for_unit(qos.io_unit_bytes, req)
+    }
+
+    /// The charge of `req` for a volume whose I/O unit is `io_unit_bytes`.
+    pub(crate) fn for_unit(io_unit_bytes: u32, req: &IoRequest) -> Charge {
         let units = match req.op {
-            OpKind::Read | OpKind::Write => io_units(qos.io_unit_bytes, req.len_bytes),
+            OpKind::Read | OpKind::Write => io_units(io_unit_bytes, req.len_bytes),
             OpKind::Flush | OpKind::Trim | OpKind::WriteZeroes => 1,
         };
         Charge {

@@ -147,6 +147,12 @@ pub struct PolicyParams {
     pub drr_quantum_device_units: u64,
     /// Seed of the deterministic choice source (Burst's power-of-two-choices donor).
     pub seed: u64,
+    /// Track per-volume invariants (ceiling per window, baseline guarantee) for
+    /// [`Policy::check_invariants`]. Verification, not scheduling: turning it off changes no
+    /// decision, makes `complete` O(1) without touching the volume, and keeps each volume's
+    /// state smaller; `check_invariants` then checks only the node-wide invariants
+    /// (accounting, capacity per window, work conservation, policy-specific ones).
+    pub track_invariants: bool,
 }
 
 impl Default for PolicyParams {
@@ -160,6 +166,7 @@ impl Default for PolicyParams {
             reserve_permille: 50,
             drr_quantum_device_units: 100_000,
             seed: 0x5eed_1234_abcd_ef01,
+            track_invariants: true,
         }
     }
 }
@@ -222,6 +229,7 @@ impl PolicyParams {
             reserve_permille: self.reserve_permille.min(499),
             drr_quantum_device_units: self.drr_quantum_device_units.max(1),
             seed: self.seed,
+            track_invariants: self.track_invariants,
         }
     }
 }

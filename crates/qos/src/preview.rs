@@ -130,6 +130,7 @@ pub fn preview(req: &PreviewRequest) -> Result<Vec<PreviewRow>, QosError> {
         NodeCapacity::UNLIMITED,
         params.window_ns,
         params.limiter_depth_ns,
+        params.track_invariants,
     );
     engine.add_volume(0, VOLUME, &qos);
     let end_ns = req.seconds.saturating_mul(NS_PER_S);

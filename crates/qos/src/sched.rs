@@ -13,7 +13,7 @@ use crate::cost::{CostVector, mul_div_ceil};
 use crate::error::InvariantViolation;
 use crate::limiter::{Charge, depth_units};
 use crate::policy::VolumeSnapshot;
-use crate::vocab::{IoRate, IoRequest, NS_PER_S, Phase, VolumeId, VolumeQos};
+use crate::vocab::{BurstMode, IoRate, IoRequest, NS_PER_S, Phase, VolumeId, VolumeQos};
 use crate::wheel::Wheel;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -58,114 +58,180 @@ impl Hasher for IdHasher {
 }
 
 /// Dense storage of volumes with an id index and per-slot generations that survive reuse.
+///
+/// A slot's generation and incarnation sit next to its item (not in side vectors), so that
+/// checking a ring entry and then using the volume costs one cache miss, not three: with
+/// thousands of volumes visited in random order every volume is cache-cold.
+///
+/// Ids are usually small and dense (0, 1, 2, …), so ids below `direct.len()` are found in a
+/// plain array of slots (4 bytes per id, a tenth of the hash table's footprint, so it stays
+/// cached); larger ids go to the hash map. Every id below `direct.len()` lives in `direct`.
 #[derive(Debug)]
 pub(crate) struct Slab<T> {
-    items: Vec<Option<T>>,
-    gens: Vec<u32>,
-    /// Bumped when a slot gets a new volume: identifies the volume for timers that must
-    /// survive re-placement (promotions).
-    incarnations: Vec<u32>,
+    slots: Vec<SlabSlot<T>>,
     free: Vec<u32>,
+    direct: Vec<u32>,
     by_id: HashMap<VolumeId, u32, BuildHasherDefault<IdHasher>>,
+    count: usize,
+}
+
+/// Empty entry of `Slab::direct`.
+const NO_SLOT: u32 = u32::MAX;
+/// `Slab::direct` covers ids up to this many per defined volume (and at least `DIRECT_MIN`).
+const DIRECT_PER_VOLUME: usize = 4;
+const DIRECT_MIN: usize = 1024;
+
+#[derive(Debug)]
+#[repr(C)]
+struct SlabSlot<T> {
+    generation: u32,
+    /// Bumped when the slot gets a new volume: identifies the volume for timers that must
+    /// survive re-placement (promotions).
+    incarnation: u32,
+    item: Option<T>,
 }
 
 impl<T> Default for Slab<T> {
     fn default() -> Self {
         Slab {
-            items: Vec::new(),
-            gens: Vec::new(),
-            incarnations: Vec::new(),
+            slots: Vec::new(),
             free: Vec::new(),
+            direct: Vec::new(),
             by_id: HashMap::default(),
+            count: 0,
         }
     }
 }
 
 impl<T> Slab<T> {
     pub(crate) fn lookup(&self, id: VolumeId) -> Option<u32> {
-        self.by_id.get(&id).copied()
+        match self.direct.get(id as usize) {
+            Some(&NO_SLOT) => None,
+            Some(&idx) => Some(idx),
+            None => self.by_id.get(&id).copied(),
+        }
+    }
+
+    /// Grows `direct` to cover `id` if that keeps it within `DIRECT_PER_VOLUME` entries per
+    /// volume, moving the hash map's ids it now covers.
+    fn cover(&mut self, id: VolumeId) {
+        let i = id as usize;
+        let limit = DIRECT_MIN.max(DIRECT_PER_VOLUME * (self.count + 1));
+        if i < self.direct.len() || i >= limit {
+            return;
+        }
+        let new_len = (i + 1).max(2 * self.direct.len()).min(limit);
+        self.direct.resize(new_len, NO_SLOT);
+        let moved: Vec<(VolumeId, u32)> = self
+            .by_id
+            .iter()
+            .filter(|&(&k, _)| (k as usize) < new_len)
+            .map(|(&k, &v)| (k, v))
+            .collect();
+        for (k, v) in moved {
+            self.by_id.remove(&k);
+            self.direct[k as usize] = v;
+        }
     }
 
     /// The slot the next `insert` will use.
     pub(crate) fn vacant_index(&self) -> u32 {
         match self.free.last() {
             Some(&i) => i,
-            None => self.items.len() as u32,
+            None => self.slots.len() as u32,
         }
     }
 
     pub(crate) fn insert(&mut self, id: VolumeId, item: T) -> u32 {
         let idx = match self.free.pop() {
-            Some(i) => {
-                self.items[i as usize] = Some(item);
-                i
-            }
+            Some(i) => i,
             None => {
-                self.items.push(Some(item));
-                self.gens.push(0);
-                self.incarnations.push(0);
-                (self.items.len() - 1) as u32
+                self.slots.push(SlabSlot {
+                    generation: 0,
+                    incarnation: 0,
+                    item: None,
+                });
+                (self.slots.len() - 1) as u32
             }
         };
-        if let Some(n) = self.incarnations.get_mut(idx as usize) {
-            *n = n.wrapping_add(1);
+        if let Some(slot) = self.slots.get_mut(idx as usize) {
+            slot.item = Some(item);
+            slot.incarnation = slot.incarnation.wrapping_add(1);
         }
         self.bump(idx);
-        self.by_id.insert(id, idx);
+        self.cover(id);
+        match self.direct.get_mut(id as usize) {
+            Some(d) => *d = idx,
+            None => {
+                self.by_id.insert(id, idx);
+            }
+        }
+        self.count += 1;
         idx
     }
 
     pub(crate) fn remove(&mut self, id: VolumeId) -> Option<(u32, T)> {
-        let idx = self.by_id.remove(&id)?;
-        let item = self.items.get_mut(idx as usize)?.take()?;
+        let idx = match self.direct.get_mut(id as usize) {
+            Some(d) if *d == NO_SLOT => return None,
+            Some(d) => std::mem::replace(d, NO_SLOT),
+            None => self.by_id.remove(&id)?,
+        };
+        self.count -= 1;
+        let item = self.slots.get_mut(idx as usize)?.item.take()?;
         self.bump(idx);
         self.free.push(idx);
         Some((idx, item))
     }
 
     pub(crate) fn get(&self, idx: u32) -> Option<&T> {
-        self.items.get(idx as usize).and_then(Option::as_ref)
+        self.slots.get(idx as usize).and_then(|s| s.item.as_ref())
     }
 
     pub(crate) fn get_mut(&mut self, idx: u32) -> Option<&mut T> {
-        self.items.get_mut(idx as usize).and_then(Option::as_mut)
-    }
-
-    /// Current generation of a slot.
-    pub(crate) fn gen_of(&self, idx: u32) -> u32 {
-        self.gens.get(idx as usize).copied().unwrap_or(0)
+        self.slots
+            .get_mut(idx as usize)
+            .and_then(|s| s.item.as_mut())
     }
 
     /// Invalidates every queued placement of a slot; returns the new generation.
     pub(crate) fn bump(&mut self, idx: u32) -> u32 {
-        match self.gens.get_mut(idx as usize) {
-            Some(g) => {
-                *g = g.wrapping_add(1);
-                *g
+        match self.slots.get_mut(idx as usize) {
+            Some(s) => {
+                s.generation = s.generation.wrapping_add(1);
+                s.generation
             }
             None => 0,
         }
     }
 
-    /// Which volume occupies a slot (see `incarnations`).
+    /// Which volume occupies a slot (see `SlabSlot::incarnation`).
     pub(crate) fn incarnation_of(&self, idx: u32) -> u32 {
-        self.incarnations.get(idx as usize).copied().unwrap_or(0)
+        self.slots.get(idx as usize).map_or(0, |s| s.incarnation)
     }
 
     /// Whether a placement `(idx, gen)` is still current.
     pub(crate) fn is_current(&self, idx: u32, generation: u32) -> bool {
-        self.gen_of(idx) == generation && self.get(idx).is_some()
+        self.slots
+            .get(idx as usize)
+            .is_some_and(|s| s.generation == generation && s.item.is_some())
+    }
+
+    /// Whether slot `idx` holds the volume of `incarnation`.
+    pub(crate) fn is_incarnation(&self, idx: u32, incarnation: u32) -> bool {
+        self.slots
+            .get(idx as usize)
+            .is_some_and(|s| s.incarnation == incarnation && s.item.is_some())
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
-        self.items
+        self.slots
             .iter()
             .enumerate()
-            .filter_map(|(i, t)| t.as_ref().map(|t| (i as u32, t)))
+            .filter_map(|(i, s)| s.item.as_ref().map(|t| (i as u32, t)))
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.by_id.len()
+        self.count
     }
 }
 
@@ -281,7 +347,7 @@ impl Ready {
         slab: &Slab<T>,
     ) -> Option<(u32, u64)> {
         while let Some((t, idx, inc)) = self.promotions.pop_due(now_ns) {
-            if slab.get(idx).is_some() && slab.incarnation_of(idx) == inc {
+            if slab.is_incarnation(idx, inc) {
                 return Some((idx, t));
             }
         }
@@ -327,24 +393,52 @@ pub(crate) struct VolTrack {
 }
 
 /// The common per-volume part of every policy.
+///
+/// `repr(C)`, hot fields first: an I/O reads the queue, the copies of the QoS fields it needs
+/// (`io_unit_bytes`, `weight`, `burst_none`) and writes `stats`; the full `qos` (88 bytes) at
+/// the end is read only on configuration changes (and by mClock's tags), so with thousands of
+/// cache-cold volumes it does not cost a miss per I/O.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct VolCore {
-    pub(crate) id: VolumeId,
-    pub(crate) qos: VolumeQos,
     pub(crate) queue: VecDeque<IoRequest>,
+    /// `qos.io_unit_bytes`.
+    io_unit_bytes: u32,
+    /// `qos.weight`.
+    pub(crate) weight: u32,
+    /// `qos.burst == BurstMode::None`.
+    pub(crate) burst_none: bool,
+    pub(crate) id: VolumeId,
     pub(crate) stats: PhaseStats,
-    pub(crate) track: VolTrack,
+    /// The volume's QoS; change it with [`VolCore::set_qos`], which keeps the copies above.
+    pub(crate) qos: VolumeQos,
 }
 
 impl VolCore {
     pub(crate) fn new(id: VolumeId, qos: VolumeQos) -> Self {
         VolCore {
-            id,
-            qos,
             queue: VecDeque::new(),
+            io_unit_bytes: qos.io_unit_bytes,
+            weight: qos.weight,
+            burst_none: qos.burst == BurstMode::None,
+            id,
             stats: PhaseStats::default(),
-            track: VolTrack::default(),
+            qos,
         }
+    }
+
+    /// Applies a new QoS.
+    pub(crate) fn set_qos(&mut self, qos: VolumeQos) {
+        *self = VolCore {
+            queue: std::mem::take(&mut self.queue),
+            stats: self.stats,
+            ..VolCore::new(self.id, qos)
+        };
+    }
+
+    /// The charge of `req` under this volume's QoS (`Charge::of`, from the hot copy).
+    pub(crate) fn charge(&self, req: &IoRequest) -> Charge {
+        Charge::for_unit(self.io_unit_bytes, req)
     }
 
     pub(crate) fn snapshot(&self, credits: (Option<u64>, Option<u64>)) -> VolumeSnapshot {
@@ -358,11 +452,20 @@ impl VolCore {
     }
 }
 
-/// Node-wide invariant bookkeeping. Dispatch-time checks are O(1) and always on; scans over
-/// all volumes only happen in `check_invariants`.
+/// Invariant bookkeeping. Dispatch-time checks are O(1); scans over all volumes only happen in
+/// `check_invariants`.
+///
+/// The node-wide part (request accounting, capacity per window, the idle claim) is always on.
+/// The per-volume part ([`VolTrack`]: ceiling per window, baseline shadow meter, in-flight
+/// count) is verification, not scheduling: it lives in its own array indexed by slot, touched
+/// only when `per_volume` is on (`PolicyParams::track_invariants`), so that a volume's hot
+/// scheduling state stays small when it is off.
 #[derive(Debug)]
 pub(crate) struct Tracker {
     pub(crate) policy: &'static str,
+    /// Whether per-volume invariants are tracked (`vols`).
+    pub(crate) per_volume: bool,
+    vols: Vec<VolTrack>,
     pub(crate) window_ns: u64,
     /// Depth of per-volume limiters (how much service a held-back volume may catch up), ns.
     pub(crate) depth_ns: u64,
@@ -391,9 +494,12 @@ impl Tracker {
         window_ns: u64,
         capacity: CostVector,
         depth_ns: u64,
+        per_volume: bool,
     ) -> Self {
         Tracker {
             policy,
+            per_volume,
+            vols: Vec::new(),
             window_ns,
             depth_ns,
             capacity,
@@ -422,28 +528,48 @@ impl Tracker {
         }
     }
 
-    /// Records a new volume: its baseline shadow meter starts like the policy's limiters.
-    pub(crate) fn on_add(&mut self, now_ns: u64, vol: &mut VolCore) {
+    /// The per-volume record of slot `idx` (grown on demand; tracking on only).
+    fn vol_track(&mut self, idx: u32) -> &mut VolTrack {
+        let i = idx as usize;
+        if self.vols.len() <= i {
+            self.vols.resize_with(i + 1, VolTrack::default);
+        }
+        &mut self.vols[i]
+    }
+
+    /// Records a new volume in slot `idx`: its baseline shadow meter starts like the policy's
+    /// limiters.
+    pub(crate) fn on_add(&mut self, now_ns: u64, idx: u32, qos: &VolumeQos) {
         self.idle_claim = false;
-        vol.track.shadow = Some(ShadowMeter::new(now_ns, vol.qos.baseline, self.depth_ns));
+        if !self.per_volume {
+            return;
+        }
+        let depth_ns = self.depth_ns;
+        *self.vol_track(idx) = VolTrack {
+            shadow: Some(ShadowMeter::new(now_ns, qos.baseline, depth_ns)),
+            ..VolTrack::default()
+        };
     }
 
     /// Records an enqueue on a volume (the request is already at the back of its queue).
-    pub(crate) fn on_enqueue(&mut self, now_ns: u64, vol: &mut VolCore) {
+    pub(crate) fn on_enqueue(&mut self, now_ns: u64, idx: u32, vol: &VolCore) {
         self.idle_claim = false;
         self.enqueued += 1;
         self.queued += 1;
+        if !self.per_volume {
+            return;
+        }
+        let depth_ns = self.depth_ns;
+        let t = self.vol_track(idx);
         if let Some(req) = vol.queue.back() {
             let charge = Charge::of(&vol.qos, req);
-            let t = &mut vol.track;
             t.max_units_per_req = t.max_units_per_req.max(charge.units);
             t.max_bytes_per_req = t.max_bytes_per_req.max(charge.bytes);
             t.max_cost_per_req = t.max_cost_per_req.max(req.cost);
         }
         let baseline = vol.qos.baseline;
-        let t = &mut vol.track;
         if t.shadow.is_none() {
-            t.shadow = Some(ShadowMeter::new(now_ns, baseline, self.depth_ns));
+            t.shadow = Some(ShadowMeter::new(now_ns, baseline, depth_ns));
         }
         if vol.queue.len() == 1 {
             t.head_since_ns = Some(now_ns);
@@ -459,12 +585,16 @@ impl Tracker {
     pub(crate) fn on_qos_change(
         &mut self,
         now_ns: u64,
-        vol: &mut VolCore,
+        idx: u32,
+        vol: &VolCore,
         enforced_ceiling: IoRate,
     ) {
         self.idle_claim = false;
+        if !self.per_volume {
+            return;
+        }
         let baseline = vol.qos.baseline;
-        let t = &mut vol.track;
+        let t = self.vol_track(idx);
         t.ceiling_in_window = Some(match t.ceiling_in_window {
             Some(c) => c.max(enforced_ceiling),
             None => enforced_ceiling,
@@ -493,21 +623,20 @@ impl Tracker {
     }
 
     /// Records a dispatch and checks the capacity and ceiling invariants for the current window.
-    /// `vol.queue` must already have the request popped.
+    /// `vol.queue` must already have the request popped (the caller records `vol.stats`).
     pub(crate) fn on_dispatch(
         &mut self,
         now_ns: u64,
-        vol: &mut VolCore,
+        idx: u32,
+        vol: &VolCore,
         req: &IoRequest,
         charge: Charge,
-        phase: Phase,
         enforced_ceiling: IoRate,
     ) {
         self.last_next_ns = now_ns;
         self.idle_claim = false;
         self.dispatched += 1;
         self.queued = self.queued.saturating_sub(1);
-        vol.stats.record(phase, charge.bytes);
 
         // Capacity per window (aligned windows), plus one burst and one baseline request (see
         // `Pacer`), plus one nanosecond of capacity (the pacer's rounding allowance).
@@ -538,8 +667,12 @@ impl Tracker {
             );
         }
 
+        if !self.per_volume {
+            return;
+        }
         // Ceiling per window, plus the limiter's depth (at least one unit) and one request.
-        let t = &mut vol.track;
+        let (window_ns, depth_ns) = (self.window_ns, self.depth_ns);
+        let t = self.vol_track(idx);
         t.in_flight += 1;
         t.max_units_per_req = t.max_units_per_req.max(charge.units);
         t.max_bytes_per_req = t.max_bytes_per_req.max(charge.bytes);
@@ -560,7 +693,7 @@ impl Tracker {
         let (units_per_window, bytes_per_window) = match t.ceiling_bound {
             Some((c, u, b)) if c == ceiling => (u, b),
             _ => {
-                let span = self.window_ns + self.depth_ns + 1;
+                let span = window_ns + depth_ns + 1;
                 let u = per_window(ceiling.iops, span);
                 let b = per_window(ceiling.bytes_per_s, span);
                 t.ceiling_bound = Some((ceiling, u, b));
@@ -573,31 +706,36 @@ impl Tracker {
         let max_bytes = bytes_per_window
             .saturating_add(1)
             .saturating_add(t.max_bytes_per_req);
-        if t.units_in_window > max_units || t.bytes_in_window > max_bytes {
-            let detail = format!(
-                "volume {} window {w}: {} units / {} bytes > ceiling bound {} / {}",
-                vol.id, t.units_in_window, t.bytes_in_window, max_units, max_bytes
-            );
-            self.violate("ceiling", detail);
-        }
+        let exceeded = (t.units_in_window > max_units || t.bytes_in_window > max_bytes)
+            .then_some((t.units_in_window, t.bytes_in_window));
 
         // Baseline bookkeeping.
-        let max_units = t.max_units_per_req;
-        let max_bytes = t.max_bytes_per_req;
+        let max_units_req = t.max_units_per_req;
+        let max_bytes_req = t.max_bytes_per_req;
         if let Some(m) = &mut t.shadow {
-            m.take(now_ns, charge, max_units, max_bytes);
+            m.take(now_ns, charge, max_units_req, max_bytes_req);
         }
         t.head_since_ns = if vol.queue.is_empty() {
             None
         } else {
             Some(now_ns)
         };
+        if let Some((units, bytes)) = exceeded {
+            let detail = format!(
+                "volume {} window {w}: {units} units / {bytes} bytes > ceiling bound {max_units} / {max_bytes}",
+                vol.id
+            );
+            self.violate("ceiling", detail);
+        }
     }
 
-    /// Records a completion.
-    pub(crate) fn on_complete(&mut self, vol: &mut VolCore) {
+    /// Records a completion on slot `idx` (a volume that is still defined).
+    pub(crate) fn on_complete(&mut self, idx: u32) {
         self.idle_claim = false;
-        vol.track.in_flight = vol.track.in_flight.saturating_sub(1);
+        if self.per_volume {
+            let t = self.vol_track(idx);
+            t.in_flight = t.in_flight.saturating_sub(1);
+        }
     }
 
     /// Common checks: recorded violations, request accounting.
@@ -625,12 +763,24 @@ impl Tracker {
     /// request per volume (round robin among baseline requests, and the one request that may
     /// hold the node), of becoming so. Only meaningful if the node is not over-provisioned,
     /// which `provisioned_ok` checks with the worst request cost seen per volume.
+    ///
+    /// Needs the per-volume shadow meters: with per-volume tracking off this check is skipped
+    /// (as is the per-volume ceiling check in `on_dispatch`).
     pub(crate) fn check_baseline(
         &self,
-        vols: &[&VolCore],
+        vols: &[(u32, &VolCore)],
         reserve_permille: u64,
     ) -> Result<(), InvariantViolation> {
-        if !provisioned_ok(vols.iter().copied(), self.capacity, reserve_permille) {
+        if !self.per_volume {
+            return Ok(());
+        }
+        let empty = VolTrack::default();
+        let track = |idx: u32| self.vols.get(idx as usize).unwrap_or(&empty);
+        if !provisioned_ok(
+            vols.iter().map(|&(idx, v)| (v, track(idx))),
+            self.capacity,
+            reserve_permille,
+        ) {
             return Ok(());
         }
         let now = self.last_next_ns;
@@ -652,8 +802,8 @@ impl Tracker {
         let grace_ns = self
             .window_ns
             .saturating_add(hol_ns.saturating_mul(competitors));
-        for vol in vols {
-            let t = &vol.track;
+        for &(idx, vol) in vols {
+            let t = track(idx);
             let (Some(since), Some(meter), Some(head)) =
                 (t.head_since_ns, &t.shadow, vol.queue.front())
             else {
@@ -760,12 +910,12 @@ pub(crate) fn per_window(rate_per_s: u64, window_ns: u64) -> u64 {
 /// node's capacity minus the reserve. Volumes that never dispatched are assumed to cost the
 /// worst request seen on the node.
 fn provisioned_ok<'a>(
-    vols: impl Iterator<Item = &'a VolCore>,
+    vols: impl Iterator<Item = (&'a VolCore, &'a VolTrack)>,
     capacity: CostVector,
     reserve_permille: u64,
 ) -> bool {
     let mut need = [0u128; 4];
-    for v in vols {
+    for (v, track) in vols {
         let b = v.qos.baseline;
         if b.iops == 0 && b.bytes_per_s == 0 {
             continue;
@@ -774,7 +924,7 @@ fn provisioned_ok<'a>(
             return false;
         }
         // Requests per second at the baseline, at most baseline.iops (each at least one unit).
-        let cost = v.track.max_cost_per_req.dims();
+        let cost = track.max_cost_per_req.dims();
         for (n, c) in need.iter_mut().zip(cost) {
             *n += u128::from(b.iops) * u128::from(c);
         }

@@ -160,6 +160,7 @@ fn params_strategy() -> impl Strategy<Value = PolicyParams> {
                     reserve_permille,
                     drr_quantum_device_units: 50_000,
                     seed,
+                    track_invariants: true,
                 }
             },
         )
@@ -174,28 +175,43 @@ fn rng_seed() -> RngSeed {
     RngSeed::Fixed(seed)
 }
 
+/// Runs `ops` with per-volume invariant tracking as `params` says (on, from the strategy) and
+/// again with it off: every invariant holds after every step in both (off checks the
+/// node-wide ones), and turning tracking off changes no decision.
 fn run(kind: PolicyKind, capacity: NodeCapacity, params: PolicyParams, ops: Vec<Op>) {
-    let mut d = Driver::with_params(kind, capacity, &params);
-    d.service_ns = 50_000;
-    for op in ops {
-        match op {
-            Op::Add(v, q) => d.add(v, &q),
-            Op::Update(v, q) => d.update(v, &q),
-            Op::Remove(v) => d.remove(v),
-            Op::Enqueue(v, n, s) => {
-                let (op, len, c) = shape_cost(s);
-                d.enqueue(v, n, op, len, c);
-                let _ = d.drain();
-            }
-            Op::Advance(dt) => {
-                let t = d.now + dt;
-                d.run_until(t);
+    let untracked = PolicyParams {
+        track_invariants: false,
+        ..params
+    };
+    let logs = [params, untracked].map(|params| {
+        let mut d = Driver::with_params(kind, capacity, &params);
+        d.service_ns = 50_000;
+        for op in ops.iter().cloned() {
+            match op {
+                Op::Add(v, q) => d.add(v, &q),
+                Op::Update(v, q) => d.update(v, &q),
+                Op::Remove(v) => d.remove(v),
+                Op::Enqueue(v, n, s) => {
+                    let (op, len, c) = shape_cost(s);
+                    d.enqueue(v, n, op, len, c);
+                    let _ = d.drain();
+                }
+                Op::Advance(dt) => {
+                    let t = d.now + dt;
+                    d.run_until(t);
+                }
             }
         }
-    }
-    // Let everything that can run, run: queued requests of volumes that may run eventually drain.
-    let t = d.now + 200 * MS;
-    d.run_until(t);
+        // Let everything that can run, run: queued requests of volumes that may run eventually
+        // drain.
+        let t = d.now + 200 * MS;
+        d.run_until(t);
+        d.log
+            .iter()
+            .map(|x| (x.at_ns, x.req.id, x.phase))
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(logs[0], logs[1], "tracking invariants changed a decision");
 }
 
 macro_rules! invariant_test {

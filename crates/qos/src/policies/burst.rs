@@ -28,10 +28,10 @@
 //! Exact values BurstCBS did not publish (window, N, α, w_throttle) are parameters; see
 //! `docs/qos.md` for the defaults and the measurement behind them.
 
-use super::{credit_phase, promote_within_baseline};
+use super::{SparseCredits, credit_phase, promote_within_baseline};
 use crate::cost::CostVector;
 use crate::engine::{Ctx, Entry, Place, Rules, Tick, Verdict};
-use crate::limiter::{Charge, Pacer, RateLimiter, VolumeCredits};
+use crate::limiter::{Charge, Pacer, RateLimiter};
 use crate::policy::PolicyParams;
 use crate::rng::XorShift64;
 use crate::sched::{Slab, VolCore};
@@ -48,27 +48,31 @@ const FP: u32 = 32;
 /// touches one contiguous array and never the volume table.
 ///
 /// `repr(C)` fixes the field order by temperature: the first three cache lines hold all that
-/// an I/O reads or writes (`classify`, `charge`, `observe`), the next two what only the
-/// per-window loop adds, and the last the configuration it reads when costs are recomputed.
-/// With thousands of volumes each I/O lands on a cache-cold volume, so this bounds its misses
-/// here to three lines.
+/// an I/O reads or writes (`classify`, `charge`, `observe`), the last two what only the
+/// per-window loop adds and the configuration it reads when costs are recomputed. With
+/// thousands of volumes each I/O lands on a cache-cold volume, so this bounds its misses here
+/// to three lines. Line 0 holds the two vectors round 2 (lending) writes, so that pass writes
+/// one line per volume, and pass 1 (lines 1–4) does not touch it.
 #[derive(Clone, Debug, Default)]
 #[repr(C, align(64))]
 struct WinState {
-    // Line 0: the volume's tokens this window.
+    // Line 0: the volume's tokens this window, and how many of them were lent.
     alloc: CostVector,
+    lent: CostVector,
+    // Line 1: usage this window.
     consumed: CostVector,
-    // Line 1.
     throttled: CostVector,
-    avg_cost: CostVector,
     // Line 2.
+    avg_cost: CostVector,
     avg_units_milli: u64,
     avg_bytes: u64,
-    burst_requests: u64,
-    weight: u64,
-    observations: u32,
-    /// Next position in this volume's segment of `BurstRules::hist`.
-    hist_pos: u32,
+    /// Requests observed, modulo 256 (only its value modulo 16 is used).
+    observations: u8,
+    /// A burst request ran this window.
+    burst_seen: bool,
+    /// Next position in this volume's segment of `BurstRules::hist` (`history_windows` is at
+    /// most 1,024).
+    hist_pos: u16,
     live: bool,
     active: bool,
     in_list: bool,
@@ -79,14 +83,13 @@ struct WinState {
     has_avg: bool,
     last_bursting: bool,
     last_throttled: bool,
-    // Lines 3–4: per-window only.
-    lent: CostVector,
+    // Line 3: per-window only.
     hist_sum: CostVector,
     /// Cost per window at the baseline and at the burst ceiling with the average request,
     /// recomputed when the average has moved (`costs_stale`).
     base_cost: CostVector,
+    // Line 4: per-window, and the configuration it reads when costs are recomputed.
     burst_cost: CostVector,
-    // Line 5: configuration.
     baseline: IoRate,
     burst_ceiling: IoRate,
 }
@@ -123,6 +126,17 @@ impl WinState {
         };
     }
 
+    /// Leaves the active list: no allocation, nothing counted.
+    fn leave_list(&mut self) {
+        self.active = false;
+        self.in_list = false;
+        self.alloc = CostVector::ZERO;
+        self.lent = CostVector::ZERO;
+        self.consumed = CostVector::ZERO;
+        self.throttled = CostVector::ZERO;
+        self.burst_seen = false;
+    }
+
     fn tokens_left(&self) -> CostVector {
         self.alloc.saturating_sub(self.consumed)
     }
@@ -157,10 +171,12 @@ fn ewma(avg: u64, x: u64) -> u64 {
     }
 }
 
-/// A volume that may be lent tokens in round 2 of the allocation.
+/// A volume kept in the active list by round 1 of the allocation, gathered densely so that
+/// the rescale and round 2 (lending) read one array and write each volume's state once.
 #[derive(Clone, Copy, Debug)]
 struct Lender {
     idx: u32,
+    /// Lending weight (0: may not burst).
     weight: u64,
     /// Its round-1 allocation (after any scaling).
     alloc: CostVector,
@@ -195,6 +211,12 @@ pub(crate) struct BurstRules {
     /// per-window loop does not chase one heap pointer per volume.
     hist: Vec<CostVector>,
     active: Vec<u32>,
+    /// One bit per slot, set while the slot is in `active` (`WinState::in_list`).
+    listed: Vec<u64>,
+    /// Active volumes from which the allocation walks them in slot order ([`ORDERED_MIN`]).
+    ordered_min: usize,
+    /// Scratch of `allocate`: one bit per slot lent tokens this window.
+    lent_bits: Vec<u64>,
     /// Volumes that may be lent tokens this window (scratch of `allocate`).
     lenders: Vec<Lender>,
     donors: Vec<u32>,
@@ -239,7 +261,8 @@ impl BurstRules {
         BurstRules {
             window_ns,
             depth_ns: params.limiter_depth_ns,
-            history_windows: params.history_windows.max(1) as usize,
+            // At most 1,024 (as `build_policy` clamps it): positions fit `WinState::hist_pos`.
+            history_windows: params.history_windows.clamp(1, 1024) as usize,
             alpha_permille: u64::from(params.alpha_permille),
             throttle_weight_permille: u64::from(params.throttle_weight_permille),
             cap_window,
@@ -251,6 +274,9 @@ impl BurstRules {
             slots: Vec::new(),
             hist: Vec::new(),
             active: Vec::new(),
+            listed: Vec::new(),
+            ordered_min: ORDERED_MIN,
+            lent_bits: Vec::new(),
             lenders: Vec::new(),
             donors: Vec::new(),
             pool_left: cap_window.saturating_sub(reserve_window),
@@ -267,6 +293,7 @@ impl BurstRules {
             self.slots.resize_with(i + 1, WinState::default);
             self.hist
                 .resize(self.slots.len() * self.history_windows, CostVector::ZERO);
+            self.listed.resize(self.slots.len().div_ceil(64), 0);
         }
         &mut self.slots[i]
     }
@@ -293,98 +320,87 @@ impl BurstRules {
         // alpha / N in 2^FP fixed point; alpha_permille is at most u32::MAX, so this fits.
         let alpha_fp: u64 = ((u128::from(self.alpha_permille) << FP) / (1000 * n as u128))
             .min(u128::from(u64::MAX)) as u64;
-        let mut round1 = CostVector::ZERO;
-        let mut sum_weight: u128 = 0;
         let mut list = std::mem::take(&mut self.active);
         self.lenders.clear();
-        let mut i = 0;
+        self.lenders.reserve(list.len());
         // Pass 1: close the window, predict, round 1. One borrow of the slot per volume and the
         // constants in locals, so the loop does no repeated bounds checks or reloads.
-        let inv_cap = self.inv_cap_window;
-        let throttle_w = self.throttle_weight_permille;
-        let (cap_window, window_ns) = (self.cap_window, self.window_ns);
-        let zero_pushes = gap_windows.min(n as u64).saturating_sub(1);
-        while i < list.len() {
-            let idx = list[i] as usize;
-            let (Some(st), Some(hist)) = (
-                self.slots.get_mut(idx),
-                self.hist.get_mut(idx * n..(idx + 1) * n),
-            ) else {
-                list.swap_remove(i);
-                continue;
-            };
-            if !st.live || !st.active {
-                st.active = false;
-                st.in_list = false;
-                st.alloc = CostVector::ZERO;
-                st.lent = CostVector::ZERO;
-                st.consumed = CostVector::ZERO;
-                st.throttled = CostVector::ZERO;
-                st.burst_requests = 0;
-                list.swap_remove(i);
-                continue;
+        let close = CloseWindow {
+            inv_cap: self.inv_cap_window,
+            throttle_w: self.throttle_weight_permille,
+            cap_window: self.cap_window,
+            window_ns: self.window_ns,
+            alpha_fp,
+            zero_pushes: gap_windows.min(n as u64).saturating_sub(1),
+        };
+        let mut acc = Round1 {
+            lenders: &mut self.lenders,
+            round1: [0; 4],
+            sum_weight: 0,
+            max_weight: 0,
+        };
+        // Many active volumes: visit them in slot order (a bit per listed slot), so the pass
+        // streams through memory instead of jumping to wherever each volume's state lies (the
+        // list is in the order volumes became active, random in a busy node). Results are
+        // the same: every volume's work is independent of the others', the sums do not
+        // depend on order, and the list and the donors keep the order the list walk gives.
+        let ordered = list.len() >= self.ordered_min;
+        if ordered {
+            for w in 0..self.listed.len() {
+                let mut bits = self.listed[w];
+                while bits != 0 {
+                    let b = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    let idx = w * 64 + b as usize;
+                    let kept = match (
+                        self.slots.get_mut(idx),
+                        self.hist.get_mut(idx * n..(idx + 1) * n),
+                    ) {
+                        (Some(st), Some(hist)) => acc.close(&close, st, hist, idx as u32),
+                        _ => false,
+                    };
+                    if !kept {
+                        self.listed[w] &= !(1u64 << b);
+                    }
+                }
             }
-            let usage = st.consumed;
-            st.push_history(hist, usage);
-            for _ in 0..zero_pushes {
-                st.push_history(hist, CostVector::ZERO);
-            }
-            st.last_bursting = st.burst_requests > 0;
-            st.last_throttled = !st.throttled.is_zero();
-            if !st.backlogged && st.hist_sum.is_zero() {
-                // Idle for N windows: leaves the active list.
-                st.active = false;
-                st.in_list = false;
-                st.alloc = CostVector::ZERO;
-                st.lent = CostVector::ZERO;
-                st.consumed = CostVector::ZERO;
-                st.throttled = CostVector::ZERO;
-                st.burst_requests = 0;
-                list.swap_remove(i);
-                continue;
-            }
-            if st.costs_stale {
-                let (base, burst) = window_costs(st, cap_window, window_ns);
-                st.base_cost = base;
-                st.burst_cost = burst;
-                st.costs_stale = false;
-            }
-            let base = st.base_cost;
-            let alloc = if st.last_bursting || st.last_throttled {
-                base
-            } else {
-                st.hist_sum.map(|s| mul_shr_fp(s, alpha_fp)).min(base)
-            };
-            let weight = if st.may_burst {
-                let u = dominant_share(&inv_cap, &st.consumed);
-                let t = if st.last_throttled {
-                    dominant_share(&inv_cap, &st.throttled)
+            // The list as the walk below would leave it: removed entries replaced by the last.
+            let mut i = 0;
+            while i < list.len() {
+                if bit(&self.listed, list[i]) {
+                    i += 1;
                 } else {
-                    0
-                };
-                u.saturating_add(t.saturating_mul(throttle_w) / 1000).max(1)
-            } else {
-                0
-            };
-            st.alloc = alloc;
-            st.weight = weight;
-            st.in_spare = false;
-            st.lent = CostVector::ZERO;
-            st.consumed = CostVector::ZERO;
-            st.throttled = CostVector::ZERO;
-            st.burst_requests = 0;
-            if weight > 0 {
-                self.lenders.push(Lender {
-                    idx: idx as u32,
-                    weight,
-                    alloc,
-                    burst_cost: st.burst_cost,
-                });
+                    list.swap_remove(i);
+                }
             }
-            round1 = round1.saturating_add(alloc);
-            sum_weight += u128::from(weight);
-            i += 1;
+        } else {
+            let mut i = 0;
+            while i < list.len() {
+                let idx = list[i] as usize;
+                let kept = match (
+                    self.slots.get_mut(idx),
+                    self.hist.get_mut(idx * n..(idx + 1) * n),
+                ) {
+                    (Some(st), Some(hist)) => acc.close(&close, st, hist, idx as u32),
+                    _ => false,
+                };
+                if kept {
+                    i += 1;
+                } else {
+                    set_bit(&mut self.listed, idx as u32, false);
+                    list.swap_remove(i);
+                }
+            }
         }
+        let Round1 {
+            round1: round1_wide,
+            sum_weight,
+            max_weight,
+            ..
+        } = acc;
+        // The saturating sum, exactly: a wide sum clamped once.
+        let mut round1 =
+            CostVector::from_dims(round1_wide.map(|x| x.min(u128::from(u64::MAX)) as u64));
         let avail = self.cap_window.saturating_sub(self.reserve_window);
         // Over-provisioned node: scale round 1 down so the total never exceeds the limit.
         if !round1.fits_within(&avail) {
@@ -401,18 +417,13 @@ impl BurstRules {
                     }
                 }))
             };
-            // One pass rescales and re-sums; the lenders' copies are rescaled from their own
-            // (identical) values instead of being re-read from the slots.
+            // One pass over the dense copies rescales and re-sums.
             let mut sum = CostVector::ZERO;
-            for &idx in &list {
-                let st = &mut self.slots[idx as usize];
-                st.alloc = scaled(st.alloc);
-                sum = sum.saturating_add(st.alloc);
-            }
-            round1 = sum;
             for l in &mut self.lenders {
                 l.alloc = scaled(l.alloc);
+                sum = sum.saturating_add(l.alloc);
             }
+            round1 = sum;
         }
         let left = avail.saturating_sub(round1);
         // Pass 2: lend what is left in proportion to weight, capped at the burst ceiling.
@@ -423,28 +434,51 @@ impl BurstRules {
         self.donors.clear();
         // Each share is at most `weight × left / sum_weight` (both roundings are down), so the
         // shares sum to at most `left` and need no running clamp; `check` verifies the total.
-        // The lenders were gathered densely in pass 1, so this pass reads one small array and
-        // only writes the volumes that are lent something.
+        // The volumes were gathered densely in pass 1, so this pass reads one array and writes
+        // one cache line per volume (its allocation and loan, which pass 1 left alone).
+        // When the largest weight times every per-weight share fits 64 bits (always, but for
+        // absurd capacities), the shares are computed without overflow checks: same values.
+        let per_weight_64 = per_weight.map(|p| u64::try_from(p).ok());
+        let fast = per_weight_64
+            .iter()
+            .all(|p| p.is_some_and(|p| max_weight.checked_mul(p).is_some()));
+        let pw = per_weight_64.map(|p| p.unwrap_or(0));
         for l in &self.lenders {
-            let room = l.burst_cost.saturating_sub(l.alloc);
-            let w = u128::from(l.weight);
-            let share = CostVector::from_dims(std::array::from_fn(|d| {
-                // 64-bit fast path when the product fits; same result as the 128-bit one.
-                match u64::try_from(per_weight[d])
-                    .ok()
-                    .and_then(|p| l.weight.checked_mul(p))
-                {
-                    Some(x) => x >> FP,
-                    None => ((w * per_weight[d]) >> FP).min(u128::from(u64::MAX)) as u64,
-                }
-            }));
-            let extra = share.min(room);
+            let extra = if l.weight == 0 {
+                CostVector::ZERO
+            } else {
+                let share = if fast {
+                    CostVector::from_dims(pw.map(|p| (l.weight * p) >> FP))
+                } else {
+                    let w = u128::from(l.weight);
+                    CostVector::from_dims(std::array::from_fn(|d| {
+                        ((w * per_weight[d]) >> FP).min(u128::from(u64::MAX)) as u64
+                    }))
+                };
+                share.min(l.burst_cost.saturating_sub(l.alloc))
+            };
+            let st = &mut self.slots[l.idx as usize];
+            // `extra` is at most the room left below `burst_cost`: the sum cannot overflow.
+            st.alloc = l.alloc.zip(extra, |a, x| a + x);
+            st.lent = extra;
             if !extra.is_zero() {
-                let st = &mut self.slots[l.idx as usize];
-                st.alloc = l.alloc.saturating_add(extra);
-                st.lent = extra;
-                lent_total = lent_total.saturating_add(extra);
+                // The loans sum to at most `left` (see above): no overflow.
+                lent_total = lent_total.zip(extra, |t, x| t + x);
                 self.donors.push(l.idx);
+            }
+        }
+        if ordered {
+            // Donors in list order (recovery picks them by position).
+            self.lent_bits.clear();
+            self.lent_bits.resize(self.listed.len(), 0);
+            for &idx in &self.donors {
+                set_bit(&mut self.lent_bits, idx, true);
+            }
+            self.donors.clear();
+            for &idx in &list {
+                if bit(&self.lent_bits, idx) {
+                    self.donors.push(idx);
+                }
             }
         }
         debug_assert!(lent_total.fits_within(&left));
@@ -502,6 +536,129 @@ impl BurstRules {
         }
         let st = &mut self.slots[idx as usize];
         st.alloc = st.alloc.saturating_add(got);
+    }
+}
+
+/// From this many active volumes on, the allocation visits them in slot order (see
+/// `BurstRules::listed`): below it their state stays in cache anyway.
+const ORDERED_MIN: usize = 2048;
+
+fn bit(bits: &[u64], idx: u32) -> bool {
+    bits.get(idx as usize / 64)
+        .is_some_and(|w| w & (1u64 << (idx % 64)) != 0)
+}
+
+fn set_bit(bits: &mut [u64], idx: u32, on: bool) {
+    if let Some(w) = bits.get_mut(idx as usize / 64) {
+        if on {
+            *w |= 1u64 << (idx % 64);
+        } else {
+            *w &= !(1u64 << (idx % 64));
+        }
+    }
+}
+
+/// Pass 1's running totals and the lenders it gathers.
+struct Round1<'a> {
+    lenders: &'a mut Vec<Lender>,
+    /// Sum of the round-1 allocations per dimension (wide: cannot overflow).
+    round1: [u128; 4],
+    sum_weight: u128,
+    max_weight: u64,
+}
+
+impl Round1<'_> {
+    /// Closes the window of one listed volume (see [`CloseWindow::run`]) and adds it to the
+    /// totals; false if it leaves the list.
+    #[inline(always)]
+    fn close(
+        &mut self,
+        close: &CloseWindow,
+        st: &mut WinState,
+        hist: &mut [CostVector],
+        idx: u32,
+    ) -> bool {
+        let Some((alloc, weight)) = close.run(st, hist) else {
+            return false;
+        };
+        self.lenders.push(Lender {
+            idx,
+            weight,
+            alloc,
+            burst_cost: st.burst_cost,
+        });
+        self.max_weight = self.max_weight.max(weight);
+        let a = alloc.dims();
+        for (sum, x) in self.round1.iter_mut().zip(a) {
+            *sum += u128::from(x);
+        }
+        self.sum_weight += u128::from(weight);
+        true
+    }
+}
+
+/// Pass 1 of the allocation for one volume, with the window's constants.
+struct CloseWindow {
+    inv_cap: [u64; 4],
+    throttle_w: u64,
+    cap_window: CostVector,
+    window_ns: u64,
+    alpha_fp: u64,
+    zero_pushes: u64,
+}
+
+impl CloseWindow {
+    /// Closes the window of one listed volume: pushes its usage into its history, predicts,
+    /// and returns its round-1 allocation (stored by round 2) and its lending weight; `None`
+    /// (and the volume marked unlisted) if it leaves the active list.
+    #[inline(always)]
+    fn run(&self, st: &mut WinState, hist: &mut [CostVector]) -> Option<(CostVector, u64)> {
+        if !st.live || !st.active {
+            st.leave_list();
+            return None;
+        }
+        let usage = st.consumed;
+        st.push_history(hist, usage);
+        for _ in 0..self.zero_pushes {
+            st.push_history(hist, CostVector::ZERO);
+        }
+        st.last_bursting = st.burst_seen;
+        st.last_throttled = !st.throttled.is_zero();
+        if !st.backlogged && st.hist_sum.is_zero() {
+            // Idle for N windows: leaves the active list.
+            st.leave_list();
+            return None;
+        }
+        if st.costs_stale {
+            let (base, burst) = window_costs(st, self.cap_window, self.window_ns);
+            st.base_cost = base;
+            st.burst_cost = burst;
+            st.costs_stale = false;
+        }
+        let base = st.base_cost;
+        let alloc = if st.last_bursting || st.last_throttled {
+            base
+        } else {
+            st.hist_sum.map(|s| mul_shr_fp(s, self.alpha_fp)).min(base)
+        };
+        let weight = if st.may_burst {
+            let u = dominant_share(&self.inv_cap, &st.consumed);
+            let t = if st.last_throttled {
+                dominant_share(&self.inv_cap, &st.throttled)
+            } else {
+                0
+            };
+            u.saturating_add(t.saturating_mul(self.throttle_w) / 1000)
+                .max(1)
+        } else {
+            0
+        };
+        // `alloc` and `lent` are written by round 2 (one line, once).
+        st.in_spare = false;
+        st.consumed = CostVector::ZERO;
+        st.throttled = CostVector::ZERO;
+        st.burst_seen = false;
+        Some((alloc, weight))
     }
 }
 
@@ -571,7 +728,7 @@ fn window_costs(st: &WinState, cap_window: CostVector, window_ns: u64) -> (CostV
 pub(crate) struct BurstVol {
     ceiling: RateLimiter,
     meter: RateLimiter,
-    credits: VolumeCredits,
+    credits: SparseCredits,
 }
 
 impl Rules for BurstRules {
@@ -591,7 +748,7 @@ impl Rules for BurstRules {
         BurstVol {
             ceiling: RateLimiter::new(now_ns, qos.burst_ceiling(), self.depth_ns),
             meter: RateLimiter::new(now_ns, qos.baseline, self.depth_ns),
-            credits: VolumeCredits::new(now_ns, qos),
+            credits: SparseCredits::new(now_ns, qos),
         }
     }
 
@@ -618,6 +775,7 @@ impl Rules for BurstRules {
             if !st.in_list {
                 st.in_list = true;
                 self.active.push(idx);
+                set_bit(&mut self.listed, idx, true);
             }
         }
     }
@@ -641,7 +799,7 @@ impl Rules for BurstRules {
         }
         let t_meter = vol.meter.ready_at(now_ns, charge);
         let st = self.slot(idx);
-        if t_meter <= now_ns || core.qos.burst == BurstMode::None {
+        if t_meter <= now_ns || core.burst_none {
             st.in_spare = false;
             return Place::Ring {
                 class: BASELINE,
@@ -714,7 +872,7 @@ impl Rules for BurstRules {
                 self.recover(idx, cost.saturating_sub(had));
             }
         } else {
-            st.burst_requests += 1;
+            st.burst_seen = true;
             if !cost.fits_within(&had) {
                 st.throttled = st.throttled.saturating_add(cost);
             }
@@ -789,8 +947,7 @@ impl Rules for BurstRules {
         if t_ok > now_ns {
             return Some(false);
         }
-        let baseline =
-            core.qos.burst == BurstMode::None || vol.meter.ready_at(now_ns, charge) <= now_ns;
+        let baseline = core.burst_none || vol.meter.ready_at(now_ns, charge) <= now_ns;
         Some(baseline || self.burst_pacer.idle_at(now_ns))
     }
 }
@@ -848,7 +1005,7 @@ impl AllocationBench {
                 &CostVector::new(2_000, 0, 4096, 100_000),
             );
             st.consumed = CostVector::new(2_000 * n, 0, 4096 * n, 100_000 * n);
-            st.burst_requests = n / 2;
+            st.burst_seen = n / 2 > 0;
             if k % 3 == 0 {
                 st.throttled = CostVector::new(2_000, 0, 4096, 100_000);
             }
@@ -860,5 +1017,100 @@ impl AllocationBench {
         self.now_ns += self.rules.window_ns;
         let _ = self.rules.tick(self.now_ns, &mut self.vols);
         self.rules.last_alloc.active_volumes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn win_state_keeps_its_cache_line_layout() {
+        assert_eq!(std::mem::size_of::<WinState>(), 5 * 64);
+        assert_eq!(std::mem::offset_of!(WinState, consumed), 64);
+        assert_eq!(std::mem::offset_of!(WinState, avg_cost), 128);
+        assert!(std::mem::offset_of!(WinState, last_throttled) < 192);
+        assert_eq!(std::mem::offset_of!(WinState, hist_sum), 192);
+        assert_eq!(std::mem::offset_of!(WinState, burst_cost), 256);
+    }
+
+    /// Walking many active volumes in slot order gives exactly what walking the list does:
+    /// same allocations, weights, list order and donors, window after window, with volumes
+    /// joining in random order and leaving.
+    #[test]
+    fn ordered_allocation_matches_list_order() {
+        let capacity = NodeCapacity::new(CostVector::new(
+            50_000_000,
+            10_000_000_000,
+            1_000_000_000,
+            100_000_000,
+        ));
+        let qos = VolumeQos {
+            baseline: IoRate::new(100, 10_000_000),
+            ceiling: IoRate::new(10_000, 1_000_000_000),
+            burst: BurstMode::OnDemand,
+            weight: 1,
+            io_unit_bytes: 0,
+        };
+        let n = 3_000u32;
+        let run = |ordered_min: usize| {
+            let mut r = BurstRules::new(capacity, &PolicyParams::default());
+            r.ordered_min = ordered_min;
+            let mut dummy = r.new_vol(0, 0, &qos);
+            for idx in 0..n {
+                let _ = r.new_vol(0, idx, &qos);
+            }
+            let mut rng = XorShift64::new(7);
+            let mut vols = Slab::default();
+            let mut out = Vec::new();
+            for w in 1..=14u64 {
+                let mut order: Vec<u32> = (0..n).collect();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.below(i + 1));
+                }
+                for &idx in &order {
+                    let k = u64::from(idx) ^ w.wrapping_mul(0x9e37);
+                    if k % 5 == 0 {
+                        // Idle this window (leaves the list after N idle windows).
+                        r.slot(idx).backlogged = false;
+                        continue;
+                    }
+                    r.became_backlogged(0, idx, &mut dummy);
+                    let st = r.slot(idx);
+                    let m = 1 + k % 7;
+                    st.observe(
+                        Charge {
+                            units: 1,
+                            bytes: 4096,
+                        },
+                        &CostVector::new(2_000 * m, 0, 4096, 100_000),
+                    );
+                    st.consumed = CostVector::new(2_000 * m, 0, 4096 * m, 100_000 * m);
+                    st.burst_seen = m / 2 > 0;
+                    if k % 3 == 0 {
+                        st.throttled = CostVector::new(2_000, 0, 4096, 100_000);
+                    }
+                }
+                let _ = r.tick(w * r.window_ns, &mut vols);
+                let slots: Vec<_> = r
+                    .slots
+                    .iter()
+                    .map(|s| (s.alloc, s.lent, s.in_list, s.active))
+                    .collect();
+                out.push((
+                    r.active.clone(),
+                    r.donors.clone(),
+                    slots,
+                    r.pool_left,
+                    r.last_alloc,
+                ));
+            }
+            out
+        };
+        let ordered = run(ORDERED_MIN);
+        let listed = run(usize::MAX);
+        assert!(ordered.iter().any(|w| w.0.len() >= ORDERED_MIN));
+        assert!(ordered.iter().any(|w| !w.1.is_empty()));
+        assert_eq!(ordered, listed);
     }
 }

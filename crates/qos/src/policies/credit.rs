@@ -9,12 +9,12 @@
 //! baseline requests priority over burst requests when the node is saturated, which is what
 //! keeps every volume's baseline guaranteed.
 
-use super::{credit_phase, promote_within_baseline};
+use super::{SparseCredits, credit_phase, promote_within_baseline};
 use crate::cost::CostVector;
 use crate::engine::{Ctx, Entry, Place, Rules, Verdict};
-use crate::limiter::{Charge, RateLimiter, VolumeCredits};
+use crate::limiter::{Charge, RateLimiter};
 use crate::sched::{Slab, VolCore};
-use crate::vocab::{BurstMode, IoRate, Phase, VolumeQos};
+use crate::vocab::{IoRate, Phase, VolumeQos};
 
 #[derive(Debug)]
 pub(crate) struct CreditRules {
@@ -25,7 +25,7 @@ pub(crate) struct CreditRules {
 pub(crate) struct CreditVol {
     ceiling: RateLimiter,
     meter: RateLimiter,
-    credits: VolumeCredits,
+    credits: SparseCredits,
 }
 
 const BASELINE: usize = 0;
@@ -46,7 +46,7 @@ impl Rules for CreditRules {
         CreditVol {
             ceiling: RateLimiter::new(now_ns, qos.burst_ceiling(), self.depth_ns),
             meter: RateLimiter::new(now_ns, qos.baseline, self.depth_ns),
-            credits: VolumeCredits::new(now_ns, qos),
+            credits: SparseCredits::new(now_ns, qos),
         }
     }
 
@@ -77,7 +77,7 @@ impl Rules for CreditRules {
             return Place::At(t_ok);
         }
         let t_meter = vol.meter.ready_at(now_ns, charge);
-        if t_meter <= now_ns || core.qos.burst == BurstMode::None {
+        if t_meter <= now_ns || core.burst_none {
             Place::Ring {
                 class: BASELINE,
                 front: false,

@@ -40,10 +40,10 @@ impl DrrRules {
 
     /// A volume's quantum per turn: the configured quantum, raised node-wide to the largest
     /// request cost seen, times its weight (so every turn runs at least one request).
-    fn quantum(&self, qos: &VolumeQos) -> u64 {
+    fn quantum(&self, weight: u32) -> u64 {
         self.quantum_device_units
             .max(self.max_cost)
-            .saturating_mul(u64::from(qos.weight.max(1)))
+            .saturating_mul(u64::from(weight.max(1)))
     }
 }
 
@@ -121,16 +121,14 @@ impl Rules for DrrRules {
         let c = vop(&req.cost);
         self.max_cost = self.max_cost.max(c);
         if vol.fresh_turn {
-            vol.deficit = vol.deficit.saturating_add(self.quantum(&core.qos));
+            vol.deficit = vol.deficit.saturating_add(self.quantum(core.weight));
             vol.fresh_turn = false;
         }
         if vol.deficit < c {
             vol.fresh_turn = true;
             return Verdict::Rotate;
         }
-        let phase = if core.qos.burst == crate::vocab::BurstMode::None
-            || vol.meter.ready_at(now_ns, charge) <= now_ns
-        {
+        let phase = if core.burst_none || vol.meter.ready_at(now_ns, charge) <= now_ns {
             Phase::Baseline
         } else {
             Phase::BurstSpare

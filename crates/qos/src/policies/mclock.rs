@@ -176,7 +176,12 @@ pub(crate) struct MClock {
 }
 
 impl MClock {
-    pub(crate) fn new(capacity: NodeCapacity, window_ns: u64, depth_ns: u64) -> Self {
+    pub(crate) fn new(
+        capacity: NodeCapacity,
+        window_ns: u64,
+        depth_ns: u64,
+        track_invariants: bool,
+    ) -> Self {
         MClock {
             clock: Clock::default(),
             vols: Slab::default(),
@@ -185,7 +190,13 @@ impl MClock {
             by_limit: BinaryHeap::new(),
             vtime: 0,
             pacer: Pacer::new(0, capacity.per_second),
-            tracker: Tracker::new("mclock", window_ns, capacity.per_second, depth_ns),
+            tracker: Tracker::new(
+                "mclock",
+                window_ns,
+                capacity.per_second,
+                depth_ns,
+                track_invariants,
+            ),
             depth_ns,
         }
     }
@@ -198,7 +209,7 @@ impl MClock {
         let Some(head) = v.core.queue.front() else {
             return;
         };
-        let charge = Charge::of(&v.core.qos, head);
+        let charge = v.core.charge(head);
         // Under the limit when the limit tag is due: like every limiter here, one request deep.
         let lim = v.limit.tag(v.lim_rate(), charge);
         if lim > now {
@@ -266,8 +277,8 @@ impl MClock {
     }
 
     fn insert(&mut self, now: u64, id: VolumeId, qos: &VolumeQos) -> u32 {
-        let mut core = VolCore::new(id, *qos);
-        self.tracker.on_add(now, &mut core);
+        let core = VolCore::new(id, *qos);
+        self.tracker.on_add(now, self.vols.vacant_index(), qos);
         self.vols.insert(
             id,
             MVol {
@@ -283,7 +294,7 @@ impl MClock {
         let depth_ns = self.depth_ns;
         let v = self.vols.get_mut(idx)?;
         let req = v.core.queue.pop_front()?;
-        let charge = Charge::of(&v.core.qos, &req);
+        let charge = v.core.charge(&req);
         // The limit clock lags `now` by at most the limiter depth: a volume held back (behind
         // the node pacer) may catch up that much, never more (no burst above the limit).
         let lim_rate = v.lim_rate();
@@ -292,14 +303,15 @@ impl MClock {
         if phase == Phase::Baseline {
             v.reservation.add(charge);
         }
-        let w = u128::from(v.core.qos.weight.max(1));
+        let w = u128::from(v.core.weight.max(1));
         v.p_start = v
             .p_start
             .saturating_add(u128::from(charge.units) * P_SCALE / w);
         let ceiling = v.lim_rate();
         self.pacer.take(now, &req.cost, phase == Phase::Baseline);
+        v.core.stats.record(phase, charge.bytes);
         self.tracker
-            .on_dispatch(now, &mut v.core, &req, charge, phase, ceiling);
+            .on_dispatch(now, idx, &v.core, &req, charge, ceiling);
         self.place(now, idx);
         Some(Decision::Dispatch(req, phase))
     }
@@ -344,12 +356,12 @@ impl Policy for MClock {
         };
         if let Some(v) = self.vols.get_mut(idx) {
             let (old_res, old_lim) = (v.res_rate(), v.lim_rate());
-            v.core.qos = *qos;
+            v.core.set_qos(*qos);
             let (new_res, new_lim) = (v.res_rate(), v.lim_rate());
             v.reservation.rebase(old_res, new_res, now);
             v.limit.rebase(old_lim, new_lim, now);
             let ceiling = v.lim_rate();
-            self.tracker.on_qos_change(now, &mut v.core, ceiling);
+            self.tracker.on_qos_change(now, idx, &v.core, ceiling);
         }
         self.place(now, idx);
     }
@@ -370,7 +382,7 @@ impl Policy for MClock {
         };
         let was_empty = v.core.queue.is_empty();
         v.core.queue.push_back(req);
-        self.tracker.on_enqueue(now, &mut v.core);
+        self.tracker.on_enqueue(now, idx, &v.core);
         if was_empty {
             let (r, l) = (v.res_rate(), v.lim_rate());
             v.reservation.catch_up(now, r);
@@ -432,17 +444,25 @@ impl Policy for MClock {
 
     fn complete(&mut self, now_ns: u64, req: &IoRequest, _observed: Observed) {
         self.clock.at(now_ns);
+        if !self.tracker.per_volume {
+            self.tracker.idle_claim = false;
+            return;
+        }
         if let Some(idx) = self.vols.lookup(req.volume)
-            && let Some(v) = self.vols.get_mut(idx)
+            && self.vols.get(idx).is_some()
         {
-            self.tracker.on_complete(&mut v.core);
+            self.tracker.on_complete(idx);
         }
     }
 
     fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.tracker.check_common(self.queued_total())?;
         self.tracker.check_baseline(
-            &self.vols.iter().map(|(_, v)| &v.core).collect::<Vec<_>>(),
+            &self
+                .vols
+                .iter()
+                .map(|(idx, v)| (idx, &v.core))
+                .collect::<Vec<_>>(),
             0,
         )?;
         Ok(())

@@ -10,7 +10,60 @@ mod wild;
 use crate::engine::{Ctx, Engine, Place};
 use crate::limiter::{Charge, RateLimiter, VolumeCredits};
 use crate::policy::{Policy, PolicyKind, PolicyParams};
-use crate::vocab::{BurstMode, NodeCapacity, Phase};
+use crate::vocab::{NodeCapacity, Phase, VolumeQos};
+
+/// A volume's credit buckets, boxed only once the volume is (or was) in credit mode: most
+/// volumes have none, and an empty [`VolumeCredits`] would still take 144 bytes (three cache
+/// lines) of the volume's hot state. Behaves exactly like the [`VolumeCredits`] it wraps.
+#[derive(Debug, Default)]
+pub(crate) struct SparseCredits(Option<Box<VolumeCredits>>);
+
+impl SparseCredits {
+    pub(crate) fn new(now_ns: u64, qos: &VolumeQos) -> Self {
+        let c = VolumeCredits::new(now_ns, qos);
+        SparseCredits(c.is_active().then(|| Box::new(c)))
+    }
+
+    pub(crate) fn reconfigure(&mut self, now_ns: u64, qos: &VolumeQos) {
+        match &mut self.0 {
+            Some(c) => c.reconfigure(now_ns, qos),
+            None => {
+                // `VolumeCredits::reconfigure` on an empty set: new buckets start empty.
+                let mut c = VolumeCredits::default();
+                c.reconfigure(now_ns, qos);
+                if c.is_active() {
+                    self.0 = Some(Box::new(c));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn is_active(&self) -> bool {
+        self.0.as_ref().is_some_and(|c| c.is_active())
+    }
+
+    pub(crate) fn ready_at(&self, now_ns: u64, charge: Charge) -> u64 {
+        self.0
+            .as_ref()
+            .map_or(now_ns, |c| c.ready_at(now_ns, charge))
+    }
+
+    pub(crate) fn take(&mut self, now_ns: u64, charge: Charge) {
+        if let Some(c) = &mut self.0 {
+            c.take(now_ns, charge);
+        }
+    }
+
+    pub(crate) fn balances_at(&self, now_ns: u64) -> (Option<u64>, Option<u64>) {
+        self.0
+            .as_ref()
+            .map_or((None, None), |c| c.balances_at(now_ns))
+    }
+
+    pub(crate) fn within_range(&self) -> bool {
+        self.0.as_ref().is_none_or(|c| c.within_range())
+    }
+}
 
 /// Where a request of a single-class policy (Wild, Base, DRR-VOP) goes: wait until `limit`
 /// admits it, else into the one ring.
@@ -46,14 +99,14 @@ pub(crate) fn promote_within_baseline(
 /// The phase a credit-bursting volume's next request runs in (shared by Credit and Burst):
 /// within its baseline meter it is `Baseline`; above it, `BurstCredit` while its credit
 /// bucket is active, else `BurstSpare` (spare node capacity only).
-pub(crate) fn credit_phase(ctx: &Ctx<'_>, meter: &RateLimiter, credits: &VolumeCredits) -> Phase {
+pub(crate) fn credit_phase(ctx: &Ctx<'_>, meter: &RateLimiter, credits: &SparseCredits) -> Phase {
     let Ctx {
         now_ns,
         core,
         charge,
         ..
     } = *ctx;
-    if core.qos.burst == BurstMode::None || meter.ready_at(now_ns, charge) <= now_ns {
+    if core.burst_none || meter.ready_at(now_ns, charge) <= now_ns {
         Phase::Baseline
     } else if credits.is_active() {
         Phase::BurstCredit
@@ -68,37 +121,43 @@ pub(crate) fn build(
     params: &PolicyParams,
 ) -> Box<dyn Policy> {
     let (w, depth_ns) = (params.window_ns, params.limiter_depth_ns);
+    let track = params.track_invariants;
     match kind {
         PolicyKind::Wild => Box::new(Engine::new(
             wild::WildRules { depth_ns },
             capacity,
             w,
             depth_ns,
+            track,
         )),
         PolicyKind::Base => Box::new(Engine::new(
             base::BaseRules { depth_ns },
             capacity,
             w,
             depth_ns,
+            track,
         )),
         PolicyKind::Credit => Box::new(Engine::new(
             credit::CreditRules { depth_ns },
             capacity,
             w,
             depth_ns,
+            track,
         )),
         PolicyKind::Burst => Box::new(Engine::new(
             burst::BurstRules::new(capacity, params),
             capacity,
             w,
             depth_ns,
+            track,
         )),
-        PolicyKind::MClock => Box::new(mclock::MClock::new(capacity, w, depth_ns)),
+        PolicyKind::MClock => Box::new(mclock::MClock::new(capacity, w, depth_ns, track)),
         PolicyKind::DrrVop => Box::new(Engine::new(
             drr::DrrRules::new(params),
             capacity,
             w,
             depth_ns,
+            track,
         )),
     }
 }

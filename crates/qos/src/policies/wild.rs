@@ -80,7 +80,7 @@ impl Rules for WildRules {
         vol.turn_left = vol.turn_left.saturating_sub(1);
         let front = vol.turn_left > 0;
         if !front {
-            vol.turn_left = core.qos.weight.max(1);
+            vol.turn_left = core.weight.max(1);
         }
         Verdict::Run { phase, front }
     }
