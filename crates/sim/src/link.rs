@@ -34,7 +34,7 @@ impl Link {
 
     /// Time to move `bytes` on an idle link, ns (rounded up).
     pub fn transfer_ns(&self, bytes: u64) -> u64 {
-        crate::fastmath::ceil_u64(bytes as f64 * self.ns_per_byte)
+        crate::fastmath::ceil_u64(crate::fastmath::u64_to_f64(bytes) * self.ns_per_byte)
     }
 
     /// Moves `bytes` that become ready at `at_ns`; returns when the last byte is through.
@@ -44,8 +44,8 @@ impl Link {
         if self.ns_per_byte == 0.0 || bytes == 0 {
             return at_ns;
         }
-        let start = self.free_at_ns.max(at_ns as f64);
-        let took = bytes as f64 * self.ns_per_byte;
+        let start = self.free_at_ns.max(crate::fastmath::u64_to_f64(at_ns));
+        let took = crate::fastmath::u64_to_f64(bytes) * self.ns_per_byte;
         self.free_at_ns = start + took;
         self.bytes += bytes;
         self.busy_ns += took;

@@ -132,11 +132,15 @@ impl SizeMix {
             return self.sizes_bytes[0];
         }
         let u = rng.unit();
+        // The first index whose cumulative weight exceeds `u`, counted without branches
+        // (`cumulative` is non-decreasing, so it is the number of entries `<= u`): a random
+        // draw mispredicts a search loop's exit.
         let i = self
             .cumulative
             .iter()
-            .position(|c| u < *c)
-            .unwrap_or(self.sizes_bytes.len() - 1);
+            .map(|c| usize::from(*c <= u))
+            .sum::<usize>()
+            .min(self.sizes_bytes.len() - 1);
         self.sizes_bytes[i]
     }
 
