@@ -215,15 +215,28 @@ impl<R: Rules> Engine<R> {
 
     /// Places a volume again (bumping its generation); `front` puts it at the front of its ring.
     fn place(&mut self, now: u64, idx: u32, front: bool) {
+        let Some(head) = self.vols.get(idx).and_then(|e| {
+            e.core
+                .queue
+                .front()
+                .map(|req| (e.core.charge(req), req.cost))
+        }) else {
+            // Nothing queued: the volume is not placed (older placements go stale).
+            self.vols.bump(idx);
+            return;
+        };
+        self.place_head(now, idx, front, head.0, &head.1);
+    }
+
+    /// [`Engine::place`] for a volume whose head request's `charge` and `cost` the caller
+    /// already has: an enqueue onto an empty queue places from the request in registers
+    /// instead of reading back the copy it just stored into the (often cache-cold) queue.
+    fn place_head(&mut self, now: u64, idx: u32, front: bool, charge: Charge, cost: &CostVector) {
         let generation = self.vols.bump(idx);
         let Some(e) = self.vols.get_mut(idx) else {
             return;
         };
-        let Some(req) = e.core.queue.front() else {
-            return;
-        };
-        let charge = e.core.charge(req);
-        let cost = req.cost;
+        let cost = *cost;
         match self
             .rules
             .classify(now, idx, &e.core, &mut e.x, charge, &cost)
@@ -325,11 +338,12 @@ impl<R: Rules> Policy for Engine<R> {
             return;
         };
         let was_empty = e.core.queue.is_empty();
+        let head = was_empty.then(|| (e.core.charge(&req), req.cost));
         e.core.queue.push_back(req);
         self.tracker.on_enqueue(now, idx, &e.core);
-        if was_empty {
+        if let Some((charge, cost)) = head {
             self.rules.became_backlogged(now, idx, &mut e.x);
-            self.place(now, idx, false);
+            self.place_head(now, idx, false, charge, &cost);
         }
     }
 
