@@ -51,14 +51,17 @@ const FP: u32 = 32;
 /// an I/O reads or writes (`classify`, `charge`, `observe`), the last two what only the
 /// per-window loop adds and the configuration it reads when costs are recomputed. With
 /// thousands of volumes each I/O lands on a cache-cold volume, so this bounds its misses here
-/// to three lines. Line 0 holds the two vectors round 2 (lending) writes, so that pass writes
-/// one line per volume, and pass 1 (lines 1–4) does not touch it.
+/// to three lines. Line 0 holds what round 2 (lending) reads and writes (the allocation and
+/// the burst cost that caps the loan), so that pass touches one line per volume, and pass 1
+/// (lines 1–3, and 0 and 4 only when the costs are recomputed) does not touch it. How many
+/// tokens each volume was lent is kept apart, dense, in `BurstRules::donors`.
 #[derive(Clone, Debug, Default)]
 #[repr(C, align(64))]
 struct WinState {
-    // Line 0: the volume's tokens this window, and how many of them were lent.
+    // Line 0: the volume's tokens this window, and the cost of its burst ceiling.
     alloc: CostVector,
-    lent: CostVector,
+    /// Cost per window at the burst ceiling with the average request (see `base_cost`).
+    burst_cost: CostVector,
     // Line 1: usage this window.
     consumed: CostVector,
     throttled: CostVector,
@@ -85,11 +88,10 @@ struct WinState {
     last_throttled: bool,
     // Line 3: per-window only.
     hist_sum: CostVector,
-    /// Cost per window at the baseline and at the burst ceiling with the average request,
-    /// recomputed when the average has moved (`costs_stale`).
+    /// Cost per window at the baseline with the average request, recomputed (with
+    /// `burst_cost`) when the average has moved (`costs_stale`).
     base_cost: CostVector,
-    // Line 4: per-window, and the configuration it reads when costs are recomputed.
-    burst_cost: CostVector,
+    // Line 4: the configuration read when costs are recomputed.
     baseline: IoRate,
     burst_ceiling: IoRate,
 }
@@ -131,7 +133,6 @@ impl WinState {
         self.active = false;
         self.in_list = false;
         self.alloc = CostVector::ZERO;
-        self.lent = CostVector::ZERO;
         self.consumed = CostVector::ZERO;
         self.throttled = CostVector::ZERO;
         self.burst_seen = false;
@@ -180,7 +181,13 @@ struct Lender {
     weight: u64,
     /// Its round-1 allocation (after any scaling).
     alloc: CostVector,
-    burst_cost: CostVector,
+}
+
+/// A volume lent tokens this window, and how many (less what recovery has taken back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Donor {
+    idx: u32,
+    lent: CostVector,
 }
 
 /// Summary of the last per-window allocation (for tests, benches and docs).
@@ -219,7 +226,13 @@ pub(crate) struct BurstRules {
     lent_bits: Vec<u64>,
     /// Volumes that may be lent tokens this window (scratch of `allocate`).
     lenders: Vec<Lender>,
-    donors: Vec<u32>,
+    /// Volumes lent tokens this window, in list order (recovery picks them by position).
+    donors: Vec<Donor>,
+    /// Scratch of `allocate`: the donors in slot order, before they are put in list order.
+    donors_by_slot: Vec<Donor>,
+    /// Scratch of `allocate`: by slot, the position of a donor in `donors_by_slot` (valid
+    /// where `lent_bits` is set).
+    donor_pos: Vec<u32>,
     pool_left: CostVector,
     reserve_left: CostVector,
     rng: XorShift64,
@@ -279,6 +292,8 @@ impl BurstRules {
             lent_bits: Vec::new(),
             lenders: Vec::new(),
             donors: Vec::new(),
+            donors_by_slot: Vec::new(),
+            donor_pos: Vec::new(),
             pool_left: cap_window.saturating_sub(reserve_window),
             reserve_left: reserve_window,
             rng: XorShift64::new(params.seed),
@@ -300,6 +315,10 @@ impl BurstRules {
 
     /// Resets a slot for a new (or removed) volume, history included.
     fn reset_slot(&mut self, idx: u32) {
+        // Nothing lent any more (rare: volumes are added and removed, not per I/O).
+        if let Some(d) = self.donors.iter_mut().find(|d| d.idx == idx) {
+            d.lent = CostVector::ZERO;
+        }
         let n = self.history_windows;
         let st = self.slot(idx);
         *st = st.fresh();
@@ -431,7 +450,9 @@ impl BurstRules {
             .dims()
             .map(|l| (u128::from(l) << FP).checked_div(sum_weight).unwrap_or(0));
         let mut lent_total = CostVector::ZERO;
-        self.donors.clear();
+        // Gathered in a local (its length stays in a register in the loop).
+        let mut donors = std::mem::take(&mut self.donors);
+        donors.clear();
         // Each share is at most `weight × left / sum_weight` (both roundings are down), so the
         // shares sum to at most `left` and need no running clamp; `check` verifies the total.
         // The volumes were gathered densely in pass 1, so this pass reads one array and writes
@@ -443,7 +464,12 @@ impl BurstRules {
             .iter()
             .all(|p| p.is_some_and(|p| max_weight.checked_mul(p).is_some()));
         let pw = per_weight_64.map(|p| p.unwrap_or(0));
+        // The slots as one slice: the loop does not reload the vector's pointer and length.
+        let slots = &mut self.slots[..];
         for l in &self.lenders {
+            let Some(st) = slots.get_mut(l.idx as usize) else {
+                continue;
+            };
             let extra = if l.weight == 0 {
                 CostVector::ZERO
             } else {
@@ -455,32 +481,44 @@ impl BurstRules {
                         ((w * per_weight[d]) >> FP).min(u128::from(u64::MAX)) as u64
                     }))
                 };
-                share.min(l.burst_cost.saturating_sub(l.alloc))
+                share.min(st.burst_cost.saturating_sub(l.alloc))
             };
-            let st = &mut self.slots[l.idx as usize];
             // `extra` is at most the room left below `burst_cost`: the sum cannot overflow.
             st.alloc = l.alloc.zip(extra, |a, x| a + x);
-            st.lent = extra;
             if !extra.is_zero() {
                 // The loans sum to at most `left` (see above): no overflow.
                 lent_total = lent_total.zip(extra, |t, x| t + x);
-                self.donors.push(l.idx);
+                donors.push(Donor {
+                    idx: l.idx,
+                    lent: extra,
+                });
             }
         }
         if ordered {
-            // Donors in list order (recovery picks them by position).
+            // Donors in list order (recovery picks them by position). The walk gathered them
+            // in slot order; each one's position there is noted by slot (`donor_pos`).
             self.lent_bits.clear();
             self.lent_bits.resize(self.listed.len(), 0);
-            for &idx in &self.donors {
-                set_bit(&mut self.lent_bits, idx, true);
+            self.donor_pos.resize(self.slots.len(), 0);
+            for (p, d) in donors.iter().enumerate() {
+                set_bit(&mut self.lent_bits, d.idx, true);
+                if let Some(slot) = self.donor_pos.get_mut(d.idx as usize) {
+                    *slot = p as u32;
+                }
             }
-            self.donors.clear();
+            std::mem::swap(&mut donors, &mut self.donors_by_slot);
+            donors.clear();
+            let by_slot = &self.donors_by_slot;
             for &idx in &list {
-                if bit(&self.lent_bits, idx) {
-                    self.donors.push(idx);
+                if bit(&self.lent_bits, idx)
+                    && let Some(&p) = self.donor_pos.get(idx as usize)
+                    && let Some(&d) = by_slot.get(p as usize)
+                {
+                    donors.push(d);
                 }
             }
         }
+        self.donors = donors;
         debug_assert!(lent_total.fits_within(&left));
         self.pool_left = left.saturating_sub(lent_total);
         self.reserve_left = self.reserve_window;
@@ -501,29 +539,31 @@ impl BurstRules {
         self.pool_left = self.pool_left.saturating_sub(got);
         need = need.saturating_sub(got);
         if !need.is_zero() && !self.donors.is_empty() {
-            let a = self.donors[self.rng.below(self.donors.len())];
-            let b = self.donors[self.rng.below(self.donors.len())];
-            let surplus = |s: &WinState| {
+            let pa = self.rng.below(self.donors.len());
+            let pb = self.rng.below(self.donors.len());
+            let (a, b) = (self.donors[pa].idx, self.donors[pb].idx);
+            let surplus = |s: &WinState, lent: CostVector| {
                 if s.active {
-                    s.lent.min(s.tokens_left())
+                    lent.min(s.tokens_left())
                 } else {
                     CostVector::ZERO
                 }
             };
             let (sa, sb) = (
-                surplus(&self.slots[a as usize]),
-                surplus(&self.slots[b as usize]),
+                surplus(&self.slots[a as usize], self.donors[pa].lent),
+                surplus(&self.slots[b as usize], self.donors[pb].lent),
             );
-            let (donor, avail) =
+            let (donor, pos, avail) =
                 if a != idx && (b == idx || self.dominant_share(&sa) >= self.dominant_share(&sb)) {
-                    (a, sa)
+                    (a, pa, sa)
                 } else {
-                    (b, sb)
+                    (b, pb, sb)
                 };
             if donor != idx {
                 let moved = need.min(avail);
                 let d = &mut self.slots[donor as usize];
                 d.alloc = d.alloc.saturating_sub(moved);
+                let d = &mut self.donors[pos];
                 d.lent = d.lent.saturating_sub(moved);
                 got = got.saturating_add(moved);
                 need = need.saturating_sub(moved);
@@ -581,12 +621,7 @@ impl Round1<'_> {
         let Some((alloc, weight)) = close.run(st, hist) else {
             return false;
         };
-        self.lenders.push(Lender {
-            idx,
-            weight,
-            alloc,
-            burst_cost: st.burst_cost,
-        });
+        self.lenders.push(Lender { idx, weight, alloc });
         self.max_weight = self.max_weight.max(weight);
         let a = alloc.dims();
         for (sum, x) in self.round1.iter_mut().zip(a) {
@@ -1031,7 +1066,8 @@ mod tests {
         assert_eq!(std::mem::offset_of!(WinState, avg_cost), 128);
         assert!(std::mem::offset_of!(WinState, last_throttled) < 192);
         assert_eq!(std::mem::offset_of!(WinState, hist_sum), 192);
-        assert_eq!(std::mem::offset_of!(WinState, burst_cost), 256);
+        assert_eq!(std::mem::offset_of!(WinState, burst_cost), 32);
+        assert_eq!(std::mem::offset_of!(WinState, baseline), 256);
     }
 
     /// Walking many active volumes in slot order gives exactly what walking the list does:
@@ -1095,7 +1131,7 @@ mod tests {
                 let slots: Vec<_> = r
                     .slots
                     .iter()
-                    .map(|s| (s.alloc, s.lent, s.in_list, s.active))
+                    .map(|s| (s.alloc, s.in_list, s.active))
                     .collect();
                 out.push((
                     r.active.clone(),
