@@ -1,7 +1,9 @@
 //! Scheduler overhead: nanoseconds per I/O (enqueue + next + complete) for every policy at
 //! 10, 1,000 and 10,000 volumes with 1 % and 100 % of them active, and Burst's per-window
 //! allocation (Algorithm 1 alone, over volumes given one window of synthetic usage) at 64,
-//! 1,024 and 10,000 active volumes, and 64 active out of 10,000 defined.
+//! 1,024 and 10,000 active volumes, and 64 active out of 10,000 defined, on a node sized for
+//! its volumes' baselines, and again (`_oversold`) on one that sold ten times its device
+//! capacity in baselines, where round 1 is scaled down every window.
 //!
 //! The node capacity and the volumes' ceilings are unlimited so that nothing waits on a
 //! limit: the numbers are the policies' own bookkeeping. Every volume has a 100 IOPS baseline
@@ -181,15 +183,23 @@ fn per_io_group(
 
 fn burst_allocation(c: &mut Criterion) {
     let mut group = c.benchmark_group("burst_window_allocation");
-    for (defined, active) in [
-        (64u32, 64u32),
-        (1_024, 1_024),
-        (10_000, 10_000),
-        (10_000, 64),
+    for (defined, active, oversold) in [
+        (64u32, 64u32, false),
+        (1_024, 1_024, false),
+        (10_000, 10_000, false),
+        (10_000, 64, false),
+        (64, 64, true),
+        (1_024, 1_024, true),
+        (10_000, 10_000, true),
     ] {
-        let id = BenchmarkId::from_parameter(format!("{active}active_of_{defined}"));
+        let node = if oversold { "_oversold" } else { "" };
+        let id = BenchmarkId::from_parameter(format!("{active}active_of_{defined}{node}"));
         group.bench_function(id, |bencher| {
-            let mut alloc = BurstAllocation::new(defined, active);
+            let mut alloc = if oversold {
+                BurstAllocation::oversold(defined, active)
+            } else {
+                BurstAllocation::new(defined, active)
+            };
             bencher.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {

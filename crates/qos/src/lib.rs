@@ -48,10 +48,19 @@ pub mod bench_support {
     pub struct BurstAllocation(crate::policies::burst::AllocationBench);
 
     impl BurstAllocation {
-        /// `defined` volumes, of which the first `active` have usage.
+        /// `defined` volumes, of which the first `active` have usage, on a node sized for
+        /// their baselines.
         pub fn new(defined: u32, active: u32) -> Self {
             BurstAllocation(crate::policies::burst::AllocationBench::new(
-                defined, active,
+                defined, active, false,
+            ))
+        }
+
+        /// The same on a node that sold ten times its device capacity in baselines: round 1
+        /// is scaled down every window (one more pass, one division per volume).
+        pub fn oversold(defined: u32, active: u32) -> Self {
+            BurstAllocation(crate::policies::burst::AllocationBench::new(
+                defined, active, true,
             ))
         }
 

@@ -994,16 +994,22 @@ pub(crate) struct AllocationBench {
     vols: Slab<Entry<BurstVol>>,
     active: Vec<u32>,
     now_ns: u64,
+    device_units_per_io: u64,
 }
 
 impl AllocationBench {
-    pub(crate) fn new(defined: u32, active: u32) -> Self {
-        let capacity = NodeCapacity::new(CostVector::new(
-            1_000_000_000,
-            10_000_000_000,
-            10_000_000_000,
-            1_000_000_000,
-        ));
+    /// `defined` volumes, the first `active` of them with usage. `oversold`: the node sold ten
+    /// times its device capacity in baselines (1 device, 100 µs of device time per I/O), so
+    /// round 1 is rescaled every window; otherwise the node is sized for its baselines (8
+    /// workers, 8 devices, 100 GbE, 1 µs of device time per I/O), as Burst's guarantee
+    /// assumes.
+    pub(crate) fn new(defined: u32, active: u32, oversold: bool) -> Self {
+        let capacity = NodeCapacity::new(if oversold {
+            CostVector::new(1_000_000_000, 10_000_000_000, 10_000_000_000, 1_000_000_000)
+        } else {
+            CostVector::new(8_000_000_000, 12_500_000_000, 12_500_000_000, 8_000_000_000)
+        });
+        let device_units_per_io = if oversold { 100_000 } else { 1_000 };
         let mut rules = BurstRules::new(capacity, &PolicyParams::default());
         let qos = VolumeQos {
             baseline: IoRate::new(100, 10_000_000),
@@ -1024,11 +1030,13 @@ impl AllocationBench {
             vols: Slab::default(),
             active: (0..active).collect(),
             now_ns: 0,
+            device_units_per_io,
         }
     }
 
     /// Simulates one window of usage on every active volume (not part of the measurement).
     pub(crate) fn prepare(&mut self) {
+        let dev = self.device_units_per_io;
         for (k, &idx) in self.active.iter().enumerate() {
             let st = self.rules.slot(idx);
             let n = 1 + (k as u64 % 7);
@@ -1037,12 +1045,12 @@ impl AllocationBench {
                     units: 1,
                     bytes: 4096,
                 },
-                &CostVector::new(2_000, 0, 4096, 100_000),
+                &CostVector::new(2_000, 0, 4096, dev),
             );
-            st.consumed = CostVector::new(2_000 * n, 0, 4096 * n, 100_000 * n);
+            st.consumed = CostVector::new(2_000 * n, 0, 4096 * n, dev * n);
             st.burst_seen = n / 2 > 0;
             if k % 3 == 0 {
-                st.throttled = CostVector::new(2_000, 0, 4096, 100_000);
+                st.throttled = CostVector::new(2_000, 0, 4096, dev);
             }
         }
     }
