@@ -204,6 +204,8 @@ fn fio_verify(server: &Server, export: &str, rw: &str) {
             "--verify=crc32c",
             "--verify_fatal=1",
             "--do_verify=1",
+            // No verify-state files in the working directory (they are test output).
+            "--verify_state_save=0",
             "--group_reporting",
             "--output-format=json",
         ])
