@@ -20,123 +20,20 @@
 //! per-volume invariant tracking; the default, on, is what the tests use).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use headroom_qos::bench_support::BurstAllocation;
-use headroom_qos::{
-    BurstMode, CostVector, Decision, IoRate, IoRequest, NodeCapacity, Observed, OpKind, Policy,
-    PolicyKind, PolicyParams, VolumeQos, build_policy,
-};
-use std::hint::black_box;
+use headroom_qos::PolicyKind;
+use headroom_qos::bench_support::{BurstAllocation, PerIoBench, PerIoSetup};
 use std::time::{Duration, Instant};
 
-const STEP_NS: u64 = 1_000;
-const BACKLOG: usize = 4;
-
-/// Volumes burst far above a small baseline (so burst paths are exercised), except under
-/// Base, which caps at the baseline and so gets one that never binds.
-fn qos(kind: PolicyKind) -> VolumeQos {
-    let baseline_iops = if kind == PolicyKind::Base || std::env::var("BENCH_HIGH_BASE").is_ok() {
-        10_000_000
-    } else {
-        100
-    };
-    VolumeQos {
-        baseline: IoRate::new(baseline_iops, u64::MAX),
-        ceiling: IoRate::UNLIMITED,
-        burst: BurstMode::OnDemand,
-        weight: 1,
-        io_unit_bytes: 0,
-    }
-}
-
-struct Bench {
-    policy: Box<dyn Policy>,
-    now: u64,
-    next_id: u64,
-    /// Active volumes; `Some(state)`: replacements go to pseudo-random ones (xorshift state).
-    active: u32,
-    random: Option<u64>,
-}
-
-fn xorshift(state: &mut u64) -> u64 {
-    let mut x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *state = x;
-    x
-}
-
-impl Bench {
-    fn new(kind: PolicyKind, volumes: u32, active: u32, random: bool) -> Bench {
-        let params = PolicyParams {
-            track_invariants: std::env::var("BENCH_TRACK").map_or(true, |v| v != "off"),
-            ..PolicyParams::default()
-        };
-        let mut policy = build_policy(kind, NodeCapacity::UNLIMITED, &params);
-        for v in 0..volumes {
-            policy.add_volume(0, v, &qos(kind));
-        }
-        let mut b = Bench {
-            policy,
-            now: 0,
-            next_id: 0,
-            active,
-            random: random.then_some(0x9e37_79b9_7f4a_7c15),
-        };
-        // The order in which volumes first become backlogged is their ring order.
-        let mut order: Vec<u32> = (0..active).collect();
-        if let Some(state) = &mut b.random {
-            for i in (1..order.len()).rev() {
-                let j = (xorshift(state) % (i as u64 + 1)) as usize;
-                order.swap(i, j);
-            }
-        }
-        for v in order {
-            for _ in 0..BACKLOG {
-                b.enqueue(v);
-            }
-        }
-        b
-    }
-
-    /// The volume that gets the replacement for a request of `done` (itself, or random).
-    fn replacement_for(&mut self, done: u32) -> u32 {
-        match &mut self.random {
-            Some(state) => (xorshift(state) % u64::from(self.active)) as u32,
-            None => done,
-        }
-    }
-
-    fn enqueue(&mut self, volume: u32) {
-        self.next_id += 1;
-        let req = IoRequest {
-            id: self.next_id,
-            volume,
-            op: OpKind::Read,
-            offset_bytes: self.next_id * 4096,
-            len_bytes: 4096,
-            cost: CostVector::new(1_000, 0, 4096, 100),
-            arrival_ns: self.now,
-        };
-        self.policy.enqueue(self.now, req);
-    }
-
-    /// One I/O: next → dispatch → complete → enqueue a replacement (keeps the backlog).
-    fn one_io(&mut self) {
-        self.now += STEP_NS;
-        loop {
-            match self.policy.next(self.now) {
-                Decision::Dispatch(req, _) => {
-                    self.policy.complete(self.now, &req, Observed::default());
-                    let v = self.replacement_for(req.volume);
-                    self.enqueue(v);
-                    black_box(req.id);
-                    return;
-                }
-                Decision::WaitUntil(t) => self.now = t.max(self.now + 1),
-                Decision::Idle => return,
-            }
-        }
+/// The per-I/O workload for `kind`, with the environment's switches (`BENCH_TRACK=off`,
+/// `BENCH_HIGH_BASE`).
+fn setup(kind: PolicyKind, volumes: u32, active: u32, random: bool) -> PerIoSetup {
+    PerIoSetup {
+        kind,
+        volumes,
+        active,
+        random,
+        track_invariants: std::env::var("BENCH_TRACK").map_or(true, |v| v != "off"),
+        high_baseline: std::env::var("BENCH_HIGH_BASE").is_ok(),
     }
 }
 
@@ -162,7 +59,7 @@ fn per_io_group(
                 let active = (volumes * active_pct / 100).max(1);
                 let id = BenchmarkId::new(kind.as_str(), format!("{volumes}vols_{active_pct}pct"));
                 group.bench_function(id, |bencher| {
-                    let mut b = Bench::new(kind, volumes, active, random);
+                    let mut b = PerIoBench::new(setup(kind, volumes, active, random));
                     // Warm the structures (first window, heaps at size).
                     for _ in 0..20_000 {
                         b.one_io();

@@ -40,38 +40,6 @@ pub use vocab::{
     Observed, OpKind, Phase, VolumeId, VolumeQos,
 };
 
-/// Hooks for the criterion benchmark only; not a stable API.
+/// Hooks for the criterion benchmark and the overhead-count example only; not a stable API.
 #[doc(hidden)]
-pub mod bench_support {
-    /// Burst's per-window allocation (Algorithm 1) over synthetic active volumes.
-    #[derive(Debug)]
-    pub struct BurstAllocation(crate::policies::burst::AllocationBench);
-
-    impl BurstAllocation {
-        /// `defined` volumes, of which the first `active` have usage, on a node sized for
-        /// their baselines.
-        pub fn new(defined: u32, active: u32) -> Self {
-            BurstAllocation(crate::policies::burst::AllocationBench::new(
-                defined, active, false,
-            ))
-        }
-
-        /// The same on a node that sold ten times its device capacity in baselines: round 1
-        /// is scaled down every window (one more pass, one division per volume).
-        pub fn oversold(defined: u32, active: u32) -> Self {
-            BurstAllocation(crate::policies::burst::AllocationBench::new(
-                defined, active, true,
-            ))
-        }
-
-        /// Gives every active volume one window of usage (call outside the measurement).
-        pub fn prepare(&mut self) {
-            self.0.prepare();
-        }
-
-        /// Runs one window's allocation; returns how many volumes it allocated to.
-        pub fn allocate(&mut self) -> usize {
-            self.0.allocate()
-        }
-    }
-}
+pub mod bench_support;
