@@ -73,9 +73,6 @@ struct WinState {
     observations: u8,
     /// A burst request ran this window.
     burst_seen: bool,
-    /// Next position in this volume's segment of `BurstRules::hist` (`history_windows` is at
-    /// most 1,024).
-    hist_pos: u16,
     live: bool,
     active: bool,
     in_list: bool,
@@ -112,20 +109,14 @@ impl WinState {
         self.may_burst = qos.burst != BurstMode::None;
     }
 
-    /// Pushes one window's usage into the volume's history ring `hist` (its segment of
-    /// `BurstRules::hist`, never empty).
-    fn push_history(&mut self, hist: &mut [CostVector], usage: CostVector) {
-        let pos = self.hist_pos as usize;
-        let Some(old) = hist.get_mut(pos) else {
+    /// Pushes one window's usage into the volume's history ring: `entry` is its entry at the
+    /// ring's current position (see `BurstRules::hist`), holding the usage of N windows ago.
+    fn push_history(&mut self, entry: Option<&mut CostVector>, usage: CostVector) {
+        let Some(old) = entry else {
             return;
         };
         self.hist_sum = self.hist_sum.saturating_sub(*old).saturating_add(usage);
         *old = usage;
-        self.hist_pos = if pos + 1 == hist.len() {
-            0
-        } else {
-            self.hist_pos + 1
-        };
     }
 
     /// Leaves the active list: no allocation, nothing counted.
@@ -214,9 +205,20 @@ pub(crate) struct BurstRules {
     next_window_ns: u64,
     burst_pacer: Pacer,
     slots: Vec<WinState>,
-    /// Usage history of every slot, `history_windows` entries per slot, flat so that the
-    /// per-window loop does not chase one heap pointer per volume.
+    /// Usage history of every slot, `history_windows` planes of `hist_stride` entries: entry
+    /// `p * hist_stride + idx` is slot `idx`'s usage at ring position `p`. One ring position
+    /// (`hist_pos`) serves every volume: all listed volumes push once per window (and the same
+    /// number of zeros after a gap), and a volume joins the list with an all-zero history
+    /// (new, reset, or it left idle and was zeroed), so each volume's entry at the shared
+    /// position is its own usage of N pushes ago, as with a ring per volume. A window's pushes
+    /// then all land in one plane, densely, instead of one cache line per volume (in a busy
+    /// simulated node the oldest entry was a cache miss per volume per window).
+    /// Flat, so the per-window loop does not chase one heap pointer per volume.
     hist: Vec<CostVector>,
+    /// Entries per plane of `hist` (a power of two, at least the number of slots).
+    hist_stride: usize,
+    /// The ring position the next window's push goes to.
+    hist_pos: usize,
     active: Vec<u32>,
     /// One bit per slot, set while the slot is in `active` (`WinState::in_list`).
     listed: Vec<u64>,
@@ -286,6 +288,8 @@ impl BurstRules {
             burst_pacer: Pacer::with_depth(0, burst_rate, params.limiter_depth_ns.max(1)),
             slots: Vec::new(),
             hist: Vec::new(),
+            hist_stride: 0,
+            hist_pos: 0,
             active: Vec::new(),
             listed: Vec::new(),
             ordered_min: ORDERED_MIN,
@@ -306,11 +310,43 @@ impl BurstRules {
         let i = idx as usize;
         if self.slots.len() <= i {
             self.slots.resize_with(i + 1, WinState::default);
-            self.hist
-                .resize(self.slots.len() * self.history_windows, CostVector::ZERO);
+            if self.slots.len() > self.hist_stride {
+                self.grow_history(self.slots.len());
+            }
             self.listed.resize(self.slots.len().div_ceil(64), 0);
         }
         &mut self.slots[i]
+    }
+
+    /// Re-lays the history planes out for at least `slots` slots (doubling, so growth is
+    /// amortised O(1) per volume).
+    fn grow_history(&mut self, slots: usize) {
+        let n = self.history_windows;
+        let stride = slots.next_power_of_two().max(64);
+        let mut hist = vec![CostVector::ZERO; n * stride];
+        let old = self.hist_stride;
+        if old > 0 {
+            for (new_plane, old_plane) in hist
+                .chunks_exact_mut(stride)
+                .zip(self.hist.chunks_exact(old))
+            {
+                if let Some(dst) = new_plane.get_mut(..old) {
+                    dst.copy_from_slice(old_plane);
+                }
+            }
+        }
+        self.hist = hist;
+        self.hist_stride = stride;
+    }
+
+    /// Zeroes slot `idx`'s history in every plane.
+    fn zero_history(&mut self, idx: u32) {
+        let stride = self.hist_stride;
+        for p in 0..self.history_windows {
+            if let Some(e) = self.hist.get_mut(p * stride + idx as usize) {
+                *e = CostVector::ZERO;
+            }
+        }
     }
 
     /// Resets a slot for a new (or removed) volume, history included.
@@ -319,13 +355,9 @@ impl BurstRules {
         if let Some(d) = self.donors.iter_mut().find(|d| d.idx == idx) {
             d.lent = CostVector::ZERO;
         }
-        let n = self.history_windows;
         let st = self.slot(idx);
         *st = st.fresh();
-        let start = idx as usize * n;
-        if let Some(h) = self.hist.get_mut(start..start + n) {
-            h.fill(CostVector::ZERO);
-        }
+        self.zero_history(idx);
     }
 
     /// Dominant share of a cost vector relative to one window of capacity, fixed point `2^FP`.
@@ -350,7 +382,10 @@ impl BurstRules {
             cap_window: self.cap_window,
             window_ns: self.window_ns,
             alpha_fp,
-            zero_pushes: gap_windows.min(n as u64).saturating_sub(1),
+            zero_pushes: gap_windows.min(n as u64).saturating_sub(1) as usize,
+            pos: self.hist_pos,
+            planes: n,
+            stride: self.hist_stride,
         };
         let mut acc = Round1 {
             lenders: &mut self.lenders,
@@ -371,12 +406,9 @@ impl BurstRules {
                     let b = bits.trailing_zeros();
                     bits &= bits - 1;
                     let idx = w * 64 + b as usize;
-                    let kept = match (
-                        self.slots.get_mut(idx),
-                        self.hist.get_mut(idx * n..(idx + 1) * n),
-                    ) {
-                        (Some(st), Some(hist)) => acc.close(&close, st, hist, idx as u32),
-                        _ => false,
+                    let kept = match self.slots.get_mut(idx) {
+                        Some(st) => acc.close(&close, st, &mut self.hist, idx as u32),
+                        None => false,
                     };
                     if !kept {
                         self.listed[w] &= !(1u64 << b);
@@ -396,12 +428,9 @@ impl BurstRules {
             let mut i = 0;
             while i < list.len() {
                 let idx = list[i] as usize;
-                let kept = match (
-                    self.slots.get_mut(idx),
-                    self.hist.get_mut(idx * n..(idx + 1) * n),
-                ) {
-                    (Some(st), Some(hist)) => acc.close(&close, st, hist, idx as u32),
-                    _ => false,
+                let kept = match self.slots.get_mut(idx) {
+                    Some(st) => acc.close(&close, st, &mut self.hist, idx as u32),
+                    None => false,
                 };
                 if kept {
                     i += 1;
@@ -411,6 +440,8 @@ impl BurstRules {
                 }
             }
         }
+        // Every listed volume pushed once and `zero_pushes` zeros: the shared ring moves on.
+        self.hist_pos = (close.pos + 1 + close.zero_pushes) % n.max(1);
         let Round1 {
             round1: round1_wide,
             sum_weight,
@@ -618,7 +649,7 @@ impl Round1<'_> {
         hist: &mut [CostVector],
         idx: u32,
     ) -> bool {
-        let Some((alloc, weight)) = close.run(st, hist) else {
+        let Some((alloc, weight)) = close.run(st, hist, idx as usize) else {
             return false;
         };
         self.lenders.push(Lender { idx, weight, alloc });
@@ -639,7 +670,12 @@ struct CloseWindow {
     cap_window: CostVector,
     window_ns: u64,
     alpha_fp: u64,
-    zero_pushes: u64,
+    zero_pushes: usize,
+    /// The shared ring position of this window's push, the number of positions (N) and the
+    /// entries per plane (see `BurstRules::hist`).
+    pos: usize,
+    planes: usize,
+    stride: usize,
 }
 
 impl CloseWindow {
@@ -647,20 +683,37 @@ impl CloseWindow {
     /// and returns its round-1 allocation (stored by round 2) and its lending weight; `None`
     /// (and the volume marked unlisted) if it leaves the active list.
     #[inline(always)]
-    fn run(&self, st: &mut WinState, hist: &mut [CostVector]) -> Option<(CostVector, u64)> {
+    fn run(
+        &self,
+        st: &mut WinState,
+        hist: &mut [CostVector],
+        idx: usize,
+    ) -> Option<(CostVector, u64)> {
         if !st.live || !st.active {
+            // Removed (its history was zeroed then): nothing to push.
             st.leave_list();
             return None;
         }
         let usage = st.consumed;
-        st.push_history(hist, usage);
+        st.push_history(hist.get_mut(self.pos * self.stride + idx), usage);
+        let mut p = self.pos;
         for _ in 0..self.zero_pushes {
-            st.push_history(hist, CostVector::ZERO);
+            p += 1;
+            if p == self.planes {
+                p = 0;
+            }
+            st.push_history(hist.get_mut(p * self.stride + idx), CostVector::ZERO);
         }
         st.last_bursting = st.burst_seen;
         st.last_throttled = !st.throttled.is_zero();
         if !st.backlogged && st.hist_sum.is_zero() {
-            // Idle for N windows: leaves the active list.
+            // Idle for N windows: leaves the active list, with an all-zero history (already
+            // zero unless a saturated sum hid an entry; rare, so the N stores are cheap).
+            for q in 0..self.planes {
+                if let Some(e) = hist.get_mut(q * self.stride + idx) {
+                    *e = CostVector::ZERO;
+                }
+            }
             st.leave_list();
             return None;
         }
