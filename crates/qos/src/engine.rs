@@ -484,16 +484,7 @@ impl<R: Rules> Policy for Engine<R> {
 
     fn complete(&mut self, now_ns: u64, req: &IoRequest, _observed: Observed) {
         self.clock.at(now_ns);
-        if !self.tracker.per_volume {
-            // Nothing to record on the volume: O(1) without touching it.
-            self.tracker.idle_claim = false;
-            return;
-        }
-        if let Some(idx) = self.vols.lookup(req.volume)
-            && self.vols.get(idx).is_some()
-        {
-            self.tracker.on_complete(idx);
-        }
+        self.tracker.on_complete(&self.vols, req.volume);
     }
 
     fn check_invariants(&self) -> Result<(), InvariantViolation> {

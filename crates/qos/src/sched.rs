@@ -729,10 +729,16 @@ impl Tracker {
         }
     }
 
-    /// Records a completion on slot `idx` (a volume that is still defined).
-    pub(crate) fn on_complete(&mut self, idx: u32) {
+    /// Records a completion of a request of `volume` (looked up in `vols` only when per-volume
+    /// tracking is on: untracked, a completion is O(1) and never touches the volume).
+    pub(crate) fn on_complete<T>(&mut self, vols: &Slab<T>, volume: VolumeId) {
         self.idle_claim = false;
-        if self.per_volume {
+        if !self.per_volume {
+            return;
+        }
+        if let Some(idx) = vols.lookup(volume)
+            && vols.get(idx).is_some()
+        {
             let t = self.vol_track(idx);
             t.in_flight = t.in_flight.saturating_sub(1);
         }

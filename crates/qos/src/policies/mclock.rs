@@ -444,15 +444,7 @@ impl Policy for MClock {
 
     fn complete(&mut self, now_ns: u64, req: &IoRequest, _observed: Observed) {
         self.clock.at(now_ns);
-        if !self.tracker.per_volume {
-            self.tracker.idle_claim = false;
-            return;
-        }
-        if let Some(idx) = self.vols.lookup(req.volume)
-            && self.vols.get(idx).is_some()
-        {
-            self.tracker.on_complete(idx);
-        }
+        self.tracker.on_complete(&self.vols, req.volume);
     }
 
     fn check_invariants(&self) -> Result<(), InvariantViolation> {
