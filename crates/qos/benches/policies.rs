@@ -17,11 +17,14 @@
 //! touch unrelated, cache-cold volumes instead of walking the volume table in order.
 //!
 //! `BENCH_TRACK=off` runs every policy with `PolicyParams::track_invariants` off (no
-//! per-volume invariant tracking; the default, on, is what the tests use).
+//! per-volume invariant tracking; the default, on, is what the tests use). `BENCH_CPU=baseline`
+//! (or `x86-64-v3`) runs the allocation group at a lower vector level than the CPU's
+//! (`headroom_qos::cpu`).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use headroom_qos::PolicyKind;
 use headroom_qos::bench_support::{BurstAllocation, PerIoBench, PerIoSetup};
+use headroom_qos::cpu::CpuLevel;
 use std::time::{Duration, Instant};
 
 /// The per-I/O workload for `kind`, with the environment's switches (`BENCH_TRACK=off`,
@@ -34,6 +37,16 @@ fn setup(kind: PolicyKind, volumes: u32, active: u32, random: bool) -> PerIoSetu
         random,
         track_invariants: std::env::var("BENCH_TRACK").map_or(true, |v| v != "off"),
         high_baseline: std::env::var("BENCH_HIGH_BASE").is_ok(),
+    }
+}
+
+/// `BENCH_CPU=baseline|x86-64-v3|x86-64-v4`: the vector level of Burst's allocation (default:
+/// the highest this CPU has; a level above it runs as the highest it has).
+fn cpu_level() -> Option<CpuLevel> {
+    let v = std::env::var("BENCH_CPU").ok()?;
+    match v.parse() {
+        Ok(level) => Some(level),
+        Err(e) => panic!("BENCH_CPU: {e}"),
     }
 }
 
@@ -97,6 +110,9 @@ fn burst_allocation(c: &mut Criterion) {
             } else {
                 BurstAllocation::new(defined, active)
             };
+            if let Some(level) = cpu_level() {
+                alloc.set_cpu_level(level);
+            }
             bencher.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {

@@ -32,6 +32,11 @@ impl BurstAllocation {
         ))
     }
 
+    /// Runs the allocation compiled for `level` (lowered to what this CPU has).
+    pub fn set_cpu_level(&mut self, level: crate::cpu::CpuLevel) {
+        self.0.set_cpu_level(level);
+    }
+
     /// Gives every active volume one window of usage (call outside the measurement).
     pub fn prepare(&mut self) {
         self.0.prepare();

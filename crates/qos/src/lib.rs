@@ -16,6 +16,7 @@
 
 pub mod bucket;
 pub mod cost;
+pub mod cpu;
 mod engine;
 pub mod error;
 pub mod limiter;

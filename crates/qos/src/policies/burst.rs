@@ -238,6 +238,8 @@ pub(crate) struct BurstRules {
     pool_left: CostVector,
     reserve_left: CostVector,
     rng: XorShift64,
+    /// The vector level the allocation runs at (detected; lowered by tests and benches).
+    pub(crate) cpu: crate::cpu::CpuLevel,
     pub(crate) last_alloc: AllocSummary,
     recoveries: u64,
 }
@@ -298,6 +300,7 @@ impl BurstRules {
             pool_left: cap_window.saturating_sub(reserve_window),
             reserve_left: reserve_window,
             rng: XorShift64::new(params.seed),
+            cpu: crate::cpu::CpuLevel::detect(),
             last_alloc: AllocSummary::default(),
             recoveries: 0,
         }
@@ -363,8 +366,17 @@ impl BurstRules {
         dominant_share(&self.inv_cap_window, v)
     }
 
-    /// Ends the finished window and computes the next window's allocations (Algorithm 1).
+    /// Ends the finished window and computes the next window's allocations (Algorithm 1),
+    /// compiled for the CPU's vector level (`crate::cpu`: same results at every level).
     fn allocate(&mut self, gap_windows: u64) {
+        let level = self.cpu;
+        let (rules, gap) = (self, gap_windows);
+        crate::cpu::dispatch!(level, |rules: &mut BurstRules, gap: u64| rules
+            .allocate_body(gap))
+    }
+
+    #[inline(always)]
+    fn allocate_body(&mut self, gap_windows: u64) {
         let n = self.history_windows;
         // alpha / N in 2^FP fixed point; alpha_permille is at most u32::MAX, so this fits.
         let alpha_fp: u64 = ((u128::from(self.alpha_permille) << FP) / (1000 * n as u128))
@@ -1042,6 +1054,10 @@ impl AllocationBench {
         }
     }
 
+    pub(crate) fn set_cpu_level(&mut self, level: crate::cpu::CpuLevel) {
+        self.rules.cpu = level;
+    }
+
     /// Simulates one window of usage on every active volume (not part of the measurement).
     pub(crate) fn prepare(&mut self) {
         let dev = self.device_units_per_io;
@@ -1084,6 +1100,75 @@ mod tests {
         assert_eq!(std::mem::offset_of!(WinState, hist_sum), 192);
         assert_eq!(std::mem::offset_of!(WinState, burst_cost), 32);
         assert_eq!(std::mem::offset_of!(WinState, baseline), 256);
+    }
+
+    /// Every vector level the CPU has computes the same allocations, loans, donors and pool,
+    /// window after window (the arithmetic is integer, so it must be bit-identical).
+    #[test]
+    fn allocation_is_the_same_at_every_cpu_level() {
+        let capacity = NodeCapacity::new(CostVector::new(
+            50_000_000,
+            10_000_000_000,
+            1_000_000_000,
+            100_000_000,
+        ));
+        let qos = VolumeQos {
+            baseline: IoRate::new(100, 10_000_000),
+            ceiling: IoRate::new(10_000, 1_000_000_000),
+            burst: BurstMode::OnDemand,
+            weight: 1,
+            io_unit_bytes: 0,
+        };
+        let run = |level: crate::cpu::CpuLevel| {
+            let mut r = BurstRules::new(capacity, &PolicyParams::default());
+            r.cpu = level;
+            let mut dummy = r.new_vol(0, 0, &qos);
+            let n = 3_000u32;
+            for idx in 0..n {
+                let _ = r.new_vol(0, idx, &qos);
+            }
+            let mut rng = XorShift64::new(11);
+            let mut vols = Slab::default();
+            let mut out = Vec::new();
+            for w in 1..=20u64 {
+                for idx in 0..n {
+                    let k = rng.below(1 << 20) as u64;
+                    if k.is_multiple_of(4) {
+                        r.slot(idx).backlogged = false;
+                        continue;
+                    }
+                    r.became_backlogged(0, idx, &mut dummy);
+                    let st = r.slot(idx);
+                    let m = 1 + k % 23;
+                    st.observe(
+                        Charge {
+                            units: 1 + k % 3,
+                            bytes: 4096 * m,
+                        },
+                        &CostVector::new(1_500 * m, (k % 2) * 4096 * m, 4096 * m, 90_000 * m),
+                    );
+                    st.consumed =
+                        CostVector::new(2_000 * m, (k % 2) * 4096 * m, 4096 * m, 100_000 * m);
+                    st.burst_seen = k.is_multiple_of(3);
+                    if k.is_multiple_of(5) {
+                        st.throttled = CostVector::new(2_000, 0, 4096, 100_000 * m);
+                    }
+                }
+                let _ = r.tick(w * r.window_ns, &mut vols);
+                let allocs: Vec<CostVector> = r.slots.iter().map(|s| s.alloc).collect();
+                out.push((allocs, r.donors.clone(), r.pool_left, r.last_alloc));
+            }
+            out
+        };
+        let levels = crate::cpu::CpuLevel::available();
+        let reference = run(crate::cpu::CpuLevel::Baseline);
+        assert!(
+            reference.iter().any(|w| !w.1.is_empty()),
+            "nothing was lent"
+        );
+        for level in levels {
+            assert_eq!(run(level), reference, "level {}", level.as_str());
+        }
     }
 
     /// The active list (a bitmap walked in slot order, with a summary bit per word) holds
@@ -1157,7 +1242,11 @@ mod tests {
             let listed: Vec<u32> = (0..n).filter(|&idx| bit(&r.listed, idx)).collect();
             assert_eq!(listed, expected, "window {w}");
             for (idx, st) in r.slots.iter().enumerate() {
-                assert_eq!(st.in_list, bit(&r.listed, idx as u32), "window {w} slot {idx}");
+                assert_eq!(
+                    st.in_list,
+                    bit(&r.listed, idx as u32),
+                    "window {w} slot {idx}"
+                );
             }
             for (word_idx, word) in r.listed.iter().enumerate() {
                 assert_eq!(*word != 0, bit(&r.listed_words, word_idx as u32));
