@@ -64,7 +64,8 @@ pub(crate) trait Rules: Send + std::fmt::Debug {
     fn classes(&self) -> usize;
     fn new_vol(&mut self, now_ns: u64, idx: u32, qos: &VolumeQos) -> Self::Vol;
     fn reconfigure(&mut self, now_ns: u64, idx: u32, qos: &VolumeQos, vol: &mut Self::Vol);
-    fn removed(&mut self, _idx: u32, _vol: &Self::Vol) {}
+    /// A volume was removed at `now_ns` (its state is dropped after this).
+    fn removed(&mut self, _now_ns: u64, _idx: u32, _vol: &Self::Vol) {}
     /// The ceiling this policy enforces for a volume (invariant tracking).
     fn enforced_ceiling(&self, qos: &VolumeQos) -> IoRate;
     /// A volume's queue went from empty to non-empty.
@@ -323,9 +324,9 @@ impl<R: Rules> Policy for Engine<R> {
     }
 
     fn remove_volume(&mut self, now_ns: u64, id: VolumeId) {
-        self.clock.at(now_ns);
+        let now = self.clock.at(now_ns);
         if let Some((idx, e)) = self.vols.remove(id) {
-            self.rules.removed(idx, &e.x);
+            self.rules.removed(now, idx, &e.x);
             self.tracker.on_remove(e.core.queue.len());
         }
     }

@@ -89,6 +89,15 @@ impl RateLimiter {
         }
     }
 
+    /// Forgives any debt at `now_ns`: the level is raised to zero if below, never refilled
+    /// above it.
+    pub fn forgive_debt(&mut self, now_ns: u64) {
+        for b in [&mut self.iops, &mut self.bytes] {
+            b.advance(now_ns);
+            b.limit_debt(0);
+        }
+    }
+
     /// Changes the rate live, keeping the current level (clamped to the new depth).
     pub fn reconfigure(&mut self, now_ns: u64, rate: IoRate) {
         let d = self.depth_ns;
@@ -170,6 +179,7 @@ impl VolumeCredits {
             _ => CreditSpec {
                 iops: None,
                 bytes: None,
+                pool: None,
             },
         };
         reconfigure_one(&mut self.iops, now_ns, spec.iops.as_ref());
@@ -350,6 +360,7 @@ mod tests {
                     start_full: true,
                 }),
                 bytes: None,
+                pool: None,
             }),
             ..VolumeQos::default()
         };

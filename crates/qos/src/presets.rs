@@ -288,6 +288,7 @@ fn gp2(name: &str, gib: u64) -> Result<VolumeQos, QosError> {
                 start_full: true,
             }),
             bytes: None,
+            pool: None,
         })
     } else {
         BurstMode::None
@@ -439,6 +440,7 @@ fn azure_credit(name: &str, gib: u64) -> Result<VolumeQos, QosError> {
         burst: BurstMode::Credits(CreditSpec {
             iops: Some(bucket(burst_iops, iops)),
             bytes: Some(bucket(burst_bps, mbps * MB)),
+            pool: None,
         }),
         weight: weight_for(iops),
         io_unit_bytes: AWS_IO_UNIT_BYTES,
@@ -625,6 +627,7 @@ fn qemu(name: &str, q: &QemuIotune) -> Result<VolumeQos, QosError> {
         BurstMode::Credits(CreditSpec {
             iops: iops_bucket,
             bytes: bps_bucket,
+            pool: None,
         })
     } else {
         BurstMode::None

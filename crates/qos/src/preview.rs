@@ -124,9 +124,7 @@ pub fn preview(req: &PreviewRequest) -> Result<Vec<PreviewRow>, QosError> {
 
     let params = crate::policy::PolicyParams::default();
     let mut engine = Engine::new(
-        CreditRules {
-            depth_ns: params.limiter_depth_ns,
-        },
+        CreditRules::new(params.limiter_depth_ns),
         NodeCapacity::UNLIMITED,
         params.window_ns,
         params.limiter_depth_ns,

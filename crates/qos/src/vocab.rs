@@ -83,12 +83,42 @@ pub struct CreditBucketSpec {
 }
 
 /// The credit buckets of a volume in credit-burst mode; at least one must be present.
+///
+/// Without a `pool` the buckets are the volume's own, as gp2, Azure and QEMU grant them: every
+/// new volume may start with a full burst. That is the "More IOPS for Less" hole (papers.md
+/// §5.5): an account that replaces small volumes before their credits run out bursts forever.
+/// Volumes whose specs name the same `pool` instead share one bucket per dimension, so that
+/// credits are granted per account. Semantics of a pool (Credit policy; see docs/qos.md):
+/// - it belongs to one policy instance (one scheduler), keyed by the id: a volume served by
+///   several workers pools, on each worker, the share of its QoS that worker sees;
+/// - its capacity and refill rate are the sums over its current members' buckets in that
+///   dimension; every request of a member (baseline or burst) spends from it;
+/// - a member's requests within its own baseline meter run whatever the pool's balance (so a
+///   member keeps its baseline however its siblings spend); above the baseline a member needs
+///   a positive pool balance, as a volume needs one in its own bucket. The refill (>= the sum
+///   of the members' baselines) pays the baselines back, so the balance dips below zero by at
+///   most a bounded overdraft (the members' baseline meter depths plus one request each);
+/// - initial credits are granted once per pool and dimension: when the dimension gets its
+///   first member ever, full by that member's capacity if it was added with `start_full`,
+///   otherwise empty; later members (replacement volumes) add capacity and refill, never
+///   credits. A leaving member shrinks the capacity and the balance is clamped to it; the pool
+///   outlives its last member (balance then at most 0), so deleting and recreating every
+///   volume does not refill it either;
+/// - a live QoS change of a member adjusts capacity and refill without refilling; a volume that
+///   joins a pool by a QoS change brings no credits (its own balance is dropped), one that
+///   leaves gets its own buckets, empty.
+///
+/// Only the Credit policy pools; Burst in credit mode (and every other policy) ignores `pool`
+/// and gives each volume its own buckets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CreditSpec {
     /// Bucket counted in I/O units (gp2, Azure IOPS, QEMU `iops-*-max`).
     pub iops: Option<CreditBucketSpec>,
     /// Bucket counted in bytes (Azure MB/s, QEMU `bps-*-max`, st1).
     pub bytes: Option<CreditBucketSpec>,
+    /// Shared credit pool (an account) this volume's buckets belong to; `None` = its own.
+    #[serde(default)]
+    pub pool: Option<u32>,
 }
 
 /// How a volume may exceed its baseline.
@@ -371,6 +401,7 @@ mod tests {
         q.burst = BurstMode::Credits(CreditSpec {
             iops: None,
             bytes: None,
+            pool: None,
         });
         assert!(q.validate().is_err());
     }
@@ -386,5 +417,22 @@ mod tests {
         assert_eq!(q.burst_ceiling(), IoRate::new(100, 1000));
         q.burst = BurstMode::OnDemand;
         assert_eq!(q.burst_ceiling(), IoRate::new(300, 3000));
+    }
+
+    #[test]
+    fn credit_spec_without_a_pool_parses_as_its_own_buckets() {
+        // Specs written before pools existed keep parsing, as unpooled buckets.
+        let old =
+            r#"{"iops":{"capacity":5400000,"refill_per_s":300,"start_full":true},"bytes":null}"#;
+        let spec: CreditSpec = serde_json::from_str(old).unwrap();
+        assert_eq!(spec.pool, None);
+        assert_eq!(spec.iops.map(|b| b.capacity), Some(5_400_000));
+        let pooled =
+            r#"{"iops":null,"bytes":{"capacity":9,"refill_per_s":1,"start_full":false},"pool":7}"#;
+        let spec: CreditSpec = serde_json::from_str(pooled).unwrap();
+        assert_eq!(spec.pool, Some(7));
+        let back: CreditSpec =
+            serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(back, spec);
     }
 }

@@ -82,6 +82,7 @@ fn qos_strategy() -> impl Strategy<Value = VolumeQos> {
                             refill_per_s: b_bytes + (extra_refill << 12),
                             start_full: full,
                         }),
+                        pool: None,
                     }),
                 };
                 let q = VolumeQos {
@@ -97,11 +98,34 @@ fn qos_strategy() -> impl Strategy<Value = VolumeQos> {
         )
 }
 
+/// [`qos_strategy`], with credit volumes put in one of two shared credit pools (or none), so
+/// that pools see members join, leave, change QoS and differ in buckets and baselines.
+fn pooled_qos_strategy() -> impl Strategy<Value = VolumeQos> {
+    (
+        qos_strategy(),
+        prop_oneof![Just(None), (0u32..2).prop_map(Some)],
+    )
+        .prop_map(|(mut q, pool)| {
+            if let BurstMode::Credits(c) = &mut q.burst {
+                c.pool = pool;
+            }
+            q
+        })
+}
+
 fn op_strategy() -> impl Strategy<Value = Op> {
+    ops_with(qos_strategy().boxed())
+}
+
+fn pooled_op_strategy() -> impl Strategy<Value = Op> {
+    ops_with(pooled_qos_strategy().boxed())
+}
+
+fn ops_with(qos: BoxedStrategy<VolumeQos>) -> impl Strategy<Value = Op> {
     let vol = 0u32..6;
     prop_oneof![
-        2 => (vol.clone(), qos_strategy()).prop_map(|(v, q)| Op::Add(v, q)),
-        1 => (vol.clone(), qos_strategy()).prop_map(|(v, q)| Op::Update(v, q)),
+        2 => (vol.clone(), qos.clone()).prop_map(|(v, q)| Op::Add(v, q)),
+        1 => (vol.clone(), qos).prop_map(|(v, q)| Op::Update(v, q)),
         1 => vol.clone().prop_map(Op::Remove),
         6 => (vol, 1usize..12, 0usize..SHAPES.len()).prop_map(|(v, n, s)| Op::Enqueue(v, n, s)),
         4 => (0u64..(30 * MS)).prop_map(Op::Advance),
@@ -216,6 +240,9 @@ fn run(kind: PolicyKind, capacity: NodeCapacity, params: PolicyParams, ops: Vec<
 
 macro_rules! invariant_test {
     ($name:ident, $kind:expr) => {
+        invariant_test!($name, $kind, op_strategy());
+    };
+    ($name:ident, $kind:expr, $ops:expr) => {
         proptest! {
             #![proptest_config(ProptestConfig {
                 cases: 256,
@@ -225,7 +252,7 @@ macro_rules! invariant_test {
                 ..ProptestConfig::default()
             })]
             #[test]
-            fn $name(capacity in capacity_strategy(), params in params_strategy(), ops in prop::collection::vec(op_strategy(), 1..120)) {
+            fn $name(capacity in capacity_strategy(), params in params_strategy(), ops in prop::collection::vec($ops, 1..120)) {
                 run($kind, capacity, params, ops);
             }
         }
@@ -235,6 +262,11 @@ macro_rules! invariant_test {
 invariant_test!(wild_invariants_hold, PolicyKind::Wild);
 invariant_test!(base_invariants_hold, PolicyKind::Base);
 invariant_test!(credit_invariants_hold, PolicyKind::Credit);
+invariant_test!(
+    credit_pool_invariants_hold,
+    PolicyKind::Credit,
+    pooled_op_strategy()
+);
 invariant_test!(burst_invariants_hold, PolicyKind::Burst);
 invariant_test!(mclock_invariants_hold, PolicyKind::MClock);
 invariant_test!(drr_vop_invariants_hold, PolicyKind::DrrVop);

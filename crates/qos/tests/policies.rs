@@ -51,10 +51,20 @@ fn credits(baseline: u64, ceiling: u64, bucket: u64) -> VolumeQos {
                 start_full: true,
             }),
             bytes: None,
+            pool: None,
         }),
         weight: 1,
         io_unit_bytes: 0,
     }
+}
+
+/// [`credits`] in credit pool `pool`.
+fn pooled(baseline: u64, ceiling: u64, bucket: u64, pool: u32) -> VolumeQos {
+    let mut q = credits(baseline, ceiling, bucket);
+    if let BurstMode::Credits(c) = &mut q.burst {
+        c.pool = Some(pool);
+    }
+    q
 }
 
 fn flood(d: &mut Driver, vol: u32, n: usize) {
@@ -231,6 +241,200 @@ fn credit_serves_baselines_before_bursts_on_a_saturated_node() {
     assert!((399..=401).contains(&b), "{b}");
     assert!(d.count_phase(2, Phase::Baseline, S, 2 * S) >= 199);
     assert!(d.max_wait(1, 0, 2 * S) <= 2 * MS);
+}
+
+// ------------------------------------------------------------------------- Credit: shared pools
+//
+// Pooled volumes below: baseline 100, ceiling 500, bucket 1,000 each (refill 100/s), demand
+// 500/s of 1-us requests (the node never binds). Alone, such a volume bursts for
+// 1,000 / (500 − 100) = 2.5 s.
+
+fn demand(vol: u32) -> (u32, u64, OpKind, u32, CostVector) {
+    (
+        vol,
+        500,
+        OpKind::Read,
+        4096,
+        cost(1_000, OpKind::Read, 4096),
+    )
+}
+
+fn balance(d: &Driver, vol: u32) -> u64 {
+    match d.policy.snapshot(vol).and_then(|s| s.iops_credits) {
+        Some(b) => b,
+        None => panic!("volume {vol} has no IOPS credits"),
+    }
+}
+
+#[test]
+fn credit_pool_members_draining_together_last_half_as_long() {
+    let mut d = Driver::new(PolicyKind::Credit, node());
+    d.add(1, &pooled(100, 500, 1_000, 7));
+    d.add(2, &pooled(100, 500, 1_000, 7));
+    d.add(3, &credits(100, 500, 1_000));
+    // One grant for the account (the first member's 1,000), refilled at 200/s: drained at
+    // 1,000 − 200 = 800/s it lasts 1.25 s; volume 3's own bucket lasts 2.5 s.
+    assert_eq!(
+        (balance(&d, 1), balance(&d, 2), balance(&d, 3)),
+        (1_000, 1_000, 1_000)
+    );
+    let all = [demand(1), demand(2), demand(3)];
+    d.run_with_demand(1_200 * MS, &all);
+    let b = balance(&d, 1);
+    assert!((38..=42).contains(&b), "pool after 1.2 s: {b}");
+    assert_eq!(balance(&d, 2), b, "members see one balance");
+    d.run_with_demand(1_300 * MS, &all);
+    assert_eq!(balance(&d, 1), 0);
+    let own = balance(&d, 3);
+    assert!((478..=482).contains(&own), "own bucket after 1.3 s: {own}");
+    d.run_with_demand(2_400 * MS, &all);
+    assert!(balance(&d, 3) > 0);
+    d.run_with_demand(2_600 * MS, &all);
+    assert_eq!(balance(&d, 3), 0);
+    d.run_with_demand(5 * S, &all);
+    // Both members burst at 500 until 1.25 s, then get their baselines (the pool's refill).
+    let pool_rate = |from: u64, to: u64| d.count(1, from, to) + d.count(2, from, to);
+    assert_eq!(pool_rate(0, S), 1_000);
+    assert!(
+        (198..=202).contains(&pool_rate(3 * S, 4 * S)),
+        "{}",
+        pool_rate(3 * S, 4 * S)
+    );
+    assert_eq!(d.count(1, 4 * S, 5 * S), 100);
+    assert_eq!(d.count(2, 4 * S, 5 * S), 100);
+    assert_eq!(d.count(3, 2 * S, 3 * S), 300);
+    assert_eq!(d.count_phase(1, Phase::BurstCredit, 2 * S, 5 * S), 0);
+}
+
+#[test]
+fn credit_pool_lends_an_idle_members_credits_to_a_busy_one() {
+    let mut d = Driver::new(PolicyKind::Credit, node());
+    d.add(1, &pooled(100, 500, 1_000, 7));
+    d.add(2, &pooled(100, 500, 1_000, 7));
+    d.add(3, &credits(100, 500, 1_000));
+    // Volume 2 idles: its refill is volume 1's too. 1,000 / (500 − 200) = 3.33 s of burst,
+    // then 200/s (its own baseline plus the idle member's), where volume 3 gets 100.
+    d.run_with_demand(5 * S, &[demand(1), demand(3)]);
+    assert_eq!(d.count(1, 0, 3 * S), 1_500);
+    assert_eq!(d.count(3, 2 * S, 3 * S), 300);
+    let busy = d.count(1, 4 * S, 5 * S);
+    assert!((198..=202).contains(&busy), "{busy}");
+    assert_eq!(d.count(3, 4 * S, 5 * S), 100);
+    assert!(d.count_phase(1, Phase::BurstCredit, 4 * S, 5 * S) >= 98);
+}
+
+#[test]
+fn credit_pool_member_keeps_its_baseline_when_a_sibling_floods() {
+    let mut d = Driver::new(PolicyKind::Credit, node());
+    // An empty pool of two members counting 4 KiB I/O units (refill 200 units/s in all).
+    let mut empty = pooled(100, 3_000, 1_000, 7);
+    empty.io_unit_bytes = 4096;
+    if let BurstMode::Credits(c) = &mut empty.burst {
+        c.iops = c.iops.map(|b| CreditBucketSpec {
+            start_full: false,
+            ..b
+        });
+    }
+    d.add(1, &empty);
+    d.add(2, &empty);
+    // Volume 1 floods 1 MiB reads (256 units each): one of them admitted on a positive pool
+    // balance leaves it 255 units (1.3 s of refill) in debt. Volume 2 asks for exactly its
+    // baseline in 4 KiB reads and gets it without waiting for the pool: its baseline rests on
+    // its own meter, not on what its sibling left in the pool.
+    let big = cost(1_000, OpKind::Read, 1 << 20);
+    d.enqueue(1, 200, OpKind::Read, 1 << 20, big);
+    d.run_with_demand(
+        5 * S,
+        &[(2, 100, OpKind::Read, 4096, cost(1_000, OpKind::Read, 4096))],
+    );
+    for s in 1..5 {
+        assert_eq!(d.count(2, s * S, (s + 1) * S), 100, "second {s}");
+    }
+    assert!(
+        d.max_wait(2, 0, 5 * S) <= 10 * MS,
+        "{}",
+        d.max_wait(2, 0, 5 * S)
+    );
+    // Volume 1 gets the rest: its own baseline, 100 units/s = one 1 MiB read per 2.56 s.
+    let flooder = d.count(1, S, 5 * S);
+    assert!((1..=3).contains(&flooder), "{flooder}");
+}
+
+#[test]
+fn credit_pool_replacement_volume_brings_no_credits() {
+    for add_first in [false, true] {
+        let mut d = Driver::new(PolicyKind::Credit, node());
+        d.add(1, &pooled(100, 500, 1_000, 7));
+        d.add(2, &pooled(100, 500, 1_000, 7));
+        // 1 s at 500/s from volume 1: 1,000 − 500 + 200 = 700.
+        d.run_with_demand(S, &[demand(1)]);
+        let before = balance(&d, 2);
+        assert!((699..=701).contains(&before), "{before}");
+        // Replace volume 1 by volume 4 (a fresh volume whose bucket would start full).
+        if add_first {
+            d.add(4, &pooled(100, 500, 1_000, 7));
+            d.remove(1);
+        } else {
+            d.remove(1);
+            d.add(4, &pooled(100, 500, 1_000, 7));
+        }
+        assert_eq!(balance(&d, 4), before, "add_first {add_first}");
+        assert_eq!(balance(&d, 2), before);
+        // Unpooled, the same fresh volume gets a whole bucket: the hole the pool closes.
+        d.add(5, &credits(100, 500, 1_000));
+        assert_eq!(balance(&d, 5), 1_000);
+    }
+}
+
+#[test]
+fn credit_pool_outlives_its_members() {
+    let mut d = Driver::new(PolicyKind::Credit, node());
+    d.add(1, &pooled(100, 500, 1_000, 7));
+    d.add(2, &pooled(100, 500, 1_000, 7));
+    assert_eq!(balance(&d, 1), 1_000);
+    d.remove(1);
+    d.remove(2);
+    // No member: capacity 0, balance 0, and no refill however long.
+    d.run_until(100 * S);
+    d.add(1, &pooled(100, 500, 1_000, 7));
+    d.add(2, &pooled(100, 500, 1_000, 7));
+    assert_eq!(balance(&d, 1), 0);
+    d.run_until(101 * S);
+    assert_eq!(balance(&d, 2), 200);
+    // Another pool id is another account: granted once, on its own.
+    d.add(3, &pooled(100, 500, 1_000, 8));
+    assert_eq!(balance(&d, 3), 1_000);
+}
+
+#[test]
+fn credit_pool_qos_change_keeps_the_balance() {
+    let mut d = Driver::new(PolicyKind::Credit, node());
+    d.add(1, &pooled(100, 500, 1_000, 7));
+    d.add(2, &pooled(100, 500, 1_000, 7));
+    d.run_with_demand(S, &[demand(1)]);
+    let before = balance(&d, 1);
+    assert!((699..=701).contains(&before), "{before}");
+    // A larger bucket (capacity 6,000): kept, not refilled.
+    d.update(1, &pooled(100, 800, 5_000, 7));
+    assert_eq!(balance(&d, 1), before);
+    // Smaller, but still above the balance (capacity 1,100): kept.
+    d.update(1, &pooled(100, 800, 100, 7));
+    assert_eq!(balance(&d, 2), before);
+    // Capacity 200: clamped.
+    d.update(2, &pooled(100, 500, 100, 7));
+    assert_eq!(balance(&d, 1), 200);
+    // A faster refill counts from the change: 100 + 300 per second.
+    d.update(1, &pooled(100, 800, 5_000, 7));
+    d.update(1, &pooled(300, 800, 5_000, 7));
+    d.run_until(d.now + S);
+    assert_eq!(balance(&d, 2), 600);
+    // Leaving the pool by a QoS change: own bucket, empty; the pool loses its share.
+    d.update(1, &credits(300, 800, 5_000));
+    assert_eq!(balance(&d, 1), 0);
+    assert_eq!(balance(&d, 2), 100);
+    // Joining one brings no credits either.
+    d.update(1, &pooled(100, 500, 1_000, 7));
+    assert_eq!(balance(&d, 1), 100);
 }
 
 // --------------------------------------------------------------------------------------- Burst

@@ -327,6 +327,7 @@ pub fn scale_qos(q: &VolumeQos, num: u64, den: u64) -> VolumeQos {
             BurstMode::Credits(c) => BurstMode::Credits(CreditSpec {
                 iops: bucket(c.iops),
                 bytes: bucket(c.bytes),
+                pool: c.pool,
             }),
             other => other,
         },

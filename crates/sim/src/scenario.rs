@@ -27,6 +27,7 @@
 //! [[groups]]                  # tenants, queues, hot_queue_share, volume_gib, stats_from_s/to_s
 //! name = "victim"
 //! qos = { baseline_iops = 20000.0, ceiling_iops = 1e6, burst = "on_demand" }  # or preset = "gp2"
+//!                             # credit_pool = "acct-a": credits shared per account (Credit policy)
 //! workload = { mode = "open", rate_iops = 10000.0, qd = 32, sizes = "4k", read_fraction = 1.0 }
 //! [[actions]]                 # at_s, group, set_qos | replace_volumes (+ start_full, overlap_s),
 //! at_s = 1800.0               # every_s
@@ -297,6 +298,28 @@ pub struct QosSpec {
     /// IOPS accounting unit, KiB (0 = one per request).
     #[serde(default)]
     pub io_unit_kib: Option<u32>,
+    /// Shared credit pool (an account): volumes whose QoS names the same pool share their
+    /// credit buckets under the Credit policy (`qos::CreditSpec::pool`), so credits are granted
+    /// once per account rather than per volume. Needs credit burst mode (e.g. `preset =
+    /// "gp2"`). Names are 1–64 characters of `[A-Za-z0-9_.-]`; see [`credit_pool_id`].
+    #[serde(default)]
+    pub credit_pool: Option<String>,
+}
+
+/// The `qos::CreditSpec::pool` id of a scenario's pool name: the 32-bit FNV-1a hash of the
+/// name, so that the same name is the same pool in every group and action of a run without a
+/// registry. Two names of one scenario hashing alike are rejected by
+/// [`ScenarioSpec::validate`].
+pub fn credit_pool_id(name: &str) -> Result<u32, SimError> {
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    if name.is_empty() || name.len() > 64 || !name.chars().all(valid) {
+        return Err(SimError::Invalid(format!(
+            "credit_pool {name:?}: use 1-64 characters of A-Z, a-z, 0-9, '_', '.', '-'"
+        )));
+    }
+    Ok(name.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    }))
 }
 
 const MIB: f64 = 1_048_576.0;
@@ -369,6 +392,7 @@ impl QosSpec {
                     _ => CreditSpec {
                         iops: None,
                         bytes: None,
+                        pool: None,
                     },
                 };
                 if let Some(b) = &self.credit_iops {
@@ -385,6 +409,17 @@ impl QosSpec {
             if let (Some(b), BurstMode::Credits(mut spec)) = (&self.credit_iops, q.burst) {
                 spec.iops = Some(bucket(b, q.baseline.iops, "credit_iops")?);
                 q.burst = BurstMode::Credits(spec);
+            }
+        }
+        if let Some(name) = &self.credit_pool {
+            let id = credit_pool_id(name)?;
+            match &mut q.burst {
+                BurstMode::Credits(spec) => spec.pool = Some(id),
+                BurstMode::None | BurstMode::OnDemand => {
+                    return Err(SimError::Invalid(format!(
+                        "credit_pool {name:?} needs credit burst mode (burst = \"credits\" or a credit preset such as gp2)"
+                    )));
+                }
             }
         }
         q.validate()
@@ -460,7 +495,8 @@ pub struct ActionSpec {
     #[serde(default)]
     pub replace_volumes: bool,
     /// With `replace_volumes`: override whether the new volumes' credit buckets start full
-    /// (`false` models credits granted per account, not per new volume).
+    /// (`false` roughly approximates credits granted per account; `credit_pool` on the group's
+    /// qos models them exactly: a replacement joining a pool never brings credits).
     #[serde(default)]
     pub start_full: Option<bool>,
     /// With `replace_volumes`: how long the old volume stays provisioned (billed) while the
@@ -672,6 +708,30 @@ impl ScenarioSpec {
         if self.policies.is_empty() {
             return inv("no policies listed".into());
         }
+        self.check_credit_pool_names()
+    }
+
+    /// Pool names map to ids by hash: two different names of this scenario must not collide.
+    fn check_credit_pool_names(&self) -> Result<(), SimError> {
+        let names = self
+            .groups
+            .iter()
+            .map(|g| &g.qos)
+            .chain(self.actions.iter().filter_map(|a| a.set_qos.as_ref()))
+            .filter_map(|q| q.credit_pool.as_deref());
+        let mut seen: Vec<(u32, &str)> = Vec::new();
+        for name in names {
+            let id = credit_pool_id(name)?;
+            match seen.iter().find(|(i, _)| *i == id) {
+                Some((_, other)) if *other != name => {
+                    return Err(SimError::Invalid(format!(
+                        "credit pools {other:?} and {name:?} hash to the same id {id}; rename one"
+                    )));
+                }
+                Some(_) => {}
+                None => seen.push((id, name)),
+            }
+        }
         Ok(())
     }
 }
@@ -864,6 +924,56 @@ mod tests {
             "{MINIMAL}\n[[variants]]\nname = \"x\"\nset = {{ \"groups.nope.workload.qd\" = 9 }}\n"
         );
         assert!(Scenario::from_toml_str(&bad).is_err());
+    }
+
+    #[test]
+    fn credit_pools_are_named_per_group_and_checked() {
+        let gib = 1u64 << 30;
+        let pool_of = |q: &QosSpec| match q.to_volume_qos(10 * gib) {
+            Ok(VolumeQos {
+                burst: BurstMode::Credits(c),
+                ..
+            }) => c.pool,
+            other => panic!("credits expected, got {other:?}"),
+        };
+        let gp2 = |pool: &str| QosSpec {
+            preset: Some("gp2".into()),
+            credit_pool: Some(pool.into()),
+            ..QosSpec::default()
+        };
+        let a = pool_of(&gp2("acct-a"));
+        assert!(a.is_some());
+        assert_eq!(pool_of(&gp2("acct-a")), a, "same name, same pool");
+        assert_ne!(pool_of(&gp2("acct-b")), a);
+        let no_pool = QosSpec {
+            preset: Some("gp2".into()),
+            ..QosSpec::default()
+        };
+        assert_eq!(pool_of(&no_pool), None);
+        // Invalid names and pools without credits are errors.
+        for bad in ["", "acct a", "ä"] {
+            let err = gp2(bad).to_volume_qos(10 * gib).unwrap_err().to_string();
+            assert!(err.contains("credit_pool"), "{err}");
+        }
+        let on_demand = QosSpec {
+            burst: Some(BurstSpec::OnDemand),
+            credit_pool: Some("acct-a".into()),
+            ..QosSpec::default()
+        };
+        let err = on_demand.to_volume_qos(gib).unwrap_err().to_string();
+        assert!(err.contains("credit burst mode"), "{err}");
+        // In a file; two names with the same FNV-1a hash are rejected.
+        let file = |b: &str| {
+            format!(
+                "{MINIMAL}\nqos = {{ preset = \"gp2\", credit_pool = \"acct-rrgs\" }}\n[[groups]]\nname = \"b\"\nworkload = {{ mode = \"closed\", qd = 4 }}\nqos = {{ preset = \"gp2\", credit_pool = \"{b}\" }}\n"
+            )
+        };
+        assert!(Scenario::from_toml_str(&file("acct-rrgs")).is_ok());
+        assert!(Scenario::from_toml_str(&file("acct-b")).is_ok());
+        let err = Scenario::from_toml_str(&file("acct-jbaxa"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("same id"), "{err}");
     }
 
     #[test]

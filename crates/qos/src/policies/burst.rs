@@ -813,7 +813,7 @@ impl Rules for BurstRules {
         self.slot(idx).configure(qos);
     }
 
-    fn removed(&mut self, idx: u32, _vol: &BurstVol) {
+    fn removed(&mut self, _now_ns: u64, idx: u32, _vol: &BurstVol) {
         self.reset_slot(idx);
     }
 

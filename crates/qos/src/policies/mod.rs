@@ -3,6 +3,7 @@
 mod base;
 pub(crate) mod burst;
 pub(crate) mod credit;
+mod credit_pool;
 mod drr;
 mod mclock;
 mod wild;
@@ -138,7 +139,7 @@ pub(crate) fn build(
             track,
         )),
         PolicyKind::Credit => Box::new(Engine::new(
-            credit::CreditRules { depth_ns },
+            credit::CreditRules::new(depth_ns),
             capacity,
             w,
             depth_ns,
