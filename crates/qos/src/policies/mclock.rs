@@ -140,6 +140,14 @@ struct MVol {
     limit: TagClock,
     /// Start tag of the head request in virtual time.
     p_start: u128,
+    /// The sequence number of this volume's one valid entry in `MClock::by_res` (0: none).
+    /// A weight-phase dispatch leaves the reservation tag unchanged, so the entry is kept
+    /// instead of pushing a copy under a new generation: those copies piled up below the top
+    /// of the heap (one per I/O of every volume served above its reservation) and made every
+    /// pop walk a heap thousands deep.
+    res_seq: u64,
+    /// The tag of that entry.
+    res_tag: u64,
 }
 
 impl MVol {
@@ -162,8 +170,12 @@ impl MVol {
 pub(crate) struct MClock {
     clock: Clock,
     vols: Slab<MVol>,
-    /// Volumes under their limit, by reservation tag.
-    by_res: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    /// Volumes under their limit, by reservation tag: `(tag, slot, sequence)`, valid while the
+    /// slot's volume holds that sequence number (`MVol::res_seq`).
+    by_res: BinaryHeap<Reverse<(u64, u32, u64)>>,
+    /// Sequence numbers of `by_res` entries (never reused, so an entry of a removed volume
+    /// never matches the volume that takes its slot).
+    next_res_seq: u64,
     /// Volumes under their limit, by proportional start tag.
     by_prop: BinaryHeap<Reverse<(u128, u32, u32)>>,
     /// Volumes over their limit, by limit tag.
@@ -186,6 +198,7 @@ impl MClock {
             clock: Clock::default(),
             vols: Slab::default(),
             by_res: BinaryHeap::new(),
+            next_res_seq: 1,
             by_prop: BinaryHeap::new(),
             by_limit: BinaryHeap::new(),
             vtime: 0,
@@ -207,12 +220,14 @@ impl MClock {
             return;
         };
         let Some(head) = v.core.queue.front() else {
+            v.res_seq = 0;
             return;
         };
         let charge = v.core.charge(head);
         // Under the limit when the limit tag is due: like every limiter here, one request deep.
         let lim = v.limit.tag(v.lim_rate(), charge);
         if lim > now {
+            v.res_seq = 0;
             if lim != u64::MAX {
                 self.by_limit.push(Reverse((lim, idx, generation)));
             }
@@ -220,7 +235,14 @@ impl MClock {
         }
         if v.has_reservation() {
             let r = v.reservation.tag(v.res_rate(), charge);
-            self.by_res.push(Reverse((r, idx, generation)));
+            if v.res_seq == 0 || v.res_tag != r {
+                v.res_seq = self.next_res_seq;
+                v.res_tag = r;
+                self.next_res_seq += 1;
+                self.by_res.push(Reverse((r, idx, v.res_seq)));
+            }
+        } else {
+            v.res_seq = 0;
         }
         self.by_prop.push(Reverse((v.p_start, idx, generation)));
     }
@@ -240,8 +262,8 @@ impl MClock {
     }
 
     fn min_res(&mut self) -> Option<(u64, u32)> {
-        while let Some(&Reverse((t, idx, generation))) = self.by_res.peek() {
-            if self.vols.is_current(idx, generation) {
+        while let Some(&Reverse((t, idx, seq))) = self.by_res.peek() {
+            if self.vols.get(idx).is_some_and(|v| v.res_seq == seq) {
                 return Some((t, idx));
             }
             self.by_res.pop();
@@ -286,6 +308,8 @@ impl MClock {
                 reservation: TagClock::at(now),
                 limit: TagClock::at(now),
                 p_start: self.vtime,
+                res_seq: 0,
+                res_tag: 0,
             },
         )
     }
