@@ -1102,10 +1102,8 @@ mod tests {
         assert_eq!(std::mem::offset_of!(WinState, baseline), 256);
     }
 
-    /// Every vector level the CPU has computes the same allocations, loans, donors and pool,
-    /// window after window (the arithmetic is integer, so it must be bit-identical).
-    #[test]
-    fn allocation_is_the_same_at_every_cpu_level() {
+    /// A node that a few thousand 100 IOPS volumes oversell, and their on-demand QoS.
+    fn test_node() -> (NodeCapacity, VolumeQos) {
         let capacity = NodeCapacity::new(CostVector::new(
             50_000_000,
             10_000_000_000,
@@ -1119,6 +1117,14 @@ mod tests {
             weight: 1,
             io_unit_bytes: 0,
         };
+        (capacity, qos)
+    }
+
+    /// Every vector level the CPU has computes the same allocations, loans, donors and pool,
+    /// window after window (the arithmetic is integer, so it must be bit-identical).
+    #[test]
+    fn allocation_is_the_same_at_every_cpu_level() {
+        let (capacity, qos) = test_node();
         let run = |level: crate::cpu::CpuLevel| {
             let mut r = BurstRules::new(capacity, &PolicyParams::default());
             r.cpu = level;
@@ -1177,19 +1183,7 @@ mod tests {
     /// out in slot order, each listed.
     #[test]
     fn active_list_tracks_joins_and_leaves() {
-        let capacity = NodeCapacity::new(CostVector::new(
-            50_000_000,
-            10_000_000_000,
-            1_000_000_000,
-            100_000_000,
-        ));
-        let qos = VolumeQos {
-            baseline: IoRate::new(100, 10_000_000),
-            ceiling: IoRate::new(10_000, 1_000_000_000),
-            burst: BurstMode::OnDemand,
-            weight: 1,
-            io_unit_bytes: 0,
-        };
+        let (capacity, qos) = test_node();
         let n = 9_000u32;
         let params = PolicyParams::default();
         let windows_n = u64::from(params.history_windows);
