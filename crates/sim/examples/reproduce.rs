@@ -267,12 +267,20 @@ fn credits(seed: u64) -> Result<(), String> {
         rate((2_200.0 / s.bucket_s) as usize)
     );
     let r = load_run("gp2-rotation.toml", seed)?;
-    println!("| tenant (100 GiB) | IOPS 2,000–3,800 s | GiB-hours | volumes created |");
-    println!("|---|---|---|---|");
+    println!(
+        "| tenant (100 GiB) | IOPS 2,000–3,800 s | GiB-hours | volumes created | rebuilds copied | copy s (mean, max) | old volume held s (mean) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     if let Some(p) = find(&r, "credit", "") {
         for (g, d) in p.groups.iter().zip(&p.details.groups) {
+            let rebuild = d.rebuild.as_ref().map_or("| - | - | -".to_string(), |b| {
+                format!(
+                    "| {} of {} | {:.1}, {:.1} | {:.1}",
+                    b.copied, b.started, b.copy_s_mean, b.copy_s_max, b.overlap_s_mean
+                )
+            });
             println!(
-                "| {} | {:.0} | {:.1} | {} |",
+                "| {} | {:.0} | {:.1} | {} {rebuild} |",
                 g.name, g.iops, d.provisioned_gib_hours, d.volumes_created
             );
         }
@@ -280,7 +288,7 @@ fn credits(seed: u64) -> Result<(), String> {
             let ca = p.details.groups[0].provisioned_gib_hours;
             let cb = p.details.groups[1].provisioned_gib_hours;
             println!(
-                "\nrotation: {:.0}x the IOPS for {:+.1} % cost\n",
+                "\nrotation: {:.1}x the IOPS for {:+.1} % cost\n",
                 b.iops / a.iops,
                 (cb / ca - 1.0) * 100.0
             );

@@ -26,6 +26,7 @@ pub mod histogram;
 pub mod link;
 pub mod node;
 pub mod plot;
+pub(crate) mod rebuild;
 pub mod report;
 pub mod rng;
 pub mod scenario;
@@ -34,7 +35,7 @@ pub mod workload;
 
 pub use error::SimError;
 pub use node::PolicyChoice;
-pub use report::{GroupResult, PolicyResult, RunDetails, SimReport};
+pub use report::{GroupResult, PolicyResult, RebuildDetails, RunDetails, SimReport};
 pub use scenario::Scenario;
 
 use std::path::PathBuf;

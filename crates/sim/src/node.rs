@@ -20,8 +20,11 @@ use crate::error::SimError;
 use crate::fifo::Fifo;
 use crate::histogram::Histogram;
 use crate::link::Link;
+use crate::rebuild::{Rebuild, RebuildStats};
 use crate::rng::{STREAM_NODE, STREAM_POPULATION, STREAM_TENANT_BASE, SimRng};
-use crate::scenario::{DispatchMode, InvariantMode, ReadRouting, ScenarioSpec};
+use crate::scenario::{
+    DispatchMode, InvariantMode, ReadRouting, RebuildSpec, RebuildTenantIo, ScenarioSpec,
+};
 use crate::trace::TraceRecord;
 use crate::workload::{Arrival, Mode, Pattern, Schedule, SizeMix};
 use headroom_qos::{
@@ -70,7 +73,8 @@ impl PolicyChoice {
 
 #[derive(Clone, Copy, Debug)]
 /// Kept to 8 bytes (generations are `u16`: a stale event whose generation wrapped around only
-/// causes one harmless extra call to `next`/`issue` checks).
+/// causes one harmless extra call to `next`/`issue` checks). `Release`: a rebuild's
+/// `overlap_s` has passed, or its copy is done; release its old volume if nothing uses it.
 enum Ev {
     Arrival { tenant: u32, generation: u16 },
     Toggle { tenant: u32 },
@@ -80,6 +84,7 @@ enum Ev {
     Wake { worker: u16, generation: u16 },
     Action { index: u32 },
     Check,
+    Release { rebuild: u32 },
 }
 
 struct Worker {
@@ -180,6 +185,32 @@ pub(crate) struct GroupRun {
     pub volumes_created: u64,
     /// Provisioned capacity over the whole run, GiB × seconds (what a cloud bills).
     pub provisioned_gib_s: f64,
+    /// Mirror rebuilds of replaced volumes (`None` when no action rebuilds this group).
+    pub rebuild: Option<RebuildStats>,
+}
+
+/// What a request in flight is, when the run has mirror rebuilds (kept beside the slots, so
+/// that a run without them neither stores nor reads it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// The tenant's own request.
+    Tenant,
+    /// A copy read from the old volume of rebuild `rebuild`.
+    CopyRead { rebuild: u32 },
+    /// A copy write to the new volume of rebuild `rebuild`.
+    CopyWrite { rebuild: u32 },
+    /// One half of a tenant write sent to both volumes of a RAID-1 pair; the tenant hears of
+    /// it when the second half completes (the first one turns its partner into `Tenant`).
+    Mirror { partner: u32 },
+}
+
+/// A request's shape, as the tenant or a rebuild asks for it.
+#[derive(Clone, Copy)]
+struct Io {
+    op: OpKind,
+    offset_bytes: u64,
+    len_bytes: u32,
+    sequential: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -381,6 +412,22 @@ pub(crate) struct Node<'a> {
     violations: u64,
     first_violation: Option<String>,
     next_volume: VolumeId,
+    /// Some action rebuilds volumes: slots carry a [`Role`] and completions look at it.
+    rebuild_enabled: bool,
+    /// Rebuild state, behind one pointer so that it does not spread the hot fields.
+    rb: Box<Rebuilds>,
+}
+
+/// The node's mirror rebuilds.
+#[derive(Default)]
+struct Rebuilds {
+    /// Role of each slot (indexed like `slots`; empty unless rebuilds are enabled).
+    roles: Vec<Role>,
+    /// Every rebuild of the run, in start order.
+    list: Vec<Rebuild>,
+    /// Per tenant, the index in `list` of the rebuild whose old volume is not released yet,
+    /// or `NONE`.
+    of_tenant: Vec<u32>,
 }
 
 impl<'a> Node<'a> {
@@ -625,10 +672,17 @@ impl<'a> Node<'a> {
                 downstream_wait_ns: 0,
                 volumes_created: count as u64,
                 provisioned_gib_s: count as f64 * g.volume_gib * spec.duration_s,
+                rebuild: spec
+                    .actions
+                    .iter()
+                    .any(|a| a.group == g.name && a.rebuild.is_some())
+                    .then(RebuildStats::default),
             });
             group_qos.push(qos);
         }
 
+        let rebuild_enabled = spec.actions.iter().any(|a| a.rebuild.is_some());
+        let tenant_count = tenants.len();
         let mut node = Node {
             spec,
             seed,
@@ -661,6 +715,16 @@ impl<'a> Node<'a> {
             violations: 0,
             first_violation: None,
             next_volume: 0,
+            rebuild_enabled,
+            rb: Box::new(Rebuilds {
+                roles: Vec::new(),
+                list: Vec::new(),
+                of_tenant: if rebuild_enabled {
+                    vec![NONE; tenant_count]
+                } else {
+                    Vec::new()
+                },
+            }),
         };
         node.next_volume = node.tenants.len() as VolumeId;
         node.register_volumes(0);
@@ -801,6 +865,7 @@ impl<'a> Node<'a> {
                     self.check(now)?;
                     self.q.push(now + check_ns, Ev::Check);
                 }
+                Ev::Release { rebuild } => self.on_release(rebuild as usize, now),
             }
             if self.q.processed() >= next_progress {
                 next_progress += 1 << 16;
@@ -842,7 +907,7 @@ impl<'a> Node<'a> {
             self.update_group_qos(now, group, qos);
         }
         if a.replace_volumes {
-            self.replace_volumes(now, group, a.start_full, a.overlap_s);
+            self.replace_volumes(now, group, a.start_full, a.overlap_s, a.rebuild);
         }
         if a.every_s > 0.0 {
             self.q.push(
@@ -855,13 +920,16 @@ impl<'a> Node<'a> {
         Ok(())
     }
 
-    /// Moves every tenant of `group` to a fresh volume; queued requests follow it.
+    /// Moves every tenant of `group` to a fresh volume. Without `rebuild`, queued requests
+    /// follow it and the old volume is dropped at once (billed `overlap_s` more); with it, the
+    /// old volume stays until its copy onto the new one is done (see [`Node::start_rebuild`]).
     fn replace_volumes(
         &mut self,
         now: u64,
         group: usize,
         start_full: Option<bool>,
         overlap_s: f64,
+        rebuild: Option<RebuildSpec>,
     ) {
         let mut qos = self.group_qos[group];
         if let (Some(full), BurstMode::Credits(mut c)) = (start_full, qos.burst) {
@@ -873,6 +941,17 @@ impl<'a> Node<'a> {
         let gib = self.spec.groups[group].volume_gib;
         for ti in 0..self.tenants.len() {
             if self.tenants[ti].group as usize != group {
+                continue;
+            }
+            if let Some(spec) = &rebuild {
+                self.start_rebuild(now, ti, &qos, spec, overlap_s);
+                continue;
+            }
+            if self.rebuild_enabled && self.rb.of_tenant[ti] != NONE {
+                // A rebuild still needs the tenant's current volume (another action's).
+                if let Some(st) = self.groups[group].rebuild.as_mut() {
+                    st.skipped += 1;
+                }
                 continue;
             }
             let old = self.tenants[ti].volume;
@@ -1090,11 +1169,36 @@ impl<'a> Node<'a> {
                 self.home_worker(&self.tenants[ti], queue)
             }
         };
+        let volume = self.tenants[ti].volume;
+        let io = Io {
+            op,
+            offset_bytes: offset,
+            len_bytes: len,
+            sequential,
+        };
+        if self.rebuild_enabled {
+            self.submit_tenant_during_rebuilds(ti, worker, volume, io, now);
+        } else {
+            self.submit(ti, worker, volume, io, now);
+        }
+        Some(worker)
+    }
+
+    /// Hands one request to `worker`'s policy (or ring) and lets the worker dispatch; returns
+    /// the request's slot.
+    #[inline(always)]
+    fn submit(&mut self, ti: usize, worker: usize, volume: VolumeId, io: Io, now: u64) -> u32 {
+        let Io {
+            op,
+            offset_bytes: offset,
+            len_bytes: len,
+            sequential,
+        } = io;
+        let nworkers = self.workers.len();
         let cost = self.workers[worker]
             .cost_model
             .estimate(op, len, sequential);
         let slot = self.alloc_slot();
-        let volume = self.tenants[ti].volume;
         let stealing = self.dispatch == DispatchMode::Stealing;
         {
             // Field by field from registers: copying a request built on the stack reads it
@@ -1146,7 +1250,7 @@ impl<'a> Node<'a> {
             );
         }
         self.kick(worker, now);
-        Some(worker)
+        slot
     }
 
     /// Lets worker `w` dispatch if its CPU is free.
@@ -1376,6 +1480,9 @@ impl<'a> Node<'a> {
     }
 
     fn on_complete(&mut self, slot: u32, now: u64) {
+        if self.rebuild_enabled && self.on_rebuild_complete(slot, now) {
+            return;
+        }
         let (w, ti, phase, len, issue_ns, dispatch_ns, backend_wait, device_cost, observed) = {
             let s = &self.slots[slot as usize];
             (
@@ -1458,7 +1565,309 @@ impl<'a> Node<'a> {
         }
     }
 
-    fn finish(self) -> RunData {
+    /// A tenant request while rebuilds are on: under `raid1`, reads of data the new volume
+    /// does not have yet go to the old volume, and writes go to both.
+    #[cold]
+    #[inline(never)]
+    fn submit_tenant_during_rebuilds(
+        &mut self,
+        ti: usize,
+        worker: usize,
+        volume: VolumeId,
+        io: Io,
+        now: u64,
+    ) {
+        let r = self.rb.of_tenant[ti];
+        let raid1 = r != NONE && {
+            let rb = &self.rb.list[r as usize];
+            rb.tenant_io == RebuildTenantIo::Raid1 && !rb.copied()
+        };
+        if !raid1 {
+            let slot = self.submit(ti, worker, volume, io, now);
+            self.set_role(slot, Role::Tenant);
+            return;
+        }
+        let r = r as usize;
+        let group = self.tenants[ti].group as usize;
+        let old = self.rb.list[r].old;
+        match io.op {
+            OpKind::Read => {
+                let end = io.offset_bytes + u64::from(io.len_bytes);
+                let from_old = end > self.rb.list[r].in_sync_below_bytes();
+                let target = if from_old { old } else { volume };
+                let slot = self.submit(ti, worker, target, io, now);
+                self.set_role(slot, Role::Tenant);
+                if from_old {
+                    self.rb.list[r].old_requests += 1;
+                    if let Some(st) = self.groups[group].rebuild.as_mut() {
+                        st.tenant_reads_from_old += 1;
+                    }
+                }
+            }
+            _ => {
+                let a = self.submit(ti, worker, volume, io, now);
+                let b = self.submit(ti, worker, old, io, now);
+                self.set_role(a, Role::Mirror { partner: b });
+                self.set_role(b, Role::Mirror { partner: a });
+                self.rb.list[r].old_requests += 1;
+                if let Some(st) = self.groups[group].rebuild.as_mut() {
+                    st.tenant_writes_mirrored += 1;
+                }
+            }
+        }
+    }
+
+    fn set_role(&mut self, slot: u32, role: Role) {
+        let i = slot as usize;
+        if self.rb.roles.len() <= i {
+            self.rb.roles.resize(i + 1, Role::Tenant);
+        }
+        self.rb.roles[i] = role;
+    }
+
+    /// Replaces tenant `ti`'s volume by a fresh one with `qos` and starts copying the old one
+    /// onto it; the tenant's requests already issued stay on the old volume. A tenant whose
+    /// previous rebuild still holds its old volume keeps its volume (counted as skipped).
+    fn start_rebuild(
+        &mut self,
+        now: u64,
+        ti: usize,
+        qos: &VolumeQos,
+        spec: &RebuildSpec,
+        overlap_s: f64,
+    ) {
+        let group = self.tenants[ti].group as usize;
+        if self.rb.of_tenant[ti] != NONE {
+            if let Some(st) = self.groups[group].rebuild.as_mut() {
+                st.skipped += 1;
+            }
+            return;
+        }
+        let old = self.tenants[ti].volume;
+        let new = self.next_volume;
+        self.next_volume += 1;
+        for (w, num, den) in self.shares(ti) {
+            let share = scale_qos(qos, num, den);
+            self.workers[w].policy.add_volume(now, new, &share);
+        }
+        self.tenants[ti].volume = new;
+        let old_requests = self
+            .slots
+            .iter()
+            .filter(|s| {
+                s.state != SlotState::Free && s.tenant as usize == ti && s.req.volume == old
+            })
+            .count() as u64;
+        let mut rb = Rebuild::new(
+            ti as u32,
+            old,
+            new,
+            self.tenants[ti].volume_bytes,
+            spec,
+            now,
+        );
+        rb.release_not_before_ns = now + secs_to_ns(overlap_s);
+        rb.old_requests = old_requests;
+        let r = self.rb.list.len();
+        self.rb.list.push(rb);
+        self.rb.of_tenant[ti] = r as u32;
+        let g = &mut self.groups[group];
+        g.volumes_created += 1;
+        if let Some(st) = g.rebuild.as_mut() {
+            st.started += 1;
+        }
+        while let Some((offset, len)) = self.rb.list[r].start_chunk() {
+            self.submit_copy(r, OpKind::Read, offset, len, now);
+        }
+    }
+
+    /// Sends one copy request of rebuild `r`: a read from the old volume or a write to the new.
+    fn submit_copy(&mut self, r: usize, op: OpKind, offset: u64, len: u32, now: u64) {
+        let ti = self.rb.list[r].tenant as usize;
+        let worker = match self.dispatch {
+            DispatchMode::OneToN => {
+                let rb = &mut self.rb.list[r];
+                let w = rb.spray as usize % self.workers.len();
+                rb.spray = rb.spray.wrapping_add(1);
+                w
+            }
+            DispatchMode::OneToOne | DispatchMode::Stealing => {
+                self.home_worker(&self.tenants[ti], 0)
+            }
+        };
+        let rb = &mut self.rb.list[r];
+        let (volume, role) = if op == OpKind::Read {
+            rb.old_requests += 1;
+            (rb.old, Role::CopyRead { rebuild: r as u32 })
+        } else {
+            (rb.new, Role::CopyWrite { rebuild: r as u32 })
+        };
+        let io = Io {
+            op,
+            offset_bytes: offset,
+            len_bytes: len,
+            sequential: true,
+        };
+        let slot = self.submit(ti, worker, volume, io, now);
+        self.set_role(slot, role);
+    }
+
+    /// The part of a completion that rebuilds change, before the usual one: keeps the count
+    /// of the old volume's requests, and completes copy requests and first halves of
+    /// mirrored writes (which the tenant does not see). Returns `true` when the completion is
+    /// fully handled here.
+    #[cold]
+    #[inline(never)]
+    fn on_rebuild_complete(&mut self, slot: u32, now: u64) -> bool {
+        let (w, ti, volume, offset, len, device_cost) = {
+            let s = &self.slots[slot as usize];
+            (
+                s.worker as usize,
+                s.tenant as usize,
+                s.req.volume,
+                s.req.offset_bytes,
+                s.req.len_bytes,
+                s.device_cost_ns,
+            )
+        };
+        let group = self.tenants[ti].group as usize;
+        let r = self.rb.of_tenant[ti];
+        let role = self
+            .rb
+            .roles
+            .get(slot as usize)
+            .copied()
+            .unwrap_or(Role::Tenant);
+        let on_old = r != NONE && self.rb.list[r as usize].old == volume;
+        if on_old {
+            self.rb.list[r as usize].old_requests -= 1;
+        }
+        if role == Role::Tenant {
+            if on_old {
+                // Looked at once the usual completion (the policy's included) is done.
+                self.schedule_release(r as usize, now);
+            }
+            return false;
+        }
+        {
+            let s = &self.slots[slot as usize];
+            let observed = Observed {
+                service_ns: s.service_ns,
+                queue_ns: s.wait_ns,
+            };
+            let wk = &mut self.workers[w];
+            wk.cost_model.observe(
+                s.req.op,
+                s.req.len_bytes,
+                s.sequential,
+                &s.req.cost,
+                observed,
+            );
+            wk.policy.complete(now, &s.req, observed);
+        }
+        self.free_slot(slot);
+        self.completed += 1;
+        let mut st = self.groups[group].rebuild.unwrap_or_default();
+        match role {
+            Role::Tenant => {}
+            Role::Mirror { partner } => {
+                // The other half completes the tenant's write.
+                self.set_role(partner, Role::Tenant);
+                let g = &self.groups[group];
+                if now >= g.from_ns && now < g.to_ns {
+                    self.tenants[ti].device_ns += device_cost;
+                }
+            }
+            Role::CopyRead { rebuild } => {
+                st.copy_reads += 1;
+                self.submit_copy(rebuild as usize, OpKind::Write, offset, len, now);
+            }
+            Role::CopyWrite { rebuild } => {
+                let rc = rebuild as usize;
+                st.copy_writes += 1;
+                st.bytes_copied += u64::from(len);
+                let rb = &mut self.rb.list[rc];
+                rb.chunk_written(offset, len, now);
+                if rb.copied() {
+                    let took_ns = now - rb.started_ns;
+                    st.copied += 1;
+                    st.copy_ns_sum += took_ns;
+                    st.copy_ns_max = st.copy_ns_max.max(took_ns);
+                }
+                while let Some((o, l)) = self.rb.list[rc].start_chunk() {
+                    self.submit_copy(rc, OpKind::Read, o, l, now);
+                }
+            }
+        }
+        if let Some(g) = self.groups[group].rebuild.as_mut() {
+            *g = st;
+        }
+        if r != NONE {
+            self.maybe_release(r as usize, now);
+        }
+        self.kick(w, now);
+        true
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn on_release(&mut self, r: usize, now: u64) {
+        self.rb.list[r].release_scheduled = false;
+        self.maybe_release(r, now);
+    }
+
+    /// Asks for a release check of rebuild `r` at `now` (or when its `overlap_s` ends), if
+    /// one could succeed: the copy is done and no request uses the old volume.
+    fn schedule_release(&mut self, r: usize, now: u64) {
+        let rb = &mut self.rb.list[r];
+        if rb.released || rb.release_scheduled || !rb.copied() || rb.old_requests > 0 {
+            return;
+        }
+        rb.release_scheduled = true;
+        let at = rb.release_not_before_ns.max(now);
+        self.q.push(at, Ev::Release { rebuild: r as u32 });
+    }
+
+    /// Releases rebuild `r`'s old volume if its copy is done, no request uses it and its
+    /// `overlap_s` has passed (otherwise schedules a look when it will have).
+    fn maybe_release(&mut self, r: usize, now: u64) {
+        let rb = &mut self.rb.list[r];
+        if rb.released || !rb.copied() || rb.old_requests > 0 {
+            return;
+        }
+        if now < rb.release_not_before_ns {
+            self.schedule_release(r, now);
+            return;
+        }
+        rb.released = true;
+        let (ti, old, started_ns) = (rb.tenant as usize, rb.old, rb.started_ns);
+        for (w, _, _) in self.shares(ti) {
+            self.workers[w].policy.remove_volume(now, old);
+        }
+        self.rb.of_tenant[ti] = NONE;
+        self.bill_overlap(ti, now - started_ns);
+    }
+
+    /// Bills the old volume of tenant `ti` for `overlap_ns` beyond its replacement.
+    fn bill_overlap(&mut self, ti: usize, overlap_ns: u64) {
+        let group = self.tenants[ti].group as usize;
+        let gib = self.spec.groups[group].volume_gib;
+        let g = &mut self.groups[group];
+        g.provisioned_gib_s += gib * overlap_ns as f64 / NS_PER_S_F;
+        if let Some(st) = g.rebuild.as_mut() {
+            st.overlap_ns_sum += overlap_ns;
+        }
+    }
+
+    fn finish(mut self) -> RunData {
+        // Old volumes still held at the end are billed up to the end.
+        for r in 0..self.rb.list.len() {
+            let rb = &self.rb.list[r];
+            if !rb.released {
+                let (ti, started_ns) = (rb.tenant as usize, rb.started_ns);
+                self.bill_overlap(ti, self.end_ns.saturating_sub(started_ns));
+            }
+        }
         let dur = self.end_ns.saturating_sub(self.warmup_ns).max(1) as f64;
         let tenants = self
             .tenants

@@ -106,6 +106,39 @@ pub struct GroupDetails {
     pub volumes_created: u64,
     /// Provisioned capacity over the whole run, GiB-hours.
     pub provisioned_gib_hours: f64,
+    /// Mirror rebuilds (only for groups an action rebuilds); their I/O is not in the
+    /// group's IOPS, bytes or latencies, which are what the tenants see.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildDetails>,
+}
+
+/// What the mirror rebuilds of one group cost, over the whole run (not only the statistics
+/// window: a rebuild is an event, and its cost is what rotation pays per replacement).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RebuildDetails {
+    /// Rebuilds started (one per replaced volume).
+    pub started: u64,
+    /// Rebuilds whose copy finished before the end of the run.
+    pub copied: u64,
+    /// Replacements skipped because the tenant's previous rebuild still held its old volume.
+    pub skipped: u64,
+    /// Bytes the copies wrote to new volumes.
+    pub bytes_copied: u64,
+    /// Copy reads from old volumes.
+    pub copy_reads: u64,
+    /// Copy writes to new volumes.
+    pub copy_writes: u64,
+    /// Tenant reads sent to an old volume (data not copied yet; `tenant_io = "raid1"`).
+    pub tenant_reads_from_old: u64,
+    /// Tenant writes also sent to an old volume (`tenant_io = "raid1"`).
+    pub tenant_writes_mirrored: u64,
+    /// Mean time from replacement to the last chunk written, over finished copies, s.
+    pub copy_s_mean: f64,
+    /// Longest finished copy, s.
+    pub copy_s_max: f64,
+    /// Mean time an old volume stayed provisioned after its replacement (until released, or
+    /// the end of the run), s.
+    pub overlap_s_mean: f64,
 }
 
 /// Extra numbers of one worker.
@@ -241,6 +274,19 @@ pub(crate) fn policy_result(policy: &str, variant: &str, data: RunData) -> Polic
             tenant_device_time_min_max_ratio: device_ratio(&members),
             volumes_created: g.volumes_created,
             provisioned_gib_hours: g.provisioned_gib_s / 3600.0,
+            rebuild: g.rebuild.map(|r| RebuildDetails {
+                started: r.started,
+                copied: r.copied,
+                skipped: r.skipped,
+                bytes_copied: r.bytes_copied,
+                copy_reads: r.copy_reads,
+                copy_writes: r.copy_writes,
+                tenant_reads_from_old: r.tenant_reads_from_old,
+                tenant_writes_mirrored: r.tenant_writes_mirrored,
+                copy_s_mean: r.copy_ns_sum as f64 / r.copied.max(1) as f64 / 1e9,
+                copy_s_max: r.copy_ns_max as f64 / 1e9,
+                overlap_s_mean: r.overlap_ns_sum as f64 / r.started.max(1) as f64 / 1e9,
+            }),
             sched_wait_mean_us: g.sched_wait_ns as f64 / g.ops.max(1) as f64 / 1e3,
             downstream_wait_mean_us: g.downstream_wait_ns as f64 / g.ops.max(1) as f64 / 1e3,
         });

@@ -29,9 +29,9 @@
 //! qos = { baseline_iops = 20000.0, ceiling_iops = 1e6, burst = "on_demand" }  # or preset = "gp2"
 //!                             # credit_pool = "acct-a": credits shared per account (Credit policy)
 //! workload = { mode = "open", rate_iops = 10000.0, qd = 32, sizes = "4k", read_fraction = 1.0 }
-//! [[actions]]                 # at_s, group, set_qos | replace_volumes (+ start_full, overlap_s),
-//! at_s = 1800.0               # every_s
-//! group = "victim"
+//! [[actions]]                 # at_s, group, set_qos | replace_volumes (+ start_full, overlap_s,
+//! at_s = 1800.0               # rebuild = { io_kib, qd, tenant_io = "raid1" | "new_volume" }),
+//! group = "victim"            # every_s
 //! replace_volumes = true
 //! [[variants]]                # each variant = the file with dotted keys overridden
 //! name = "qd8"
@@ -500,12 +500,56 @@ pub struct ActionSpec {
     #[serde(default)]
     pub start_full: Option<bool>,
     /// With `replace_volumes`: how long the old volume stays provisioned (billed) while the
-    /// mirror rebuilds, seconds.
+    /// mirror rebuilds, seconds. With `rebuild`, the least time: the old volume is released
+    /// when its copy is done and no request uses it, but not before `overlap_s`.
     #[serde(default)]
     pub overlap_s: f64,
+    /// With `replace_volumes`: simulate the mirror rebuild (off by default: the old volume is
+    /// dropped at once and `overlap_s` is only billed).
+    #[serde(default)]
+    pub rebuild: Option<RebuildSpec>,
     /// Repeat every this many seconds until the end (0 = once).
     #[serde(default)]
     pub every_s: f64,
+}
+
+/// Where a tenant's own I/O goes while its volume is rebuilt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RebuildTenantIo {
+    /// As Linux md RAID-1 with the new volume recovering: reads of blocks not yet copied come
+    /// from the old volume, writes go to both volumes and complete when both have.
+    #[default]
+    Raid1,
+    /// Everything goes to the new volume at once; only the copy touches the old one (a lower
+    /// bound on the overhead).
+    NewVolume,
+}
+
+/// The mirror rebuild of a replaced volume (`rebuild = { io_kib = 256, qd = 4 }`): the node
+/// copies the whole volume, reading `io_kib` chunks in order from the old volume and writing
+/// each one to the new volume when its read completes, with at most `qd` chunks in flight.
+/// The copy goes through the policies like tenant I/O, so it spends both volumes' IOPS,
+/// throughput and credits, and is reported apart from the tenant's own I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RebuildSpec {
+    /// Copy chunk, KiB (1–65,536; default 256, AWS's I/O accounting unit).
+    #[serde(default = "default_rebuild_io_kib")]
+    pub io_kib: u32,
+    /// Chunks in flight (1–1,024; default 4).
+    #[serde(default = "default_rebuild_qd")]
+    pub qd: u32,
+    /// Where the tenant's own I/O goes during the copy (default `raid1`).
+    #[serde(default)]
+    pub tenant_io: RebuildTenantIo,
+}
+
+fn default_rebuild_io_kib() -> u32 {
+    256
+}
+fn default_rebuild_qd() -> u32 {
+    4
 }
 
 /// A named override set: `set` maps dotted keys (`node.workers`, `groups.victim.workload.qd`,
@@ -699,6 +743,26 @@ impl ScenarioSpec {
             }
             if a.every_s > 0.0 && a.every_s < 1e-3 {
                 return inv("action every_s must be at least 1 ms".into());
+            }
+            if let Some(r) = &a.rebuild {
+                if !a.replace_volumes {
+                    return inv(format!(
+                        "action on group {}: rebuild needs replace_volumes = true",
+                        a.group
+                    ));
+                }
+                if r.io_kib == 0 || r.io_kib > 65_536 {
+                    return inv(format!(
+                        "action on group {}: rebuild.io_kib {} must be in [1, 65536]",
+                        a.group, r.io_kib
+                    ));
+                }
+                if r.qd == 0 || r.qd > 1024 {
+                    return inv(format!(
+                        "action on group {}: rebuild.qd {} must be in [1, 1024]",
+                        a.group, r.qd
+                    ));
+                }
             }
             if let (Some(q), Some(g)) = (&a.set_qos, self.groups.iter().find(|g| g.name == a.group))
             {
@@ -924,6 +988,64 @@ mod tests {
             "{MINIMAL}\n[[variants]]\nname = \"x\"\nset = {{ \"groups.nope.workload.qd\" = 9 }}\n"
         );
         assert!(Scenario::from_toml_str(&bad).is_err());
+    }
+
+    #[test]
+    fn rebuilds_are_opt_in_and_checked() {
+        let action = |extra: &str| {
+            format!(
+                "{MINIMAL}\n[[actions]]\nat_s = 0.5\ngroup = \"a\"\nreplace_volumes = true\n{extra}\n"
+            )
+        };
+        let s = Scenario::from_toml_str(&action("")).unwrap();
+        assert_eq!(s.base.actions[0].rebuild, None, "off unless asked for");
+        let s = Scenario::from_toml_str(&action("rebuild = {}")).unwrap();
+        assert_eq!(
+            s.base.actions[0].rebuild,
+            Some(RebuildSpec {
+                io_kib: 256,
+                qd: 4,
+                tenant_io: RebuildTenantIo::Raid1
+            })
+        );
+        let s = Scenario::from_toml_str(&action(
+            "rebuild = { io_kib = 64, qd = 32, tenant_io = \"new_volume\" }",
+        ))
+        .unwrap();
+        assert_eq!(
+            s.base.actions[0]
+                .rebuild
+                .map(|r| (r.io_kib, r.qd, r.tenant_io)),
+            Some((64, 32, RebuildTenantIo::NewVolume))
+        );
+        for (bad, needle) in [
+            ("rebuild = { io_kib = 0 }", "rebuild.io_kib"),
+            ("rebuild = { io_kib = 65537 }", "rebuild.io_kib"),
+            ("rebuild = { qd = 0 }", "rebuild.qd"),
+            ("rebuild = { qd = 1025 }", "rebuild.qd"),
+        ] {
+            let err = Scenario::from_toml_str(&action(bad))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+        for typo in [
+            "rebuild = { io_kb = 64 }",
+            "rebuild = { tenant_io = \"raid0\" }",
+        ] {
+            assert!(
+                matches!(
+                    Scenario::from_toml_str(&action(typo)),
+                    Err(SimError::Toml(_))
+                ),
+                "{typo}"
+            );
+        }
+        let without_replace = action("rebuild = {}").replace("replace_volumes = true", "");
+        let err = Scenario::from_toml_str(&without_replace)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs replace_volumes"), "{err}");
     }
 
     #[test]
