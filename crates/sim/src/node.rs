@@ -1479,6 +1479,26 @@ impl<'a> Node<'a> {
         link.transfer_ns(u64::from(len))
     }
 
+    /// A request's last stage is done: its worker's cost model and policy learn how it went,
+    /// and its slot is freed.
+    #[inline]
+    fn retire(&mut self, w: usize, slot: u32, now: u64, observed: Observed) {
+        {
+            let s = &self.slots[slot as usize];
+            let wk = &mut self.workers[w];
+            wk.cost_model.observe(
+                s.req.op,
+                s.req.len_bytes,
+                s.sequential,
+                &s.req.cost,
+                observed,
+            );
+            wk.policy.complete(now, &s.req, observed);
+        }
+        self.free_slot(slot);
+        self.completed += 1;
+    }
+
     fn on_complete(&mut self, slot: u32, now: u64) {
         if self.rebuild_enabled && self.on_rebuild_complete(slot, now) {
             return;
@@ -1500,20 +1520,7 @@ impl<'a> Node<'a> {
                 },
             )
         };
-        {
-            let s = &self.slots[slot as usize];
-            let wk = &mut self.workers[w];
-            wk.cost_model.observe(
-                s.req.op,
-                s.req.len_bytes,
-                s.sequential,
-                &s.req.cost,
-                observed,
-            );
-            wk.policy.complete(now, &s.req, observed);
-        }
-        self.free_slot(slot);
-        self.completed += 1;
+        self.retire(w, slot, now, observed);
         let lat = now - issue_ns;
         let bytes = u64::from(len);
         let t = &mut self.tenants[ti];
@@ -1749,24 +1756,14 @@ impl<'a> Node<'a> {
             }
             return false;
         }
-        {
+        let observed = {
             let s = &self.slots[slot as usize];
-            let observed = Observed {
+            Observed {
                 service_ns: s.service_ns,
                 queue_ns: s.wait_ns,
-            };
-            let wk = &mut self.workers[w];
-            wk.cost_model.observe(
-                s.req.op,
-                s.req.len_bytes,
-                s.sequential,
-                &s.req.cost,
-                observed,
-            );
-            wk.policy.complete(now, &s.req, observed);
-        }
-        self.free_slot(slot);
-        self.completed += 1;
+            }
+        };
+        self.retire(w, slot, now, observed);
         let mut st = self.groups[group].rebuild.unwrap_or_default();
         match role {
             Role::Tenant => {}
