@@ -947,11 +947,8 @@ impl<'a> Node<'a> {
                 self.start_rebuild(now, ti, &qos, spec, overlap_s);
                 continue;
             }
-            if self.rebuild_enabled && self.rb.of_tenant[ti] != NONE {
+            if self.rebuild_enabled && self.skip_while_rebuilding(ti) {
                 // A rebuild still needs the tenant's current volume (another action's).
-                if let Some(st) = self.groups[group].rebuild.as_mut() {
-                    st.skipped += 1;
-                }
                 continue;
             }
             let old = self.tenants[ti].volume;
@@ -1632,6 +1629,19 @@ impl<'a> Node<'a> {
         self.rb.roles[i] = role;
     }
 
+    /// Whether tenant `ti` is still rebuilding onto its current volume, in which case a
+    /// replacement of it is skipped (and counted).
+    fn skip_while_rebuilding(&mut self, ti: usize) -> bool {
+        if self.rb.of_tenant.get(ti).is_none_or(|&r| r == NONE) {
+            return false;
+        }
+        let group = self.tenants[ti].group as usize;
+        if let Some(st) = self.groups[group].rebuild.as_mut() {
+            st.skipped += 1;
+        }
+        true
+    }
+
     /// Replaces tenant `ti`'s volume by a fresh one with `qos` and starts copying the old one
     /// onto it; the tenant's requests already issued stay on the old volume. A tenant whose
     /// previous rebuild still holds its old volume keeps its volume (counted as skipped).
@@ -1643,13 +1653,10 @@ impl<'a> Node<'a> {
         spec: &RebuildSpec,
         overlap_s: f64,
     ) {
-        let group = self.tenants[ti].group as usize;
-        if self.rb.of_tenant[ti] != NONE {
-            if let Some(st) = self.groups[group].rebuild.as_mut() {
-                st.skipped += 1;
-            }
+        if self.skip_while_rebuilding(ti) {
             return;
         }
+        let group = self.tenants[ti].group as usize;
         let old = self.tenants[ti].volume;
         let new = self.next_volume;
         self.next_volume += 1;

@@ -1007,6 +1007,17 @@ impl Rules for BurstRules {
     }
 }
 
+/// The volumes of the allocation bench and tests: 100 IOPS baselines bursting on demand.
+fn on_demand_100_iops() -> VolumeQos {
+    VolumeQos {
+        baseline: IoRate::new(100, 10_000_000),
+        ceiling: IoRate::new(10_000, 1_000_000_000),
+        burst: BurstMode::OnDemand,
+        weight: 1,
+        io_unit_bytes: 0,
+    }
+}
+
 /// Drives the per-window allocation alone, for the benchmark (see `crate::bench_support`).
 #[derive(Debug)]
 pub(crate) struct AllocationBench {
@@ -1031,13 +1042,7 @@ impl AllocationBench {
         });
         let device_units_per_io = if oversold { 100_000 } else { 1_000 };
         let mut rules = BurstRules::new(capacity, &PolicyParams::default());
-        let qos = VolumeQos {
-            baseline: IoRate::new(100, 10_000_000),
-            ceiling: IoRate::new(10_000, 1_000_000_000),
-            burst: BurstMode::OnDemand,
-            weight: 1,
-            io_unit_bytes: 0,
-        };
+        let qos = on_demand_100_iops();
         for idx in 0..defined {
             let _ = rules.new_vol(0, idx, &qos);
         }
@@ -1110,14 +1115,7 @@ mod tests {
             1_000_000_000,
             100_000_000,
         ));
-        let qos = VolumeQos {
-            baseline: IoRate::new(100, 10_000_000),
-            ceiling: IoRate::new(10_000, 1_000_000_000),
-            burst: BurstMode::OnDemand,
-            weight: 1,
-            io_unit_bytes: 0,
-        };
-        (capacity, qos)
+        (capacity, on_demand_100_iops())
     }
 
     /// Every vector level the CPU has computes the same allocations, loans, donors and pool,
