@@ -204,6 +204,14 @@ impl TokenBucket {
         self.level_nano = self.level_nano.min(i128::from(units) * NANO);
     }
 
+    /// Sets the level to `units` at `now_ns`, clamped to the capacity, whatever it was (a
+    /// debt included). For restoring a persisted credit balance after a restart: the caller
+    /// decides the level, so this may raise it, but never above the capacity.
+    pub fn set_level_units(&mut self, now_ns: u64, units: u64) {
+        self.advance(now_ns);
+        self.level_nano = (i128::from(units) * NANO).min(self.capacity_nano());
+    }
+
     /// Caps a limiter's debt at `units` (forgives anything beyond).
     pub fn limit_debt(&mut self, units: u64) {
         self.level_nano = self.level_nano.max(-(i128::from(units) * NANO));
@@ -329,6 +337,24 @@ mod tests {
         b.reconfigure(0, 200, 50);
         assert_eq!(b.whole_units_at(0), 50);
         assert_eq!(b.whole_units_at(NS_PER_S), 50);
+    }
+
+    #[test]
+    fn set_level_clamps_to_capacity_and_refills_from_there() {
+        let mut b = TokenBucket::new(0, 100, 1_000, true);
+        b.set_level_units(0, 250);
+        assert_eq!(b.whole_units_at(0), 250);
+        // Refills from the new level at its rate, up to the capacity.
+        assert_eq!(b.whole_units_at(NS_PER_S), 350);
+        assert_eq!(b.whole_units_at(100 * NS_PER_S), 1_000);
+        b.set_level_units(NS_PER_S, u64::MAX);
+        assert_eq!(b.whole_units_at(NS_PER_S), 1_000);
+        assert!(b.level_within(0));
+        // A debt is replaced, not added to.
+        b.take_credit(NS_PER_S, 1_500);
+        b.set_level_units(NS_PER_S, 0);
+        assert_eq!(b.level_nano(), 0);
+        assert_eq!(b.credit_ready_at(NS_PER_S), NS_PER_S + 1);
     }
 
     #[test]

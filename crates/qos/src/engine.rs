@@ -108,6 +108,18 @@ pub(crate) trait Rules: Send + std::fmt::Debug {
     fn tick(&mut self, _now_ns: u64, _vols: &mut Slab<Entry<Self::Vol>>) -> Option<Tick> {
         None
     }
+    /// Restores a volume's persisted credit balances (see [`Policy::restore_credits`]);
+    /// returns whether anything changed, so that the engine places the volume again (it may
+    /// have been waiting for credits). Policies without credit buckets keep the default no-op.
+    fn restore_credits(
+        &mut self,
+        _now_ns: u64,
+        _vol: &mut Self::Vol,
+        _iops_credits: Option<u64>,
+        _bytes_credits: Option<u64>,
+    ) -> bool {
+        false
+    }
     /// Credit balances for snapshots.
     fn credits(&self, _now_ns: u64, _vol: &Self::Vol) -> (Option<u64>, Option<u64>) {
         (None, None)
@@ -321,6 +333,28 @@ impl<R: Rules> Policy for Engine<R> {
             self.tracker.on_qos_change(now, idx, &e.core, ceiling);
         }
         self.place(now, idx, false);
+    }
+
+    fn restore_credits(
+        &mut self,
+        now_ns: u64,
+        id: VolumeId,
+        iops_credits: Option<u64>,
+        bytes_credits: Option<u64>,
+    ) {
+        let now = self.clock.at(now_ns);
+        // Unlike a request, a restore does not register an unknown volume.
+        let Some(idx) = self.vols.lookup(id) else {
+            return;
+        };
+        let changed = self.vols.get_mut(idx).is_some_and(|e| {
+            self.rules
+                .restore_credits(now, &mut e.x, iops_credits, bytes_credits)
+        });
+        if changed {
+            // A volume waiting for credits may run now (or, restored lower, later).
+            self.place(now, idx, false);
+        }
     }
 
     fn remove_volume(&mut self, now_ns: u64, id: VolumeId) {

@@ -12,7 +12,9 @@
 //! - [`bucket`] and [`limiter`]: exact token buckets, rate limiters, credit buckets, the pacer;
 //! - [`policy`]: the [`Policy`] trait, [`PolicyKind`], [`PolicyParams`], [`build_policy`];
 //! - [`presets`]: gp2, gp3, io2, Azure, AutoPL and QEMU/libvirt `iotune` classes;
-//! - [`preview`]: how a class answers a steady demand over time (`headroom qos preview`).
+//! - [`preview`](mod@preview): how a class answers a steady demand over time (`headroom qos preview`);
+//! - [`spec`]: what an operator types ([`QosSpec`]: a preset refined by a few numbers),
+//!   resolved against a volume size into a [`VolumeQos`].
 
 pub mod bucket;
 pub mod cost;
@@ -27,6 +29,7 @@ pub mod presets;
 pub mod preview;
 pub mod rng;
 mod sched;
+pub mod spec;
 pub mod vocab;
 mod wheel;
 
@@ -36,6 +39,7 @@ pub use model::CostModel;
 pub use policy::{Policy, PolicyKind, PolicyParams, VolumeSnapshot, build_policy};
 pub use presets::Preset;
 pub use preview::{PreviewRequest, PreviewRow, preview};
+pub use spec::{BurstKind, QosSpec};
 pub use vocab::{
     BurstMode, CreditBucketSpec, CreditSpec, Decision, IoRate, IoRequest, NS_PER_S, NodeCapacity,
     Observed, OpKind, Phase, VolumeId, VolumeQos,

@@ -186,6 +186,21 @@ impl VolumeCredits {
         reconfigure_one(&mut self.bytes, now_ns, spec.bytes.as_ref());
     }
 
+    /// Restores persisted balances at `now_ns` (after a restart): each bucket the volume has
+    /// is set to `min(value, capacity)`, whether it started full or empty; `None` leaves that
+    /// bucket as it is, and a value for a bucket the volume does not have is ignored. Returns
+    /// whether any bucket was set.
+    pub fn restore(&mut self, now_ns: u64, iops: Option<u64>, bytes: Option<u64>) -> bool {
+        let mut changed = false;
+        for (slot, value) in [(&mut self.iops, iops), (&mut self.bytes, bytes)] {
+            if let (Some(b), Some(v)) = (slot.as_mut(), value) {
+                b.set_level_units(now_ns, v);
+                changed = true;
+            }
+        }
+        changed
+    }
+
     /// Whole credits in each bucket at `now_ns`.
     pub fn balances_at(&self, now_ns: u64) -> (Option<u64>, Option<u64>) {
         (
@@ -367,6 +382,35 @@ mod tests {
         c.reconfigure(0, &qos);
         assert_eq!(c.balances_at(0), (Some(0), None));
         assert_eq!(c.balances_at(NS_PER_S), (Some(10), None));
+    }
+
+    #[test]
+    fn restore_sets_existing_buckets_within_capacity_only() {
+        let bucket = |capacity, start_full| CreditBucketSpec {
+            capacity,
+            refill_per_s: 10,
+            start_full,
+        };
+        let qos = VolumeQos {
+            burst: BurstMode::Credits(CreditSpec {
+                iops: Some(bucket(100, true)),
+                bytes: Some(bucket(1_000, false)),
+                pool: None,
+            }),
+            ..VolumeQos::default()
+        };
+        let mut c = VolumeCredits::new(0, &qos);
+        assert_eq!(c.balances_at(0), (Some(100), Some(0)));
+        assert!(c.restore(0, Some(40), None));
+        assert_eq!(c.balances_at(0), (Some(40), Some(0)));
+        assert!(c.restore(0, None, Some(5_000)));
+        assert_eq!(c.balances_at(0), (Some(40), Some(1_000)));
+        assert!(!c.restore(0, None, None));
+        assert!(c.within_range());
+        // A volume without buckets ignores any value.
+        let mut none = VolumeCredits::new(0, &VolumeQos::default());
+        assert!(!none.restore(0, Some(1), Some(1)));
+        assert_eq!(none.balances_at(0), (None, None));
     }
 
     #[test]

@@ -29,6 +29,23 @@ pub trait Policy: Send + fmt::Debug {
     /// Changes a volume's QoS live. Credit balances are kept (clamped to a smaller bucket),
     /// never refilled: unlike QEMU, a QoS change does not hand out a fresh burst.
     fn update_qos(&mut self, now_ns: u64, id: VolumeId, qos: &VolumeQos);
+    /// Restores a volume's persisted credit balances at `now_ns` (the server, after a restart).
+    ///
+    /// Each credit bucket the volume owns (burst mode [`crate::vocab::BurstMode::Credits`]
+    /// without a pool) is set to `min(value, capacity)`, whether it started full or empty, and
+    /// refills from there; `None` leaves that bucket unchanged. A value for a bucket the volume
+    /// does not have, an unknown volume (which is *not* registered) and a policy without
+    /// credit buckets (Wild, Base, mClock, DRR-VOP: the default) are no-ops. Pooled volumes
+    /// (`CreditSpec::pool` set) are left alone too: the server does not persist pools yet, so
+    /// a pool starts again from its one-time initial grant.
+    fn restore_credits(
+        &mut self,
+        _now_ns: u64,
+        _id: VolumeId,
+        _iops_credits: Option<u64>,
+        _bytes_credits: Option<u64>,
+    ) {
+    }
     /// Removes a volume; its queued requests are dropped (the caller fails them).
     fn remove_volume(&mut self, now_ns: u64, id: VolumeId);
     /// Queues a request.

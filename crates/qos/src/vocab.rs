@@ -189,6 +189,48 @@ impl VolumeQos {
         }
     }
 
+    /// The share `num / den` of this QoS: what one of several scheduler workers enforces when
+    /// it sees that share of the volume's requests (each worker runs its own policy, so the
+    /// shares of all workers add up to the volume's QoS).
+    ///
+    /// Rates and bucket refills and capacities are scaled by `num / den`, rounded down;
+    /// `u64::MAX` (unlimited) stays unlimited, a bucket keeps a capacity of at least 1 (a
+    /// zero capacity is invalid), and weight, I/O unit, `start_full` and the pool are kept.
+    /// `num == den` and `den == 0` return the QoS unchanged; a share above one (`num > den`)
+    /// saturates at `u64::MAX - 1` rather than becoming unlimited.
+    pub fn scaled(&self, num: u64, den: u64) -> VolumeQos {
+        if num == den {
+            return *self;
+        }
+        let rate = |r: IoRate| {
+            IoRate::new(
+                scale_u64(r.iops, num, den),
+                scale_u64(r.bytes_per_s, num, den),
+            )
+        };
+        let bucket = |b: Option<CreditBucketSpec>| {
+            b.map(|b| CreditBucketSpec {
+                capacity: scale_u64(b.capacity, num, den).max(1),
+                refill_per_s: scale_u64(b.refill_per_s, num, den),
+                start_full: b.start_full,
+            })
+        };
+        VolumeQos {
+            baseline: rate(self.baseline),
+            ceiling: rate(self.ceiling),
+            burst: match self.burst {
+                BurstMode::Credits(c) => BurstMode::Credits(CreditSpec {
+                    iops: bucket(c.iops),
+                    bytes: bucket(c.bytes),
+                    pool: c.pool,
+                }),
+                other => other,
+            },
+            weight: self.weight,
+            io_unit_bytes: self.io_unit_bytes,
+        }
+    }
+
     /// Checks the internal consistency of the QoS.
     pub fn validate(&self) -> Result<(), QosError> {
         if !self.baseline.le(&self.ceiling) {
@@ -229,6 +271,16 @@ impl VolumeQos {
         }
         Ok(())
     }
+}
+
+/// `v × num / den` rounded down, computed exactly in 128 bits; `u64::MAX` (unlimited) and a
+/// zero `den` leave `v` unchanged, and a result beyond 64 bits saturates just below unlimited.
+fn scale_u64(v: u64, num: u64, den: u64) -> u64 {
+    if v == u64::MAX || den == 0 {
+        return v;
+    }
+    let scaled = u128::from(v) * u128::from(num) / u128::from(den);
+    u64::try_from(scaled).unwrap_or(u64::MAX).min(u64::MAX - 1)
 }
 
 /// Number of I/O units a request of `len_bytes` counts as, given a unit size (0 = one per request).
@@ -404,6 +456,70 @@ mod tests {
             pool: None,
         });
         assert!(q.validate().is_err());
+    }
+
+    #[test]
+    fn scaled_takes_a_share_of_every_rate_and_bucket() {
+        let q = VolumeQos {
+            baseline: IoRate::new(300, 128 << 20),
+            ceiling: IoRate::new(3_000, u64::MAX),
+            burst: BurstMode::Credits(CreditSpec {
+                iops: Some(CreditBucketSpec {
+                    capacity: 5_400_000,
+                    refill_per_s: 300,
+                    start_full: true,
+                }),
+                bytes: Some(CreditBucketSpec {
+                    capacity: 2,
+                    refill_per_s: 7,
+                    start_full: false,
+                }),
+                pool: Some(3),
+            }),
+            weight: 3,
+            io_unit_bytes: 256 * 1024,
+        };
+        let s = q.scaled(1, 3);
+        assert_eq!(s.baseline, IoRate::new(100, 44_739_242)); // 134,217,728 / 3, rounded down
+        // Unlimited stays unlimited.
+        assert_eq!(s.ceiling, IoRate::new(1_000, u64::MAX));
+        let BurstMode::Credits(c) = s.burst else {
+            panic!("expected credits, got {:?}", s.burst);
+        };
+        assert_eq!(
+            c.iops,
+            Some(CreditBucketSpec {
+                capacity: 1_800_000,
+                refill_per_s: 100,
+                start_full: true
+            })
+        );
+        // A capacity that rounds to zero is kept at one; refill rounds down (7 / 3 = 2).
+        assert_eq!(
+            c.bytes,
+            Some(CreditBucketSpec {
+                capacity: 1,
+                refill_per_s: 2,
+                start_full: false
+            })
+        );
+        assert_eq!(
+            (c.pool, s.weight, s.io_unit_bytes),
+            (Some(3), 3, 256 * 1024)
+        );
+        // The whole share, and a zero denominator, change nothing.
+        assert_eq!(q.scaled(4, 4), q);
+        assert_eq!(q.scaled(1, 0), q);
+        // Exact in 128 bits: no overflow of rate × num.
+        let big = VolumeQos::fixed(IoRate::new(u64::MAX - 1, 1 << 62));
+        assert_eq!(
+            big.scaled(3, 4).baseline,
+            IoRate::new(13_835_058_055_282_163_710, 3 << 60)
+        );
+        // A share above one saturates below unlimited.
+        assert_eq!(big.scaled(8, 1).baseline.iops, u64::MAX - 1);
+        // On-demand and no-burst modes are kept as they are.
+        assert_eq!(VolumeQos::default().scaled(1, 2).burst, BurstMode::OnDemand);
     }
 
     #[test]

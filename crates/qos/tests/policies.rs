@@ -504,6 +504,131 @@ fn burst_with_credits_bursts_only_while_credits_last() {
     assert_eq!(d.count_phase(1, Phase::BurstCredit, 0, S), 400);
 }
 
+// ------------------------------------------------------------------ Credit and Burst: restore
+//
+// The server persists credit balances and restores them after a restart
+// (`Policy::restore_credits`). Every step below also checks every invariant (the driver runs
+// `check_invariants` after each call, with per-volume tracking on).
+
+const GIB: u64 = 1 << 30;
+
+/// A 100 GiB gp2 volume: baseline 300 IOPS, bucket of 5.4 M credits, full at creation.
+fn gp2() -> VolumeQos {
+    headroom_qos::presets::volume_qos("gp2", 100 * GIB).expect("gp2 preset")
+}
+
+/// [`gp2`] with a bucket that starts empty.
+fn gp2_starting_empty() -> VolumeQos {
+    let mut q = gp2();
+    if let BurstMode::Credits(CreditSpec { iops: Some(b), .. }) = &mut q.burst {
+        b.start_full = false;
+    }
+    q
+}
+
+#[test]
+fn restore_credits_sets_each_own_bucket_within_its_capacity() {
+    let tracked = PolicyParams {
+        track_invariants: true,
+        ..PolicyParams::default()
+    };
+    for kind in [PolicyKind::Credit, PolicyKind::Burst] {
+        let mut d = Driver::with_params(kind, node(), &tracked);
+        d.add(1, &gp2());
+        d.add(2, &gp2_starting_empty());
+        assert_eq!(balance(&d, 1), 5_400_000, "{kind}");
+        assert_eq!(balance(&d, 2), 0, "{kind}");
+        d.restore(1, Some(1_000), None);
+        assert_eq!(balance(&d, 1), 1_000, "{kind}");
+        // Never beyond the capacity.
+        d.restore(1, Some(5_400_001), None);
+        assert_eq!(balance(&d, 1), 5_400_000, "{kind}");
+        d.restore(1, Some(u64::MAX), Some(u64::MAX));
+        assert_eq!(balance(&d, 1), 5_400_000, "{kind}");
+        // A bucket that started empty is set too.
+        d.restore(2, Some(500), None);
+        assert_eq!(balance(&d, 2), 500, "{kind}");
+        // `None` leaves a bucket alone; gp2 has no bytes bucket, so a bytes value is ignored.
+        d.restore(2, None, Some(7));
+        let s = d.policy.snapshot(2).expect("volume 2");
+        assert_eq!(
+            (s.iops_credits, s.bytes_credits),
+            (Some(500), None),
+            "{kind}"
+        );
+        // The restored level refills at the bucket's rate (300/s) from there.
+        d.run_until(2 * S);
+        assert_eq!(balance(&d, 2), 500 + 2 * 300, "{kind}");
+        // An unknown volume: nothing happens, and it is not registered.
+        d.restore(9, Some(1), Some(1));
+        assert!(d.policy.snapshot(9).is_none(), "{kind}");
+    }
+}
+
+#[test]
+fn a_credit_volume_bursts_exactly_on_its_restored_credits() {
+    // Baseline 100, no ceiling, bucket 1,000 refilled at 100/s; the node never binds. At one
+    // instant the baseline meter admits one request and every other one runs on credits, on
+    // any positive balance: the credits restored are exactly the requests that run.
+    let q = VolumeQos {
+        ceiling: IoRate::UNLIMITED,
+        ..credits(100, 500, 1_000)
+    };
+    let mut d = Driver::new(PolicyKind::Credit, NodeCapacity::UNLIMITED);
+    d.add(1, &q);
+    d.add(2, &q);
+    d.restore(1, Some(10), None);
+    flood(&mut d, 1, 2_000);
+    flood(&mut d, 2, 2_000);
+    let wake = d.drain();
+    assert_eq!(d.count_phase(1, Phase::Baseline, 0, 1), 1);
+    assert_eq!(d.count_phase(1, Phase::BurstCredit, 0, 1), 9);
+    assert_eq!(balance(&d, 1), 0);
+    // Not restored: the full bucket of 1,000.
+    assert_eq!(d.count(2, 0, 1), 1_000);
+    // Both wait for the first nanosecond of refill.
+    assert_eq!(wake, Some(1));
+    // Restored while it waits for credits, the volume runs on them at once.
+    d.restore(1, Some(5), None);
+    assert_eq!(d.drain(), Some(1));
+    assert_eq!(d.count_phase(1, Phase::BurstCredit, 0, 1), 14);
+    // From then on it runs at the refill, its baseline: at 1 ns + k × 10 ms.
+    d.run_until(S);
+    let times: Vec<u64> = d
+        .log
+        .iter()
+        .filter(|x| x.req.volume == 1 && x.at_ns > 0)
+        .map(|x| x.at_ns)
+        .collect();
+    let expected: Vec<u64> = (0..100).map(|k| 1 + k * 10 * MS).collect();
+    assert_eq!(times, expected);
+}
+
+#[test]
+fn restore_credits_leaves_pools_and_policies_without_buckets_alone() {
+    // Pools are not persisted: a member's restore changes nothing.
+    let mut d = Driver::new(PolicyKind::Credit, node());
+    d.add(1, &pooled(100, 500, 1_000, 7));
+    d.add(2, &pooled(100, 500, 1_000, 7));
+    assert_eq!(balance(&d, 1), 1_000);
+    d.restore(1, Some(5), None);
+    d.restore(2, Some(2_000), None);
+    assert_eq!((balance(&d, 1), balance(&d, 2)), (1_000, 1_000));
+    // Policies without credit buckets: a no-op.
+    for kind in [
+        PolicyKind::Wild,
+        PolicyKind::Base,
+        PolicyKind::MClock,
+        PolicyKind::DrrVop,
+    ] {
+        let mut d = Driver::new(kind, node());
+        d.add(1, &gp2());
+        d.restore(1, Some(5), Some(5));
+        let s = d.policy.snapshot(1).expect("volume 1");
+        assert_eq!((s.iops_credits, s.bytes_credits), (None, None), "{kind}");
+    }
+}
+
 // -------------------------------------------------------------------------------------- mClock
 
 #[test]

@@ -28,9 +28,8 @@ use crate::scenario::{
 use crate::trace::TraceRecord;
 use crate::workload::{Arrival, Mode, Pattern, Schedule, SizeMix};
 use headroom_qos::{
-    BurstMode, CostModel, CostVector, CreditBucketSpec, CreditSpec, Decision, IoRate, IoRequest,
-    NodeCapacity, Observed, OpKind, Phase, Policy, PolicyKind, PolicyParams, VolumeId, VolumeQos,
-    build_policy,
+    BurstMode, CostModel, CostVector, Decision, IoRequest, NodeCapacity, Observed, OpKind, Phase,
+    Policy, PolicyKind, PolicyParams, VolumeId, VolumeQos, build_policy,
 };
 use std::collections::VecDeque;
 use std::path::Path;
@@ -324,47 +323,6 @@ impl Divisor {
 
 fn secs_to_ns(s: f64) -> u64 {
     (s * NS_PER_S_F).round().max(0.0) as u64
-}
-
-fn scale_u64(v: u64, num: u64, den: u64) -> u64 {
-    if v == u64::MAX || den == 0 {
-        return v;
-    }
-    (u128::from(v) * u128::from(num) / u128::from(den)) as u64
-}
-
-/// The share `num/den` of a volume's QoS, for a worker that sees that share of its requests.
-pub fn scale_qos(q: &VolumeQos, num: u64, den: u64) -> VolumeQos {
-    if num == den {
-        return *q;
-    }
-    let rate = |r: IoRate| {
-        IoRate::new(
-            scale_u64(r.iops, num, den),
-            scale_u64(r.bytes_per_s, num, den),
-        )
-    };
-    let bucket = |b: Option<CreditBucketSpec>| {
-        b.map(|b| CreditBucketSpec {
-            capacity: scale_u64(b.capacity, num, den).max(1),
-            refill_per_s: scale_u64(b.refill_per_s, num, den),
-            start_full: b.start_full,
-        })
-    };
-    VolumeQos {
-        baseline: rate(q.baseline),
-        ceiling: rate(q.ceiling),
-        burst: match q.burst {
-            BurstMode::Credits(c) => BurstMode::Credits(CreditSpec {
-                iops: bucket(c.iops),
-                bytes: bucket(c.bytes),
-                pool: c.pool,
-            }),
-            other => other,
-        },
-        weight: q.weight,
-        io_unit_bytes: q.io_unit_bytes,
-    }
 }
 
 fn f64_to_cap(v: f64) -> u64 {
@@ -763,7 +721,7 @@ impl<'a> Node<'a> {
             let qos = self.group_qos[self.tenants[ti].group as usize];
             let vol = self.tenants[ti].volume;
             for (w, num, den) in self.shares(ti) {
-                let share = scale_qos(&qos, num, den);
+                let share = qos.scaled(num, den);
                 self.workers[w].policy.add_volume(now, vol, &share);
             }
         }
@@ -777,7 +735,7 @@ impl<'a> Node<'a> {
             }
             let vol = self.tenants[ti].volume;
             for (w, num, den) in self.shares(ti) {
-                let share = scale_qos(&qos, num, den);
+                let share = qos.scaled(num, den);
                 self.workers[w].policy.update_qos(now, vol, &share);
             }
         }
@@ -964,7 +922,7 @@ impl<'a> Node<'a> {
                 .collect();
             moved.sort_by_key(|&i| (self.slots[i as usize].req.arrival_ns, i));
             for (w, num, den) in self.shares(ti) {
-                let share = scale_qos(&qos, num, den);
+                let share = qos.scaled(num, den);
                 let p = &mut self.workers[w].policy;
                 p.add_volume(now, new, &share);
                 p.remove_volume(now, old);
@@ -1661,7 +1619,7 @@ impl<'a> Node<'a> {
         let new = self.next_volume;
         self.next_volume += 1;
         for (w, num, den) in self.shares(ti) {
-            let share = scale_qos(qos, num, den);
+            let share = qos.scaled(num, den);
             self.workers[w].policy.add_volume(now, new, &share);
         }
         self.tenants[ti].volume = new;

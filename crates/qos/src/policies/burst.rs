@@ -951,6 +951,16 @@ impl Rules for BurstRules {
         })
     }
 
+    fn restore_credits(
+        &mut self,
+        now_ns: u64,
+        vol: &mut BurstVol,
+        iops_credits: Option<u64>,
+        bytes_credits: Option<u64>,
+    ) -> bool {
+        vol.credits.restore(now_ns, iops_credits, bytes_credits)
+    }
+
     fn credits(&self, now_ns: u64, vol: &BurstVol) -> (Option<u64>, Option<u64>) {
         vol.credits.balances_at(now_ns)
     }

@@ -222,6 +222,18 @@ impl Rules for CreditRules {
         }
     }
 
+    fn restore_credits(
+        &mut self,
+        now_ns: u64,
+        vol: &mut CreditVol,
+        iops_credits: Option<u64>,
+        bytes_credits: Option<u64>,
+    ) -> bool {
+        // A pooled volume has no buckets of its own (`vol.credits` is empty), so this leaves
+        // its pool alone: pools are not persisted by the server yet.
+        vol.credits.restore(now_ns, iops_credits, bytes_credits)
+    }
+
     fn credits(&self, now_ns: u64, vol: &CreditVol) -> (Option<u64>, Option<u64>) {
         match vol.pool.as_deref() {
             Some(m) => self.pools.balances_at(now_ns, m),

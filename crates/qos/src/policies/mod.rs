@@ -55,6 +55,12 @@ impl SparseCredits {
         }
     }
 
+    pub(crate) fn restore(&mut self, now_ns: u64, iops: Option<u64>, bytes: Option<u64>) -> bool {
+        self.0
+            .as_mut()
+            .is_some_and(|c| c.restore(now_ns, iops, bytes))
+    }
+
     pub(crate) fn balances_at(&self, now_ns: u64) -> (Option<u64>, Option<u64>) {
         self.0
             .as_ref()

@@ -66,6 +66,12 @@ impl Driver {
         self.checked();
     }
 
+    pub fn restore(&mut self, id: VolumeId, iops_credits: Option<u64>, bytes_credits: Option<u64>) {
+        self.policy
+            .restore_credits(self.now, id, iops_credits, bytes_credits);
+        self.checked();
+    }
+
     pub fn remove(&mut self, id: VolumeId) {
         self.policy.remove_volume(self.now, id);
         self.checked();
