@@ -9,12 +9,21 @@
 //! Tables:
 //! - `meta`: `&str -> u64` (`format_version`, `extent_size_bytes`, `next_volume_id`, `clean`)
 //! - `devices`: `u32 -> JSON DeviceRecord`
-//! - `volumes`: `u64 -> JSON VolumeRecord`
+//! - `volumes`: `u64 -> JSON VolumeRecord` (the record carries the volume's QoS as an opaque
+//!   string: the store must not depend on the QoS crate, so the node layer owns its meaning)
 //! - `extents`: `(volume id, logical extent) -> (device << 32 | physical extent)`
+//! - `credits`: `u64 (volume id) -> opaque bytes`: the node's runtime QoS state (credit
+//!   balances), saved about once a second in its own transaction. It is kept apart from
+//!   `volumes` so that a save rewrites small rows and never the volume records, and a row goes
+//!   away in the same transaction as its volume.
+//!
+//! Both additions are backward compatible, so `FORMAT_VERSION` stays 1: a record without
+//! `qos` loads as `None`, a missing `credits` table reads as empty, and a record without QoS
+//! is written exactly as before.
 
 use std::path::Path;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{MetadataError, StoreError};
@@ -24,6 +33,7 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const DEVICES: TableDefinition<u32, &str> = TableDefinition::new("devices");
 const VOLUMES: TableDefinition<u64, &str> = TableDefinition::new("volumes");
 const EXTENTS: TableDefinition<(u64, u64), u64> = TableDefinition::new("extents");
+const CREDITS: TableDefinition<u64, &[u8]> = TableDefinition::new("credits");
 
 /// Version of the table layout above; bump on any incompatible change.
 pub(crate) const FORMAT_VERSION: u64 = 1;
@@ -49,6 +59,9 @@ pub(crate) struct VolumeRecord {
     pub name: String,
     pub size_bytes: u64,
     pub created_unix_s: u64,
+    /// Opaque QoS settings (JSON owned by the node layer); absent in records of older builds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
 }
 
 /// Everything stored, as loaded at open.
@@ -185,6 +198,7 @@ impl Meta {
             let mut devices = txn.open_table(DEVICES).map_err(redb_err)?;
             let mut volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
             let mut extents = txn.open_table(EXTENTS).map_err(redb_err)?;
+            let mut credits = txn.open_table(CREDITS).map_err(redb_err)?;
             for c in changes {
                 match *c {
                     ExtentChange::Map {
@@ -219,6 +233,7 @@ impl Meta {
                     }
                     MetaOp::DeleteVolume(id) => {
                         volumes.remove(*id).map_err(redb_err)?;
+                        credits.remove(*id).map_err(redb_err)?;
                         extents
                             .retain_in((*id, 0u64)..=(*id, u64::MAX), |_, _| false)
                             .map_err(redb_err)?;
@@ -234,6 +249,57 @@ impl Meta {
             }
         }
         txn.commit().map_err(redb_err)
+    }
+
+    /// Upserts the state row of every listed volume that still exists, in one transaction
+    /// committed with immediate durability; rows of unknown (deleted) volumes are skipped.
+    /// Returns how many rows were written. The existence check runs inside the transaction,
+    /// and redb serialises write transactions, so a save can never resurrect the row of a
+    /// volume whose deletion committed first (and a row saved just before a deletion is
+    /// removed by it).
+    pub(crate) fn save_states(&self, states: &[(u64, Vec<u8>)]) -> Result<usize, StoreError> {
+        if states.is_empty() {
+            return Ok(0);
+        }
+        let mut txn = self.db.begin_write().map_err(redb_err)?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(redb_err)?;
+        let mut saved = 0;
+        {
+            let volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
+            let mut credits = txn.open_table(CREDITS).map_err(redb_err)?;
+            for (id, bytes) in states {
+                if volumes.get(*id).map_err(redb_err)?.is_none() {
+                    continue;
+                }
+                credits.insert(*id, bytes.as_slice()).map_err(redb_err)?;
+                saved += 1;
+            }
+        }
+        txn.commit().map_err(redb_err)?;
+        Ok(saved)
+    }
+
+    /// Every state row of an existing volume, by volume id. (Rows of unknown volumes exist
+    /// only if an older build, which does not know the table, deleted the volume; volume ids
+    /// are never reused, so they are skipped rather than reported.)
+    pub(crate) fn load_states(&self) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        let txn = self.db.begin_read().map_err(redb_err)?;
+        let credits = match txn.open_table(CREDITS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(redb_err(e)),
+        };
+        let volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
+        let mut out = Vec::new();
+        for row in credits.iter().map_err(redb_err)? {
+            let (k, v) = row.map_err(redb_err)?;
+            let id = k.value();
+            if volumes.get(id).map_err(redb_err)?.is_some() {
+                out.push((id, v.value().to_vec()));
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -254,6 +320,7 @@ mod tests {
             name: "v".into(),
             size_bytes: 4096,
             created_unix_s: 7,
+            qos: Some(r#"{"iops":100}"#.into()),
         };
         let p = PhysExtent {
             device: 0,
@@ -294,8 +361,43 @@ mod tests {
         assert_eq!(l.devices, vec![(0, dev)]);
         assert_eq!(l.volumes, vec![(3, vol)]);
         assert_eq!(l.extents, vec![(3, 0, p)]);
+        assert_eq!(m.save_states(&[(3, vec![1, 2]), (9, vec![3])]).unwrap(), 1);
+        assert_eq!(m.load_states().unwrap(), vec![(3, vec![1, 2])]);
         m.commit(&[], &[MetaOp::DeleteVolume(3)]).unwrap();
         let l = m.load().unwrap().unwrap();
         assert!(l.volumes.is_empty() && l.extents.is_empty());
+        assert!(m.load_states().unwrap().is_empty());
+    }
+
+    #[test]
+    fn volume_record_without_qos_loads_as_none_and_is_written_unchanged() {
+        let old_json = r#"{"name":"v","size_bytes":4096,"created_unix_s":7}"#;
+        let m = Meta::open_memory().unwrap();
+        {
+            // A database written by a build before the `qos` field and the `credits` table.
+            let txn = m.db.begin_write().unwrap();
+            {
+                let mut meta = txn.open_table(META).unwrap();
+                meta.insert(KEY_FORMAT, FORMAT_VERSION).unwrap();
+                meta.insert(KEY_EXTENT_SIZE, EXTENT_SIZE_BYTES).unwrap();
+                txn.open_table(DEVICES).unwrap();
+                txn.open_table(EXTENTS).unwrap();
+                txn.open_table(VOLUMES)
+                    .unwrap()
+                    .insert(3, old_json)
+                    .unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        assert!(m.load_states().unwrap().is_empty());
+        let l = m.load().unwrap().unwrap();
+        let rec = VolumeRecord {
+            name: "v".into(),
+            size_bytes: 4096,
+            created_unix_s: 7,
+            qos: None,
+        };
+        assert_eq!(l.volumes, vec![(3, rec.clone())]);
+        assert_eq!(serde_json::to_string(&rec).unwrap(), old_json);
     }
 }

@@ -7,7 +7,9 @@
 //! became durable. Because the device sync always comes first, an allocation is never durable
 //! before the data and punches that preceded it, and a freed extent is never reused before
 //! both its punch and its unmapping are on disk. FLUSH, FUA (when the extent's allocation is
-//! not yet committed), create, resize, delete and shutdown all go through it.
+//! not yet committed), create, resize, delete, QoS changes and shutdown all go through it.
+//! Saves of the node's runtime QoS state (`save_volume_states`) do not: they touch no device
+//! and no extent map, so they run as their own redb transaction outside the commit mutex.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -530,8 +532,22 @@ impl Store {
         }
     }
 
-    /// Creates an empty (fully unallocated) volume; durable when this returns.
+    /// Creates an empty (fully unallocated) volume without QoS settings; durable when this
+    /// returns.
     pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, StoreError> {
+        self.create_volume_with_qos(name, size_bytes, None)
+    }
+
+    /// Creates an empty (fully unallocated) volume with opaque QoS settings (`qos` is the
+    /// node layer's JSON; the store does not interpret it). The volume and its QoS become
+    /// durable in the same commit, before this returns, so no restart can see one without
+    /// the other.
+    pub fn create_volume_with_qos(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        qos: Option<String>,
+    ) -> Result<VolumeInfo, StoreError> {
         validate_volume_name(name)?;
         validate_size(size_bytes)?;
         let mut next_volume_id = lock(&self.management);
@@ -543,6 +559,7 @@ impl Store {
             name: name.to_string(),
             size_bytes,
             created_unix_s: now_unix_s(),
+            qos,
         };
         self.shared.commit(
             &[
@@ -598,8 +615,48 @@ impl Store {
         Ok(vol.info())
     }
 
-    /// Deletes a volume and frees (punches) all its space; durable when this returns. Open
-    /// handles fail every later call with `VolumeDeleted`.
+    /// Replaces a volume's opaque QoS settings (`None` clears them); durable when this returns.
+    /// `NotFound` for an unknown name.
+    pub fn set_volume_qos(
+        &self,
+        name: &str,
+        qos: Option<String>,
+    ) -> Result<VolumeInfo, StoreError> {
+        let _serial = lock(&self.management);
+        let vol = self.lookup(name)?;
+        vol.set_qos(qos)?;
+        tracing::info!(volume = name, "volume QoS set");
+        Ok(vol.info())
+    }
+
+    /// Saves the node's runtime QoS state (opaque bytes, e.g. credit balances) for each
+    /// `(volume id, bytes)`, replacing earlier rows, in one redb transaction committed with
+    /// immediate durability. Rows naming a volume that no longer exists are skipped, so a
+    /// save racing a deletion cannot resurrect the deleted volume's row; ids are never reused.
+    ///
+    /// Cost and locking: one redb write transaction and one fsync of the metadata file (a
+    /// few thousand rows are a few milliseconds), so call it from a blocking thread, not an
+    /// async worker. It takes none of the store's locks (no pool mutex, no volume lock, not
+    /// the commit mutex, not the management mutex): it touches neither devices nor extent
+    /// maps, so it needs no ordering with the commit protocol. The only contention is redb's
+    /// own single-writer lock: a FLUSH that reaches its metadata transaction while a save is
+    /// committing waits for that one transaction, and vice versa.
+    pub fn save_volume_states(&self, states: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
+        let saved = self.shared.meta.save_states(states)?;
+        tracing::trace!(given = states.len(), saved, "volume states saved");
+        Ok(())
+    }
+
+    /// Every saved state row, as `(volume id, bytes)` sorted by id, of volumes that exist
+    /// (map ids to names with `list_volumes`). A volume's row is deleted in the same commit
+    /// as the volume.
+    pub fn volume_states(&self) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        self.shared.meta.load_states()
+    }
+
+    /// Deletes a volume and frees (punches) all its space; durable when this returns. Its
+    /// saved state row (`save_volume_states`) goes in the same commit. Open handles fail
+    /// every later call with `VolumeDeleted`.
     pub fn delete_volume(&self, name: &str) -> Result<(), StoreError> {
         let _serial = lock(&self.management);
         let vol = write(&self.volumes)

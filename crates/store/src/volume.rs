@@ -10,7 +10,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +30,11 @@ pub struct VolumeInfo {
     /// Space taken in the pool: allocated extents times `EXTENT_SIZE_BYTES`.
     pub allocated_bytes: u64,
     pub created_unix_s: u64,
+    /// The volume's QoS settings: opaque JSON owned by the node layer (the store does not
+    /// depend on the QoS crate). Absent from the JSON when unset, and optional when read, so
+    /// clients and servers of different versions keep understanding each other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
 }
 
 /// One run of a BLOCK_STATUS answer (`base:allocation`).
@@ -63,6 +68,9 @@ pub struct Volume {
     id: u64,
     name: String,
     created_unix_s: u64,
+    /// Opaque QoS settings; changed only under the store's management mutex, after the commit
+    /// that made the change durable.
+    qos: Mutex<Option<String>>,
     shared: Arc<Shared>,
     me: Weak<Volume>,
     state: RwLock<VolumeState>,
@@ -179,6 +187,7 @@ impl Volume {
             id,
             name: record.name,
             created_unix_s: record.created_unix_s,
+            qos: Mutex::new(record.qos),
             shared,
             me: me.clone(),
             size_bytes: AtomicU64::new(record.size_bytes),
@@ -207,6 +216,11 @@ impl Volume {
         self.allocated_extents.load(Ordering::Relaxed) * EXTENT_SIZE_BYTES
     }
 
+    /// The volume's opaque QoS settings (see `VolumeInfo::qos`).
+    pub fn qos(&self) -> Option<String> {
+        lock(&self.qos).clone()
+    }
+
     pub fn is_deleted(&self) -> bool {
         self.deleted.load(Ordering::Acquire)
     }
@@ -218,7 +232,29 @@ impl Volume {
             size_bytes: self.size_bytes(),
             allocated_bytes: self.allocated_bytes(),
             created_unix_s: self.created_unix_s,
+            qos: self.qos(),
         }
+    }
+
+    /// The durable record of this volume with `size_bytes` and `qos`.
+    fn record(&self, size_bytes: u64, qos: Option<String>) -> VolumeRecord {
+        VolumeRecord {
+            name: self.name.clone(),
+            size_bytes,
+            created_unix_s: self.created_unix_s,
+            qos,
+        }
+    }
+
+    /// Replaces the QoS settings (caller serialises management operations): durable first,
+    /// then visible, like every management change.
+    pub(crate) fn set_qos(&self, qos: Option<String>) -> Result<(), StoreError> {
+        self.check_live()?;
+        let record = self.record(self.size_bytes(), qos.clone());
+        self.shared
+            .commit(&[MetaOp::PutVolume(self.id, record)], false)?;
+        *lock(&self.qos) = qos;
+        Ok(())
     }
 
     fn check_live(&self) -> Result<(), StoreError> {
@@ -656,11 +692,7 @@ impl Volume {
         if new_size == old_size {
             return Ok(());
         }
-        let record = VolumeRecord {
-            name: self.name.clone(),
-            size_bytes: new_size,
-            created_unix_s: self.created_unix_s,
-        };
+        let record = self.record(new_size, self.qos());
         if new_size > old_size {
             self.shared
                 .commit(&[MetaOp::PutVolume(self.id, record)], false)?;
@@ -741,5 +773,23 @@ mod tests {
         let (h, w, t) = split(e, 3 * e);
         assert!(h.is_none() && t.is_none());
         assert_eq!(w, (1, 4));
+    }
+
+    #[test]
+    fn volume_info_json_omits_unset_qos_and_reads_json_without_it() {
+        let mut info = VolumeInfo {
+            name: "v".into(),
+            id: 1,
+            size_bytes: 4096,
+            allocated_bytes: 0,
+            created_unix_s: 7,
+            qos: None,
+        };
+        let json = serde_json::to_string(&info).unwrap();
+        assert!(!json.contains("qos"), "{json}");
+        assert_eq!(serde_json::from_str::<VolumeInfo>(&json).unwrap(), info);
+        info.qos = Some(r#"{"iops":100}"#.into());
+        let json = serde_json::to_string(&info).unwrap();
+        assert_eq!(serde_json::from_str::<VolumeInfo>(&json).unwrap(), info);
     }
 }

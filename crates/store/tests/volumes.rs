@@ -642,3 +642,131 @@ fn explicit_device_paths_and_bad_configs() {
         Err(StoreError::InvalidConfig(_))
     ));
 }
+
+const QOS_A: &str = r#"{"iops":500,"burst_iops":2000}"#;
+const QOS_B: &str = r#"{"bandwidth_bytes_per_s":104857600}"#;
+
+#[test]
+fn qos_is_stored_with_the_volume_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = file_config(&dir);
+    let infos = {
+        let store = Store::open(&cfg).unwrap();
+        let a = store
+            .create_volume_with_qos("a", 4 * MIB, Some(QOS_A.into()))
+            .unwrap();
+        assert_eq!(a.qos.as_deref(), Some(QOS_A));
+        assert_eq!(store.create_volume("b", 4 * MIB).unwrap().qos, None);
+        store.create_volume("c", 4 * MIB).unwrap();
+        let b = store.set_volume_qos("b", Some(QOS_B.into())).unwrap();
+        assert_eq!(b.qos.as_deref(), Some(QOS_B));
+        assert_eq!(
+            store.open_volume("b").unwrap().qos().as_deref(),
+            Some(QOS_B)
+        );
+        // Resizing rewrites the volume record: it must keep the QoS.
+        store.resize_volume("a", 8 * MIB).unwrap();
+        store.resize_volume("b", 2 * MIB).unwrap();
+        store
+            .create_volume_with_qos("d", 4 * MIB, Some(QOS_A.into()))
+            .unwrap();
+        assert_eq!(store.set_volume_qos("d", None).unwrap().qos, None);
+        store.list_volumes()
+    };
+    let store = Store::open(&cfg).unwrap();
+    assert_eq!(store.list_volumes(), infos);
+    let qos = |name| store.volume_info(name).unwrap().qos;
+    assert_eq!(qos("a").as_deref(), Some(QOS_A));
+    assert_eq!(qos("b").as_deref(), Some(QOS_B));
+    assert_eq!(qos("c"), None);
+    assert_eq!(qos("d"), None);
+    assert_eq!(store.volume_info("a").unwrap().size_bytes, 8 * MIB);
+}
+
+#[test]
+fn set_volume_qos_needs_an_existing_volume() {
+    each_backend(|fx| {
+        assert!(matches!(
+            fx.store.set_volume_qos("nope", Some(QOS_A.into())),
+            Err(StoreError::NotFound(_))
+        ));
+        fx.store
+            .create_volume_with_qos("v", MIB, Some(QOS_A.into()))
+            .unwrap();
+        let handle = fx.store.open_volume("v").unwrap();
+        fx.store.delete_volume("v").unwrap();
+        assert!(matches!(
+            fx.store.set_volume_qos("v", None),
+            Err(StoreError::NotFound(_))
+        ));
+        // A failed create leaves nothing behind; the name's next volume starts without QoS.
+        assert!(matches!(
+            fx.store
+                .create_volume_with_qos("-bad", MIB, Some(QOS_A.into())),
+            Err(StoreError::InvalidName { .. })
+        ));
+        assert_eq!(fx.store.create_volume("v", MIB).unwrap().qos, None);
+        assert_eq!(handle.qos().as_deref(), Some(QOS_A));
+    });
+}
+
+#[test]
+fn volume_states_survive_reopen_and_vanish_with_their_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = file_config(&dir);
+    let (a, b) = {
+        let store = Store::open(&cfg).unwrap();
+        assert!(store.volume_states().unwrap().is_empty());
+        let a = store.create_volume("a", MIB).unwrap().id;
+        let b = store.create_volume("b", MIB).unwrap().id;
+        let gone = store.create_volume("gone", MIB).unwrap().id;
+        store
+            .save_volume_states(&[(a, vec![1; 40]), (b, vec![2; 40]), (gone, vec![3])])
+            .unwrap();
+        // Upsert: only the rows given change.
+        store.save_volume_states(&[(a, vec![9, 9])]).unwrap();
+        store.delete_volume("gone").unwrap();
+        assert_eq!(
+            store.volume_states().unwrap(),
+            vec![(a, vec![9, 9]), (b, vec![2; 40])]
+        );
+        // A save that still names the deleted volume (or one never created) skips it.
+        store
+            .save_volume_states(&[(gone, vec![4]), (b, vec![5]), (u64::MAX, vec![6])])
+            .unwrap();
+        store.save_volume_states(&[]).unwrap();
+        (a, b)
+    };
+    let store = Store::open(&cfg).unwrap();
+    assert_eq!(
+        store.volume_states().unwrap(),
+        vec![(a, vec![9, 9]), (b, vec![5])]
+    );
+    let ids: Vec<(String, u64)> = store
+        .list_volumes()
+        .into_iter()
+        .map(|v| (v.name, v.id))
+        .collect();
+    assert_eq!(ids, vec![("a".to_string(), a), ("b".to_string(), b)]);
+    store.delete_volume("a").unwrap();
+    assert_eq!(store.volume_states().unwrap(), vec![(b, vec![5])]);
+}
+
+#[test]
+fn memory_store_keeps_volume_states() {
+    let fx = memory();
+    let ids: Vec<u64> = (0..3)
+        .map(|i| fx.store.create_volume(&format!("v{i}"), MIB).unwrap().id)
+        .collect();
+    let states: Vec<(u64, Vec<u8>)> = ids
+        .iter()
+        .map(|&id| (id, id.to_le_bytes().to_vec()))
+        .collect();
+    fx.store.save_volume_states(&states).unwrap();
+    assert_eq!(fx.store.volume_states().unwrap(), states);
+    fx.store.delete_volume("v1").unwrap();
+    assert_eq!(
+        fx.store.volume_states().unwrap(),
+        vec![states[0].clone(), states[2].clone()]
+    );
+}
