@@ -2,7 +2,11 @@
 //!
 //! It is the one way to change the node's state besides NBD traffic; the CLI is a thin client
 //! of it. Errors come back as `{"error": "...", "kind": "..."}` with a status that says whose
-//! fault it was (400 bad input, 404 unknown volume, 409 name taken, 507 pool full).
+//! fault it was (400 bad input or bad QoS, 404 unknown volume, 409 name taken, 507 pool full).
+//!
+//! A volume's QoS is set at creation (`qos` in `POST /v1/volumes`) and changed live
+//! (`qos` in `PATCH /v1/volumes/{name}`): the change reaches the scheduler at once, without
+//! reconnecting clients and without refilling credit buckets. A bad QoS changes nothing.
 
 use std::sync::Arc;
 
@@ -12,22 +16,79 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use headroom_qos::QosSpec;
 use headroom_store::{Store, StoreError, VolumeInfo};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+use crate::scheduler::Scheduler;
+use crate::session::IoJob;
+use crate::volume_qos::{CreditsView, PhasesView, QosView, StoredQos};
 
 /// Body of `POST /v1/volumes`.
 #[derive(Debug, Deserialize, Serialize)]
 pub struct CreateVolume {
     pub name: String,
     pub size_bytes: u64,
+    /// QoS class; absent: unlimited (no baseline promise, no ceiling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosSpec>,
 }
 
 /// Body of `PATCH /v1/volumes/{name}`.
 #[derive(Debug, Deserialize, Serialize)]
 pub struct UpdateVolume {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
+    /// Changes on top of the volume's current QoS (fields given replace those set; a preset
+    /// replaces the class).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosSpec>,
+}
+
+/// A volume as `GET /v1/volumes/{name}` shows it.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct VolumeView {
+    #[serde(flatten)]
+    pub info: VolumeSummary,
+    /// The scheduler's policy (`off` when none runs).
+    pub policy: String,
+    /// Absent: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos_class: Option<QosView>,
+    pub credits: CreditsView,
+    pub queued_requests: usize,
+    pub phases: PhasesView,
+}
+
+/// The store's view of a volume, with the QoS record left out (it is shown parsed).
+#[derive(Debug, Deserialize, Serialize)]
+pub struct VolumeSummary {
+    pub name: String,
+    pub id: u64,
+    pub size_bytes: u64,
+    pub allocated_bytes: u64,
+    pub created_unix_s: u64,
+}
+
+impl From<&VolumeInfo> for VolumeSummary {
+    fn from(info: &VolumeInfo) -> Self {
+        VolumeSummary {
+            name: info.name.clone(),
+            id: info.id,
+            size_bytes: info.size_bytes,
+            allocated_bytes: info.allocated_bytes,
+            created_unix_s: info.created_unix_s,
+        }
+    }
+}
+
+/// What the API handlers share.
+#[derive(Clone, Debug)]
+pub struct ApiState {
+    pub store: Arc<Store>,
+    pub scheduler: Option<Arc<Scheduler<IoJob>>>,
 }
 
 /// Error body.
@@ -37,13 +98,27 @@ pub struct ApiErrorBody {
     pub kind: String,
 }
 
-/// A store error with the HTTP status it deserves.
+/// A store or QoS error with the HTTP status it deserves.
 #[derive(Debug)]
-pub struct ApiError(StoreError);
+pub enum ApiError {
+    Store(StoreError),
+    /// The QoS asked for is invalid; nothing was changed.
+    Qos(String),
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, kind) = match &self.0 {
+        let store_err = match self {
+            ApiError::Store(err) => err,
+            ApiError::Qos(reason) => {
+                let body = ApiErrorBody {
+                    error: reason,
+                    kind: "invalid_qos".to_string(),
+                };
+                return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+            }
+        };
+        let (status, kind) = match &store_err {
             StoreError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             StoreError::AlreadyExists(_) => (StatusCode::CONFLICT, "already_exists"),
             StoreError::InvalidName { .. } => (StatusCode::BAD_REQUEST, "invalid_name"),
@@ -52,7 +127,7 @@ impl IntoResponse for ApiError {
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         let body = ApiErrorBody {
-            error: self.0.to_string(),
+            error: store_err.to_string(),
             kind: kind.to_string(),
         };
         (status, Json(body)).into_response()
@@ -61,14 +136,18 @@ impl IntoResponse for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
-        ApiError(err)
+        ApiError::Store(err)
     }
+}
+
+fn qos_error(err: headroom_qos::QosError) -> ApiError {
+    ApiError::Qos(err.to_string())
 }
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// The API's routes over a store.
-pub fn router(store: Arc<Store>) -> Router {
+/// The API's routes.
+pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/pool", get(pool))
@@ -77,16 +156,16 @@ pub fn router(store: Arc<Store>) -> Router {
             "/v1/volumes/{name}",
             get(show_volume).patch(update_volume).delete(delete_volume),
         )
-        .with_state(store)
+        .with_state(state)
 }
 
 /// Serves the API until `stop` turns true.
-pub async fn serve(listener: TcpListener, store: Arc<Store>, mut stop: watch::Receiver<bool>) {
+pub async fn serve(listener: TcpListener, state: ApiState, mut stop: watch::Receiver<bool>) {
     let shutdown = async move {
         // Either a stop or the sender going away ends the server.
         let _ = stop.changed().await;
     };
-    if let Err(err) = axum::serve(listener, router(store))
+    if let Err(err) = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
     {
@@ -98,46 +177,147 @@ async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
 }
 
-async fn pool(State(store): State<Arc<Store>>) -> Json<serde_json::Value> {
-    Json(serde_json::to_value(store.pool_info()).unwrap_or(serde_json::Value::Null))
+async fn pool(State(state): State<ApiState>) -> Json<serde_json::Value> {
+    Json(serde_json::to_value(state.store.pool_info()).unwrap_or(serde_json::Value::Null))
 }
 
-async fn list_volumes(State(store): State<Arc<Store>>) -> Json<Vec<VolumeInfo>> {
-    Json(store.list_volumes())
+async fn list_volumes(State(state): State<ApiState>) -> Json<Vec<VolumeView>> {
+    let views = state
+        .store
+        .list_volumes()
+        .iter()
+        .map(|info| view(&state, info))
+        .collect();
+    Json(views)
+}
+
+/// Parses a stored QoS record (absent or unreadable: none).
+fn stored_qos(info: &VolumeInfo) -> Option<StoredQos> {
+    info.qos.as_deref().and_then(StoredQos::from_json)
+}
+
+fn view(state: &ApiState, info: &VolumeInfo) -> VolumeView {
+    let stored = stored_qos(info);
+    let handle = state
+        .scheduler
+        .as_ref()
+        .and_then(|s| s.handle(info.id).map(|h| (s, h)));
+    let (credits, queued_requests, phases) = match &handle {
+        Some((scheduler, handle)) => {
+            let (iops, bytes) = scheduler.credits(handle);
+            (
+                CreditsView { iops, bytes },
+                scheduler.queued_requests(handle),
+                handle.counters.snapshot().into(),
+            )
+        }
+        None => (CreditsView::default(), 0, PhasesView::default()),
+    };
+    VolumeView {
+        info: info.into(),
+        policy: state
+            .scheduler
+            .as_ref()
+            .map_or("off", |s| s.policy_name())
+            .to_string(),
+        qos_class: stored.map(|s| QosView::new(s.spec, &s.qos)),
+        credits,
+        queued_requests,
+        phases,
+    }
 }
 
 async fn create_volume(
-    State(store): State<Arc<Store>>,
+    State(state): State<ApiState>,
     Json(body): Json<CreateVolume>,
-) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
-    let info = blocking(move || store.create_volume(&body.name, body.size_bytes)).await?;
-    Ok((StatusCode::CREATED, Json(info)))
+) -> ApiResult<(StatusCode, Json<VolumeView>)> {
+    let stored = match body.qos {
+        Some(spec) if !spec.is_empty() => {
+            Some(StoredQos::resolve(spec, body.size_bytes).map_err(qos_error)?)
+        }
+        _ => None,
+    };
+    let store = Arc::clone(&state.store);
+    let record = stored.as_ref().map(StoredQos::to_json);
+    let info =
+        blocking(move || store.create_volume_with_qos(&body.name, body.size_bytes, record)).await?;
+    if let Some(scheduler) = &state.scheduler {
+        let qos = stored.map_or_else(headroom_qos::VolumeQos::default, |s| s.qos);
+        if let Err(err) = scheduler.add_volume(info.id, &qos) {
+            tracing::error!("volume {}: {err}", info.name);
+        }
+    }
+    Ok((StatusCode::CREATED, Json(view(&state, &info))))
 }
 
 async fn show_volume(
-    State(store): State<Arc<Store>>,
+    State(state): State<ApiState>,
     Path(name): Path<String>,
-) -> ApiResult<Json<VolumeInfo>> {
-    Ok(Json(store.volume_info(&name)?))
+) -> ApiResult<Json<VolumeView>> {
+    let info = state.store.volume_info(&name)?;
+    Ok(Json(view(&state, &info)))
 }
 
 async fn update_volume(
-    State(store): State<Arc<Store>>,
+    State(state): State<ApiState>,
     Path(name): Path<String>,
     Json(body): Json<UpdateVolume>,
-) -> ApiResult<Json<VolumeInfo>> {
-    let info = match body.size_bytes {
-        Some(size_bytes) => blocking(move || store.resize_volume(&name, size_bytes)).await?,
-        None => store.volume_info(&name)?,
+) -> ApiResult<Json<VolumeView>> {
+    let current = state.store.volume_info(&name)?;
+    let size_bytes = body.size_bytes.unwrap_or(current.size_bytes);
+    let old = stored_qos(&current);
+    // Resolve first: a QoS that is invalid (or a class that does not fit the new size)
+    // changes nothing, not even the size.
+    let new_qos: Option<StoredQos> = match (&body.qos, &old) {
+        (Some(change), Some(old)) => {
+            Some(StoredQos::resolve(change.merged_over(&old.spec), size_bytes).map_err(qos_error)?)
+        }
+        (Some(change), None) => {
+            Some(StoredQos::resolve(change.clone(), size_bytes).map_err(qos_error)?)
+        }
+        // A resize re-derives a size-dependent class (gp2: 3 IOPS per GiB).
+        (None, Some(old)) if size_bytes != current.size_bytes => {
+            Some(StoredQos::resolve(old.spec.clone(), size_bytes).map_err(qos_error)?)
+        }
+        _ => None,
     };
-    Ok(Json(info))
+    let mut info = current;
+    if size_bytes != info.size_bytes {
+        let store = Arc::clone(&state.store);
+        let name = name.clone();
+        info = blocking(move || store.resize_volume(&name, size_bytes)).await?;
+    }
+    if let Some(new_qos) = new_qos
+        && Some(&new_qos) != old.as_ref()
+    {
+        let store = Arc::clone(&state.store);
+        let record = new_qos.to_json();
+        let name = name.clone();
+        info = blocking(move || store.set_volume_qos(&name, Some(record))).await?;
+        if let Some(scheduler) = &state.scheduler {
+            match scheduler.handle(info.id) {
+                Some(handle) => scheduler.update_qos(&handle, &new_qos.qos),
+                None => {
+                    if let Err(err) = scheduler.add_volume(info.id, &new_qos.qos) {
+                        tracing::error!("volume {}: {err}", info.name);
+                    }
+                }
+            }
+        }
+    }
+    Ok(Json(view(&state, &info)))
 }
 
 async fn delete_volume(
-    State(store): State<Arc<Store>>,
+    State(state): State<ApiState>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
+    let info = state.store.volume_info(&name)?;
+    let store = Arc::clone(&state.store);
     blocking(move || store.delete_volume(&name)).await?;
+    if let Some(scheduler) = &state.scheduler {
+        scheduler.remove_volume(info.id);
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

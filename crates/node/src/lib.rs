@@ -8,10 +8,14 @@
 
 pub mod api;
 pub mod buffers;
+pub mod clock;
 pub mod config;
+pub mod emulated;
 pub mod exec;
+pub mod scheduler;
 pub mod server;
 pub mod session;
+pub mod volume_qos;
 
 pub use config::{Limits, NodeConfig, StoreBackend};
 pub use server::{Node, NodeError, RunningNode};

@@ -3,6 +3,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use headroom_store::{Store, StoreConfig, StoreError};
 use tokio::net::TcpListener;
@@ -10,9 +12,13 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::buffers::BufferPool;
+use crate::clock::Clock;
 use crate::config::{NodeConfig, StoreBackend};
+use crate::emulated::EmulatedDevice;
 use crate::exec::Executor;
-use crate::session::{SessionContext, serve_connection};
+use crate::scheduler::{Scheduler, SchedulerError};
+use crate::session::{IoJob, IoRunner, IoRuntime, SessionContext, serve_connection};
+use crate::volume_qos::{CreditRecord, SAVE_MARGIN_PERIODS};
 
 /// Failures while starting or stopping a node.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +34,12 @@ pub enum NodeError {
     Workers(std::io::Error),
     #[error("flushing at shutdown: {0}")]
     Flush(StoreError),
+    #[error("starting the scheduler: {0}")]
+    Scheduler(#[from] SchedulerError),
+    #[error("emulated device: {0}")]
+    Emulated(String),
+    #[error("saving credit balances: {0}")]
+    Credits(StoreError),
 }
 
 /// Entry point.
@@ -41,8 +53,10 @@ pub struct RunningNode {
     pub nbd_addr: SocketAddr,
     pub api_addr: SocketAddr,
     store: Arc<Store>,
+    scheduler: Option<Arc<Scheduler<IoJob>>>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    saver: Option<CreditSaver>,
 }
 
 impl Node {
@@ -72,6 +86,45 @@ impl Node {
         } else {
             Some(Executor::start(config.io_threads).map_err(NodeError::Workers)?)
         };
+        let clock = Clock::new();
+        let device = match config.emulated_device {
+            Some(spec) => Some(
+                EmulatedDevice::start(spec, clock)
+                    .map_err(|err| NodeError::Emulated(err.to_string()))?,
+            ),
+            None => None,
+        };
+        let io = Arc::new(IoRuntime {
+            executor,
+            inline_max_bytes: config.effective_inline_max_bytes(),
+            buffers: Arc::new(BufferPool::new(config.limits.max_request_bytes as usize)),
+            device,
+            clock,
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let scheduler = match config.qos.policy.kind() {
+            None => None,
+            Some(_) => {
+                let runner = Arc::new(IoRunner(Arc::clone(&io)));
+                let scheduler = Scheduler::start(&config.qos, clock, runner)?;
+                register_volumes(&store, &scheduler)?;
+                Some(scheduler)
+            }
+        };
+        // Before any I/O: replace the exact balances of a clean shutdown by running ones, so
+        // a crash from here on never finds more credit than was spent (volume_qos docs).
+        let saver = match &scheduler {
+            Some(scheduler) => {
+                let period_ms = config.credit_save_period_ms.max(1);
+                save_credits(&store, scheduler, false, period_ms)?;
+                Some(CreditSaver::start(
+                    Arc::clone(&store),
+                    Arc::clone(scheduler),
+                    period_ms,
+                )?)
+            }
+            None => None,
+        };
         let nbd_listener = TcpListener::bind(config.nbd_listen)
             .await
             .map_err(|source| NodeError::Bind {
@@ -91,9 +144,8 @@ impl Node {
         let ctx = Arc::new(SessionContext {
             store: Arc::clone(&store),
             limits: config.limits.clone(),
-            executor,
-            inline_max_bytes: config.effective_inline_max_bytes(),
-            buffers: Arc::new(BufferPool::new(config.limits.max_request_bytes as usize)),
+            io,
+            scheduler: scheduler.clone(),
         });
         let accept_task = tokio::spawn(accept_loop(
             nbd_listener,
@@ -101,14 +153,23 @@ impl Node {
             config.limits.max_connections,
             stop_rx.clone(),
         ));
-        let api_task = tokio::spawn(crate::api::serve(api_listener, Arc::clone(&store), stop_rx));
-        tracing::info!("NBD on {nbd_addr}, API on http://{api_addr}");
+        let api_state = crate::api::ApiState {
+            store: Arc::clone(&store),
+            scheduler: scheduler.clone(),
+        };
+        let api_task = tokio::spawn(crate::api::serve(api_listener, api_state, stop_rx));
+        tracing::info!(
+            "NBD on {nbd_addr}, API on http://{api_addr}, policy {}",
+            config.qos.policy
+        );
         Ok(RunningNode {
             nbd_addr,
             api_addr,
             store,
+            scheduler,
             stop,
             tasks: vec![accept_task, api_task],
+            saver,
         })
     }
 }
@@ -126,18 +187,34 @@ impl RunningNode {
         &self.store
     }
 
-    /// Stops accepting, then makes every acknowledged write durable.
+    /// The QoS scheduler, if a policy is on.
+    pub fn scheduler(&self) -> Option<&Arc<Scheduler<IoJob>>> {
+        self.scheduler.as_ref()
+    }
+
+    /// Stops accepting, then makes every acknowledged write durable and saves the exact
+    /// credit balances.
     pub async fn shutdown(self) -> Result<(), NodeError> {
         // Receivers may already be gone if a task ended; that is fine.
         let _ = self.stop.send(true);
         for task in self.tasks {
             let _ = task.await;
         }
+        if let Some(saver) = self.saver {
+            saver.stop();
+        }
         let store = Arc::clone(&self.store);
-        tokio::task::spawn_blocking(move || store.flush_all())
-            .await
-            .map_err(|err| NodeError::Flush(StoreError::Io(std::io::Error::other(err))))?
-            .map_err(NodeError::Flush)
+        let scheduler = self.scheduler.clone();
+        tokio::task::spawn_blocking(move || {
+            store.flush_all().map_err(NodeError::Flush)?;
+            if let Some(scheduler) = &scheduler {
+                save_credits(&store, scheduler, true, 0)?;
+                scheduler.stop();
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|err| NodeError::Flush(StoreError::Io(std::io::Error::other(err))))?
     }
 }
 
@@ -174,5 +251,117 @@ async fn accept_loop(
             }
             drop(slot);
         });
+    }
+}
+
+/// Registers every stored volume with the scheduler and restores its saved credit balance.
+fn register_volumes(store: &Store, scheduler: &Scheduler<IoJob>) -> Result<(), NodeError> {
+    let saved: std::collections::HashMap<u64, CreditRecord> = store
+        .volume_states()?
+        .into_iter()
+        .filter_map(|(id, bytes)| CreditRecord::from_bytes(&bytes).map(|r| (id, r)))
+        .collect();
+    for info in store.list_volumes() {
+        let qos = crate::volume_qos::effective_qos(info.qos.as_deref(), info.size_bytes);
+        let handle = scheduler.add_volume(info.id, &qos)?;
+        if let Some(record) = saved.get(&info.id) {
+            scheduler.restore_credits(&handle, record.iops_credits, record.bytes_credits);
+        }
+    }
+    Ok(())
+}
+
+/// Saves the credit balance of every volume that has credit buckets: exact when `clean`,
+/// otherwise less what it could spend in `SAVE_MARGIN_PERIODS × period_ms`.
+fn save_credits(
+    store: &Store,
+    scheduler: &Scheduler<IoJob>,
+    clean: bool,
+    period_ms: u64,
+) -> Result<(), NodeError> {
+    let margin_ms = period_ms.saturating_mul(SAVE_MARGIN_PERIODS);
+    let mut rows = Vec::new();
+    for info in store.list_volumes() {
+        let Some(handle) = scheduler.handle(info.id) else {
+            continue;
+        };
+        let qos = handle.qos();
+        if !matches!(qos.burst, headroom_qos::BurstMode::Credits(_)) {
+            continue;
+        }
+        let balances = scheduler.credits(&handle);
+        let record = CreditRecord::for_save(&qos, balances, clean, margin_ms);
+        rows.push((info.id, record.to_bytes()));
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    store.save_volume_states(&rows).map_err(NodeError::Credits)
+}
+
+/// The thread that saves credit balances while the node runs.
+#[derive(Debug)]
+struct CreditSaver {
+    stop: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CreditSaver {
+    fn start(
+        store: Arc<Store>,
+        scheduler: Arc<Scheduler<IoJob>>,
+        period_ms: u64,
+    ) -> Result<CreditSaver, NodeError> {
+        let stop = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let flag = Arc::clone(&stop);
+        let late_warned = AtomicBool::new(false);
+        let thread = std::thread::Builder::new()
+            .name("headroom-credits".into())
+            .spawn(move || {
+                let period = Duration::from_millis(period_ms);
+                let clock = scheduler.clock();
+                let mut next_ns = clock.now_ns() + period_ms * 1_000_000;
+                loop {
+                    let (lock, changed) = &*flag;
+                    let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+                    while !*stopped && clock.now_ns() < next_ns {
+                        let wait = clock.until(next_ns).min(period);
+                        stopped = changed
+                            .wait_timeout(stopped, wait)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                    }
+                    if *stopped {
+                        return;
+                    }
+                    drop(stopped);
+                    let late_ns = clock.now_ns().saturating_sub(next_ns);
+                    if late_ns > period_ms * 1_000_000 && !late_warned.swap(true, Ordering::Relaxed)
+                    {
+                        tracing::warn!(
+                            "credit balances saved {} ms late: a crash now could restore more credit than was spent",
+                            late_ns / 1_000_000
+                        );
+                    }
+                    if let Err(err) = save_credits(&store, &scheduler, false, period_ms) {
+                        tracing::error!("{err}");
+                    }
+                    next_ns = clock.now_ns() + period_ms * 1_000_000;
+                }
+            })
+            .map_err(NodeError::Workers)?;
+        Ok(CreditSaver {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn stop(mut self) {
+        let (lock, changed) = &*self.stop;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        changed.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use headroom_nbd as nbd;
 use headroom_nbd::consts;
+use headroom_qos::OpKind;
 use headroom_store::{Store, StoreError, Volume};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -19,8 +20,11 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::buffers::{BufferPool, PooledBuffer};
+use crate::clock::Clock;
 use crate::config::Limits;
+use crate::emulated::EmulatedDevice;
 use crate::exec::Executor;
+use crate::scheduler::{IoDesc, Ready, Runner, Scheduler, Ticket, VolumeHandle};
 
 /// The one metadata context we serve.
 const ALLOCATION_CONTEXT_ID: u32 = nbd::BASE_ALLOCATION_CONTEXT_ID;
@@ -33,12 +37,26 @@ const INLINE_PAYLOAD_BYTES: usize = 64 << 10;
 pub struct SessionContext {
     pub store: Arc<Store>,
     pub limits: Limits,
-    /// `None`: run everything but FLUSH inline on the session task.
+    /// Where and how requests run (shared with the scheduler's wake-up thread).
+    pub io: Arc<IoRuntime>,
+    /// The QoS scheduler; `None` with `--policy off` (requests run as they arrive).
+    pub scheduler: Option<Arc<Scheduler<IoJob>>>,
+}
+
+/// Where and how block I/O runs once it may run.
+#[derive(Debug)]
+pub struct IoRuntime {
+    /// `None`: run everything but FLUSH inline on the calling thread.
     pub executor: Option<Arc<Executor>>,
     /// Requests with at most this many payload bytes run inline even with an executor.
     pub inline_max_bytes: u32,
     /// Payload buffers for READ replies and WRITE data.
     pub buffers: Arc<BufferPool>,
+    /// An emulated device that decides when each request completes.
+    pub device: Option<Arc<EmulatedDevice>>,
+    pub clock: Clock,
+    /// For FLUSH without an executor, from threads outside the runtime too.
+    pub runtime: tokio::runtime::Handle,
 }
 
 /// Why a session ended early. None of these affect other sessions.
@@ -347,6 +365,7 @@ async fn discard<R: tokio::io::AsyncRead + Unpin>(
 // Transmission
 
 /// Permits a request holds until its reply has been written.
+#[derive(Debug)]
 struct Permits {
     _request: OwnedSemaphorePermit,
     _bytes: Option<OwnedSemaphorePermit>,
@@ -379,13 +398,19 @@ async fn transmit(
         write_half,
         reply_rx,
         negotiated.structured,
-        Arc::clone(&ctx.buffers),
+        Arc::clone(&ctx.io.buffers),
     ));
 
     let request_slots = Arc::new(Semaphore::new(ctx.limits.max_inflight_requests_per_conn));
     let byte_budget = u32::try_from(ctx.limits.max_inflight_bytes_per_conn).unwrap_or(u32::MAX);
     let byte_slots = Arc::new(Semaphore::new(byte_budget as usize));
     let volume = negotiated.volume;
+    let handle = ctx
+        .scheduler
+        .as_ref()
+        .map(|scheduler| scheduler_handle(scheduler, &volume));
+    let mut last_end_bytes = u64::MAX / 2;
+    let mut ready: Vec<Ready<IoJob>> = Vec::new();
 
     let result = loop {
         let mut header_buf = [0u8; nbd::REQUEST_HEADER_LEN];
@@ -467,20 +492,37 @@ async fn transmit(
         };
         let mut write_payload = None;
         if matches!(request.command, nbd::Command::Write) {
-            let payload = write_payload.insert(ctx.buffers.get(request.length as usize));
+            let payload = write_payload.insert(ctx.io.buffers.get(request.length as usize));
             if let Err(err) = reader.read_exact(payload.as_mut_slice()).await {
                 // A payload cut short: the write never happened and nobody is left to answer.
                 break Err(err.into());
             }
         }
-        dispatch(
-            &ctx,
-            &volume,
+        let job = IoJob {
+            volume: Arc::clone(&volume),
             request,
             write_payload,
             permits,
-            reply_tx.clone(),
-        );
+            reply_tx: reply_tx.clone(),
+        };
+        let io = job.desc();
+        match (&ctx.scheduler, &handle) {
+            (Some(scheduler), Some(handle)) => {
+                scheduler.submit(handle, io, job, &mut ready);
+                if !ready.is_empty() {
+                    run_ready(&ctx.io, Some(scheduler), std::mem::take(&mut ready));
+                }
+            }
+            _ => {
+                let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
+                let sequential =
+                    headroom_qos::model::is_sequential(last_end_bytes, io.offset_bytes);
+                last_end_bytes = end;
+                if let Some(released) = run_job(&ctx.io, None, job, Unscheduled(sequential)) {
+                    debug_assert!(released.is_empty());
+                }
+            }
+        }
     };
     drop(reply_tx);
     // Replies for everything already accepted are still delivered (NBD_CMD_DISC semantics).
@@ -492,43 +534,197 @@ async fn transmit(
     result
 }
 
-/// Runs one validated request, inline or on the executor, and queues its reply.
-fn dispatch(
-    ctx: &Arc<SessionContext>,
-    volume: &Arc<Volume>,
+/// The scheduler's handle for a volume, registering it with no QoS if the scheduler has not
+/// seen it (a volume created while the node starts).
+fn scheduler_handle(scheduler: &Scheduler<IoJob>, volume: &Volume) -> Arc<VolumeHandle> {
+    if let Some(handle) = scheduler.handle(volume.id()) {
+        return handle;
+    }
+    let qos = crate::volume_qos::effective_qos(volume.qos().as_deref(), volume.size_bytes());
+    match scheduler.add_volume(volume.id(), &qos) {
+        Ok(handle) => handle,
+        Err(err) => {
+            // Ids beyond 32 bits: serve the volume as a best-effort one under a shared id.
+            tracing::error!("volume {}: {err}", volume.name());
+            scheduler
+                .add_volume(u64::from(u32::MAX), &headroom_qos::VolumeQos::default())
+                .unwrap_or_else(|_| unreachable_handle())
+        }
+    }
+}
+
+#[allow(clippy::panic)]
+fn unreachable_handle() -> Arc<VolumeHandle> {
+    // u32::MAX always fits a 32-bit volume id.
+    panic!("u32::MAX is a valid scheduler volume id")
+}
+
+/// One validated request with everything needed to run it and answer it.
+#[derive(Debug)]
+pub struct IoJob {
+    volume: Arc<Volume>,
     request: nbd::ValidRequest,
     write_payload: Option<PooledBuffer>,
     permits: Permits,
     reply_tx: ReplySender,
+}
+
+impl IoJob {
+    /// The request as the scheduler sees it. Every request is charged, reads of holes too.
+    fn desc(&self) -> IoDesc {
+        let (op, len_bytes) = match self.request.command {
+            nbd::Command::Read => (OpKind::Read, self.request.length),
+            nbd::Command::Write => (OpKind::Write, self.request.length),
+            nbd::Command::Flush => (OpKind::Flush, 0),
+            nbd::Command::WriteZeroes => (OpKind::WriteZeroes, self.request.length),
+            // TRIM, and requests that move no data (CACHE, BLOCK_STATUS): one I/O, no bytes.
+            nbd::Command::Trim => (OpKind::Trim, self.request.length),
+            nbd::Command::Cache | nbd::Command::BlockStatus | nbd::Command::Disc => {
+                (OpKind::Trim, 0)
+            }
+        };
+        IoDesc {
+            op,
+            offset_bytes: self.request.offset,
+            len_bytes,
+        }
+    }
+
+    /// Whether it must leave the calling thread: FLUSH (fsync) always, large copies when
+    /// there are workers.
+    fn runs_on_executor(&self, io: &IoRuntime) -> bool {
+        let moved = match self.request.command {
+            nbd::Command::Read | nbd::Command::Write => self.request.length,
+            _ => 0,
+        };
+        matches!(self.request.command, nbd::Command::Flush)
+            || (io.executor.is_some() && moved > io.inline_max_bytes)
+    }
+}
+
+/// Runs jobs for the scheduler's wake-up thread.
+#[derive(Debug)]
+pub struct IoRunner(pub Arc<IoRuntime>);
+
+impl Runner<IoJob> for IoRunner {
+    fn run(&self, scheduler: &Arc<Scheduler<IoJob>>, ready: Vec<Ready<IoJob>>) {
+        run_ready(&self.0, Some(scheduler), ready);
+    }
+}
+
+/// Why a job runs: the scheduler dispatched it, or there is no scheduler (then with the
+/// IOCost sequential flag the session computed).
+enum Admission {
+    Scheduled(Ticket),
+    Unscheduled(bool),
+}
+use Admission::{Scheduled, Unscheduled};
+
+impl Admission {
+    fn sequential(&self) -> bool {
+        match self {
+            Scheduled(ticket) => ticket.sequential(),
+            Unscheduled(sequential) => *sequential,
+        }
+    }
+}
+
+/// Runs dispatched jobs and whatever their completions release, in order.
+fn run_ready(
+    io: &Arc<IoRuntime>,
+    scheduler: Option<&Arc<Scheduler<IoJob>>>,
+    ready: Vec<Ready<IoJob>>,
 ) {
-    let volume = Arc::clone(volume);
-    let job_ctx = Arc::clone(ctx);
-    let job = move || {
-        let body = execute(&job_ctx.buffers, &volume, &request, write_payload);
-        // If the writer is gone the client is gone; dropping the reply releases its permits.
-        let _ = reply_tx.send(Reply {
-            cookie: request.cookie,
-            body,
-            _permits: permits,
-        });
-    };
-    let is_flush = matches!(request.command, nbd::Command::Flush);
-    let small = request.payload_bytes().max(match request.command {
-        nbd::Command::Read => request.length,
-        _ => 0,
-    }) <= ctx.inline_max_bytes;
-    match &ctx.executor {
-        Some(executor) if is_flush || !small => {
-            if let Err(job) = executor.submit(Box::new(job)) {
-                job();
+    let mut work: std::collections::VecDeque<Ready<IoJob>> = ready.into();
+    while let Some(Ready { job, ticket }) = work.pop_front() {
+        if let Some(released) = run_job(io, scheduler, job, Scheduled(ticket)) {
+            work.extend(released);
+        }
+    }
+}
+
+/// Runs one job inline or on the executor. Returns the jobs its completion released when it
+/// completed inline (the caller runs them), so a chain of releases never recurses.
+fn run_job(
+    io: &Arc<IoRuntime>,
+    scheduler: Option<&Arc<Scheduler<IoJob>>>,
+    job: IoJob,
+    admission: Admission,
+) -> Option<Vec<Ready<IoJob>>> {
+    if !job.runs_on_executor(io) {
+        return execute_and_finish(io, scheduler, job, admission);
+    }
+    let task = {
+        let io = Arc::clone(io);
+        let scheduler = scheduler.cloned();
+        move || {
+            if let Some(released) = execute_and_finish(&io, scheduler.as_ref(), job, admission) {
+                run_ready(&io, scheduler.as_ref(), released);
             }
         }
-        // FLUSH may take milliseconds (fsync): never on the runtime thread.
-        None if is_flush => {
-            tokio::task::spawn_blocking(job);
+    };
+    match &io.executor {
+        Some(executor) => {
+            if let Err(task) = executor.submit(Box::new(task)) {
+                task();
+            }
         }
-        _ => job(),
+        // FLUSH may take milliseconds (fsync): never on a runtime thread.
+        None => {
+            io.runtime.spawn_blocking(task);
+        }
     }
+    None
+}
+
+/// Performs the request, then answers it and reports its completion: at once, or when the
+/// emulated device says it is done. Returns what the completion released if it happened here.
+fn execute_and_finish(
+    io: &Arc<IoRuntime>,
+    scheduler: Option<&Arc<Scheduler<IoJob>>>,
+    job: IoJob,
+    admission: Admission,
+) -> Option<Vec<Ready<IoJob>>> {
+    let desc = job.desc();
+    let sequential = admission.sequential();
+    let IoJob {
+        volume,
+        request,
+        write_payload,
+        permits,
+        reply_tx,
+    } = job;
+    let body = execute(&io.buffers, &volume, &request, write_payload);
+    let reply = Reply {
+        cookie: request.cookie,
+        body,
+        _permits: permits,
+    };
+    let finish = move |scheduler: Option<&Arc<Scheduler<IoJob>>>| {
+        // If the writer is gone the client is gone; dropping the reply releases its permits.
+        let _ = reply_tx.send(reply);
+        let mut released = Vec::new();
+        if let (Some(scheduler), Scheduled(ticket)) = (scheduler, admission) {
+            scheduler.complete(ticket, &mut released);
+        }
+        released
+    };
+    let Some(device) = &io.device else {
+        return Some(finish(scheduler));
+    };
+    let done_ns = device.book(io.clock.now_ns(), desc.op, desc.len_bytes, sequential);
+    let io = Arc::clone(io);
+    let scheduler = scheduler.cloned();
+    device.complete_at(
+        done_ns,
+        Box::new(move || {
+            let released = finish(scheduler.as_ref());
+            if !released.is_empty() {
+                run_ready(&io, scheduler.as_ref(), released);
+            }
+        }),
+    );
+    None
 }
 
 /// Performs the block operation and builds the reply.
