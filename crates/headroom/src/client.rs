@@ -1,14 +1,16 @@
 //! A small blocking client of the node's `/v1/` API, used by `headroom volume ...`.
 //!
 //! Errors from the server arrive as `{"error": .., "kind": ..}` and are shown as they are, so
-//! the operator sees the server's reason (name taken, pool full) rather than a status code.
+//! the operator sees the server's reason (name taken, pool full, invalid QoS) rather than a
+//! status code.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use headroom_node::api::{ApiErrorBody, CreateVolume, UpdateVolume};
-use headroom_store::VolumeInfo;
+use headroom_node::api::{ApiErrorBody, CreateVolume, UpdateVolume, VolumeView};
+use headroom_qos::QosSpec;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 use ureq::Agent;
 use ureq::http::Response;
 
@@ -34,10 +36,16 @@ impl Api {
         format!("{}{}", self.base, path)
     }
 
-    pub fn create(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
+    fn volume_url(&self, name: &str) -> String {
+        self.url(&format!("/v1/volumes/{name}"))
+    }
+
+    /// `POST /v1/volumes`; `qos` absent: unlimited.
+    pub fn create(&self, name: &str, size_bytes: u64, qos: Option<QosSpec>) -> Result<VolumeView> {
         let body = CreateVolume {
             name: name.to_string(),
             size_bytes,
+            qos,
         };
         let response = self
             .agent
@@ -47,7 +55,8 @@ impl Api {
         decode(response)
     }
 
-    pub fn list(&self) -> Result<Vec<VolumeInfo>> {
+    /// `GET /v1/volumes`, as the API answered it.
+    pub fn list_json(&self) -> Result<Value> {
         let response = self
             .agent
             .get(self.url("/v1/volumes"))
@@ -56,23 +65,50 @@ impl Api {
         decode(response)
     }
 
-    pub fn show(&self, name: &str) -> Result<VolumeInfo> {
+    pub fn list(&self) -> Result<Vec<VolumeView>> {
+        parse(self.list_json()?)
+    }
+
+    /// `GET /v1/volumes/{name}`, as the API answered it.
+    pub fn show_json(&self, name: &str) -> Result<Value> {
         let response = self
             .agent
-            .get(self.url(&format!("/v1/volumes/{name}")))
+            .get(self.volume_url(name))
             .call()
             .with_context(|| self.unreachable())?;
         decode(response)
     }
 
-    pub fn resize(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
-        let body = UpdateVolume {
-            size_bytes: Some(size_bytes),
-        };
+    pub fn show(&self, name: &str) -> Result<VolumeView> {
+        parse(self.show_json(name)?)
+    }
+
+    pub fn resize(&self, name: &str, size_bytes: u64) -> Result<VolumeView> {
+        self.update(
+            name,
+            &UpdateVolume {
+                size_bytes: Some(size_bytes),
+                qos: None,
+            },
+        )
+    }
+
+    /// Changes a volume's QoS live: `change` is merged over its current spec by the server.
+    pub fn set_qos(&self, name: &str, change: QosSpec) -> Result<VolumeView> {
+        self.update(
+            name,
+            &UpdateVolume {
+                size_bytes: None,
+                qos: Some(change),
+            },
+        )
+    }
+
+    fn update(&self, name: &str, body: &UpdateVolume) -> Result<VolumeView> {
         let response = self
             .agent
-            .patch(self.url(&format!("/v1/volumes/{name}")))
-            .send_json(&body)
+            .patch(self.volume_url(name))
+            .send_json(body)
             .with_context(|| self.unreachable())?;
         decode(response)
     }
@@ -80,7 +116,7 @@ impl Api {
     pub fn delete(&self, name: &str) -> Result<()> {
         let response = self
             .agent
-            .delete(self.url(&format!("/v1/volumes/{name}")))
+            .delete(self.volume_url(name))
             .call()
             .with_context(|| self.unreachable())?;
         if response.status().is_success() {
@@ -107,10 +143,26 @@ fn decode<T: DeserializeOwned>(mut response: Response<ureq::Body>) -> Result<T> 
         .context("reading the API's answer")
 }
 
+fn parse<T: DeserializeOwned>(value: Value) -> Result<T> {
+    serde_json::from_value(value)
+        .context("reading the API's answer (is the server the same version?)")
+}
+
 fn server_error(mut response: Response<ureq::Body>) -> anyhow::Error {
     let status = response.status();
-    match response.body_mut().read_json::<ApiErrorBody>() {
+    let text = response.body_mut().read_to_string().unwrap_or_default();
+    match serde_json::from_str::<ApiErrorBody>(&text) {
+        Ok(body) if body.kind == "invalid_qos" => {
+            // The reason may already say so ("invalid QoS: ceiling_iops ..."): say it once.
+            let reason = body
+                .error
+                .strip_prefix("invalid QoS: ")
+                .unwrap_or(&body.error);
+            anyhow::anyhow!("invalid QoS: {reason}")
+        }
         Ok(body) => anyhow::anyhow!("{} ({status})", body.error),
+        // Not our error format (a request the server's router rejected before us).
+        Err(_) if !text.trim().is_empty() => anyhow::anyhow!("{} ({status})", text.trim()),
         Err(_) => anyhow::anyhow!("the API answered {status}"),
     }
 }

@@ -1,18 +1,22 @@
 //! `headroom`: the one binary. Serves volumes over NBD (`serve`, `demo`), manages them through
-//! the node's HTTP API (`volume ...`), previews QoS classes (`qos preview`) and runs the
-//! simulator (`sim run`).
+//! the node's HTTP API (`volume ...`), previews QoS classes (`qos preview`), runs the
+//! simulator (`sim run`) and measures the machine for the scheduler (`calibrate`).
 
+mod calibrate;
 mod client;
 mod qos_cmd;
+mod serve_config;
 mod sim_cmd;
 mod size;
+mod volume_cmd;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use headroom_node::{Limits, Node, NodeConfig, StoreBackend};
+use headroom_node::config::PolicyChoice;
+use headroom_node::{Node, StoreBackend};
 
 use crate::size::{format_size, parse_size};
 
@@ -35,52 +39,99 @@ enum Command {
     Demo(DemoArgs),
     /// Manage volumes through a running server's API.
     #[command(subcommand)]
-    Volume(VolumeCommand),
+    Volume(volume_cmd::VolumeCommand),
     /// Quality-of-service tools.
     #[command(subcommand)]
     Qos(qos_cmd::QosCommand),
     /// The discrete-event simulator.
     #[command(subcommand)]
     Sim(sim_cmd::SimCommand),
+    /// Measure this machine's CPU cost per request and the backend's IOPS per request size,
+    /// and write them as a configuration file `serve` loads.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
+/// Flags of `serve` and `demo`. Every one is optional: a flag given here overrides the
+/// `--config` file, which overrides `DATA_DIR/calibration.toml`, which overrides the built-in
+/// defaults (shown in brackets; see serve_config.rs).
 #[derive(Args, Debug, Clone)]
 struct ServeArgs {
-    /// Directory for device files and metadata (created if missing).
-    #[arg(long, default_value = "./headroom-data")]
-    data_dir: PathBuf,
-    /// NBD listen address.
-    #[arg(long, default_value = "127.0.0.1:10809")]
-    nbd_listen: SocketAddr,
-    /// Management API listen address.
-    #[arg(long, default_value = "127.0.0.1:10810")]
-    api_listen: SocketAddr,
+    /// Read settings from this TOML file (docs/operations.md, "Configuration file").
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Scheduling policy: off (unscheduled), wild, base, credit, burst, mclock or drr-vop
+    /// [default: burst].
+    #[arg(long, value_parser = parse_policy)]
+    policy: Option<PolicyChoice>,
+    /// Directory for device files and metadata (created if missing) [default: ./headroom-data].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// NBD listen address [default: 127.0.0.1:10809].
+    #[arg(long)]
+    nbd_listen: Option<SocketAddr>,
+    /// Management API listen address [default: 127.0.0.1:10810].
+    #[arg(long)]
+    api_listen: Option<SocketAddr>,
     /// Keep everything in RAM with this pool capacity (e.g. 4GiB) instead of the data directory.
     #[arg(long, value_parser = parse_size)]
     memory: Option<u64>,
-    /// Number of device files in a new data directory.
-    #[arg(long, default_value_t = 2)]
-    devices: u32,
-    /// Capacity of each device file in a new data directory (sparse).
-    #[arg(long, default_value = "64GiB", value_parser = parse_size)]
-    device_size: u64,
+    /// Number of device files in a new data directory [default: 2].
+    #[arg(long)]
+    devices: Option<u32>,
+    /// Capacity of each device file in a new data directory (sparse) [default: 64GiB].
+    #[arg(long, value_parser = parse_size)]
+    device_size: Option<u64>,
     /// Use this existing block device or file as a pool device (repeatable; replaces the
     /// created device files).
     #[arg(long = "device")]
     device_paths: Vec<PathBuf>,
-    /// Worker threads executing block I/O (0 = inline on the network threads).
-    #[arg(long, default_value_t = 2)]
-    io_threads: usize,
+    /// Worker threads executing block I/O (0 = inline on the network threads) [default: 2].
+    #[arg(long)]
+    io_threads: Option<usize>,
     /// Requests moving at most this many bytes run inline on the network threads
-    /// (default: 64KiB with --memory, 0 with a data directory).
+    /// [default: 64KiB with --memory, 0 with a data directory].
     #[arg(long, value_parser = parse_inline_bytes)]
     inline_max_bytes: Option<u32>,
-    /// Maximum NBD connections at once.
-    #[arg(long, default_value_t = Limits::default().max_connections)]
-    max_connections: usize,
-    /// Maximum requests in flight per connection.
-    #[arg(long, default_value_t = Limits::default().max_inflight_requests_per_conn)]
-    max_inflight_requests: usize,
+    /// Maximum NBD connections at once [default: 256].
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Maximum requests in flight per connection [default: 256].
+    #[arg(long)]
+    max_inflight_requests: Option<usize>,
+}
+
+impl ServeArgs {
+    /// The flags as the top configuration layer.
+    fn layer(&self) -> serve_config::ConfigFile {
+        use serve_config::{
+            ConfigFile, LimitsSection, QosSection, ServerSection, Size, StorageSection,
+        };
+        ConfigFile {
+            server: ServerSection {
+                nbd_listen: self.nbd_listen,
+                api_listen: self.api_listen,
+                io_threads: self.io_threads,
+                inline_max_bytes: self.inline_max_bytes.map(|b| Size(u64::from(b))),
+            },
+            storage: StorageSection {
+                data_dir: self.data_dir.clone(),
+                memory: self.memory.map(Size),
+                devices: self.devices,
+                device_size: self.device_size.map(Size),
+                device_paths: (!self.device_paths.is_empty()).then(|| self.device_paths.clone()),
+                emulated: None,
+            },
+            limits: LimitsSection {
+                max_connections: self.max_connections,
+                max_inflight_requests: self.max_inflight_requests,
+                ..LimitsSection::default()
+            },
+            qos: QosSection {
+                policy: self.policy,
+                ..QosSection::default()
+            },
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -95,58 +146,6 @@ struct DemoArgs {
     size: u64,
 }
 
-#[derive(Subcommand, Debug)]
-enum VolumeCommand {
-    /// Create a volume.
-    Create {
-        name: String,
-        #[arg(long, value_parser = parse_size)]
-        size: u64,
-        #[command(flatten)]
-        api: ApiArgs,
-    },
-    /// List volumes.
-    List {
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        api: ApiArgs,
-    },
-    /// Show one volume.
-    Show {
-        name: String,
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        api: ApiArgs,
-    },
-    /// Change a volume's size.
-    Resize {
-        name: String,
-        #[arg(long, value_parser = parse_size)]
-        size: u64,
-        #[command(flatten)]
-        api: ApiArgs,
-    },
-    /// Delete a volume and free its space.
-    Delete {
-        name: String,
-        #[command(flatten)]
-        api: ApiArgs,
-    },
-}
-
-#[derive(Args, Debug)]
-struct ApiArgs {
-    /// Base URL of the management API.
-    #[arg(
-        long = "api",
-        env = "HEADROOM_API",
-        default_value = "http://127.0.0.1:10810"
-    )]
-    url: String,
-}
-
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -158,10 +157,15 @@ fn main() -> Result<()> {
             init_logging();
             runtime()?.block_on(serve(args.serve, Some((args.volume, args.size))))
         }
-        Command::Volume(command) => volume(command),
+        Command::Volume(command) => volume_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),
+        Command::Calibrate(args) => calibrate::run(args),
     }
+}
+
+fn parse_policy(text: &str) -> Result<PolicyChoice, String> {
+    text.parse()
 }
 
 fn parse_inline_bytes(text: &str) -> Result<u32, String> {
@@ -187,25 +191,28 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
-    let backend = match args.memory {
-        Some(capacity_bytes) => StoreBackend::Memory { capacity_bytes },
-        None => StoreBackend::Files {
-            data_dir: args.data_dir.clone(),
-            device_count: args.devices,
-            device_capacity_bytes: args.device_size,
-            device_paths: args.device_paths.clone(),
-        },
+    let loaded = serve_config::load(args.layer(), args.config.as_deref())?;
+    if let Some(path) = &loaded.config_file {
+        tracing::info!("configuration file {}", path.display());
+    }
+    if let Some(path) = &loaded.calibration_file {
+        tracing::info!(
+            "calibration {} (under the configuration file and flags)",
+            path.display()
+        );
+    }
+    for warning in &loaded.warnings {
+        tracing::warn!("{warning}");
+    }
+    let place = match &loaded.node.backend {
+        StoreBackend::Memory { capacity_bytes } => {
+            format!("in memory ({})", format_size(*capacity_bytes))
+        }
+        StoreBackend::Files { data_dir, .. } => format!("on {}", data_dir.display()),
     };
-    let mut config = NodeConfig::new(backend);
-    config.nbd_listen = args.nbd_listen;
-    config.api_listen = args.api_listen;
-    config.io_threads = args.io_threads;
-    config.inline_max_bytes = args.inline_max_bytes;
-    config.limits.max_connections = args.max_connections;
-    config.limits.max_inflight_requests_per_conn = args.max_inflight_requests;
-    let node = Node::start(config)
+    let node = Node::start(loaded.node)
         .await
-        .with_context(|| format!("starting the server on {}", args.data_dir.display()))?;
+        .with_context(|| format!("starting the server {place}"))?;
 
     if let Some((name, size_bytes)) = sample {
         let store = std::sync::Arc::clone(node.store());
@@ -218,25 +225,30 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
         };
         print_demo_help(&info.name, info.size_bytes, node.nbd_addr, node.api_addr);
     }
+    // Handlers first: a script that sends SIGTERM as soon as it reads the line below must
+    // get a clean stop, not the default action.
+    let stop = stop_signal()?;
     // Printed for scripts and tests that start us on port 0.
     println!("nbd://{}  api http://{}", node.nbd_addr, node.api_addr);
 
-    wait_for_signal().await?;
+    stop.await;
     tracing::info!("shutting down: flushing");
     node.shutdown().await.context("clean shutdown")?;
     tracing::info!("stopped");
     Ok(())
 }
 
-async fn wait_for_signal() -> Result<()> {
+/// Installs the SIGTERM and SIGINT handlers now; the future ends at the first of them.
+fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    Ok(())
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 fn print_demo_help(name: &str, size_bytes: u64, nbd: SocketAddr, api: SocketAddr) {
@@ -252,54 +264,4 @@ fn print_demo_help(name: &str, size_bytes: u64, nbd: SocketAddr, api: SocketAddr
          Stop with Ctrl-C (data is flushed first).\n",
         size = format_size(size_bytes),
     );
-}
-
-fn volume(command: VolumeCommand) -> Result<()> {
-    match command {
-        VolumeCommand::Create { name, size, api } => {
-            let info = client::Api::new(&api.url).create(&name, size)?;
-            println!("created {} ({})", info.name, format_size(info.size_bytes));
-        }
-        VolumeCommand::List { json, api } => {
-            let volumes = client::Api::new(&api.url).list()?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&volumes)?);
-            } else {
-                println!("{:<32} {:>12} {:>12}", "NAME", "SIZE", "ALLOCATED");
-                for info in volumes {
-                    println!(
-                        "{:<32} {:>12} {:>12}",
-                        info.name,
-                        format_size(info.size_bytes),
-                        format_size(info.allocated_bytes)
-                    );
-                }
-            }
-        }
-        VolumeCommand::Show { name, json, api } => {
-            let info = client::Api::new(&api.url).show(&name)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&info)?);
-            } else {
-                println!("name:       {}", info.name);
-                println!("id:         {}", info.id);
-                println!(
-                    "size:       {} ({} bytes)",
-                    format_size(info.size_bytes),
-                    info.size_bytes
-                );
-                println!("allocated:  {} bytes", info.allocated_bytes);
-                println!("created:    {} (unix seconds)", info.created_unix_s);
-            }
-        }
-        VolumeCommand::Resize { name, size, api } => {
-            let info = client::Api::new(&api.url).resize(&name, size)?;
-            println!("resized {} to {}", info.name, format_size(info.size_bytes));
-        }
-        VolumeCommand::Delete { name, api } => {
-            client::Api::new(&api.url).delete(&name)?;
-            println!("deleted {name}");
-        }
-    }
-    Ok(())
 }

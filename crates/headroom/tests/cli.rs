@@ -40,8 +40,14 @@ fn volume_commands_follow_the_contract() {
     );
 
     let out = server.cli(&["volume", "list"]);
+    let listing = String::from_utf8_lossy(&out.stdout);
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("v2"),
+        listing.contains("v2")
+            && listing.lines().next().is_some_and(|header| {
+                header
+                    .split_whitespace()
+                    .eq(["NAME", "SIZE", "ALLOCATED", "CREDITS", "QOS"])
+            }),
         "{}",
         text(&out)
     );

@@ -1,0 +1,1456 @@
+//! The `serve` configuration: a TOML file, the command line over it, and the file
+//! `headroom calibrate` wrote under it.
+//!
+//! A [`ConfigFile`] is one layer of settings, every key optional. Layers are merged highest
+//! first, key by key ([`ConfigFile::over`]):
+//!
+//! 1. command-line flags (`serve --io-threads 4`, `--policy off`, ...);
+//! 2. `--config FILE`;
+//! 3. `DATA_DIR/calibration.toml`, when the data directory holds one;
+//! 4. built-in defaults ([`resolve`] applies them: those of [`NodeConfig::new`],
+//!    [`Limits::default`] and [`QosConfig::default`]).
+//!
+//! A few keys are merged as a unit: `storage.emulated` (a device is described whole), each of
+//! `qos.cost.cpu.read|write|other`, and `qos.cost.device`. A layer that sets `qos.cost.device`
+//! also decides `qos.capacity.device_units_per_s` (absent there: unlimited), because device
+//! units mean device-ns for a linear model and milli-VOPs for a VOP curve; a lower layer's
+//! capacity in the other unit would be wrong.
+//!
+//! Every table rejects unknown keys. Sizes are bytes or strings such as `"64KiB"`, `"4GiB"`,
+//! `"2GB"` (the CLI's size syntax). Values out of range fail with the key, the value and
+//! what is allowed: `qos.workers = 0: must be between 1 and 64`. docs/operations.md
+//! ("Configuration file") describes every key.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use headroom_node::config::{DispatchMode, PolicyChoice, QosConfig};
+use headroom_node::emulated::{EmulatedDeviceSpec, EmulatedError};
+use headroom_node::{Limits, NodeConfig, StoreBackend};
+use headroom_qos::model::{CpuModel, DeviceModel, IoCostModel, LinearCpu, VopCurve};
+use headroom_qos::{CostModel, CostVector, NS_PER_S, NodeCapacity, PolicyParams};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+use crate::size::{format_size, parse_size};
+
+/// The file `headroom calibrate` writes in the data directory, loaded under `--config`.
+pub const CALIBRATION_FILE: &str = "calibration.toml";
+/// Data directory when neither a flag nor a file names one.
+pub const DEFAULT_DATA_DIR: &str = "./headroom-data";
+/// Device files in a new data directory by default.
+pub const DEFAULT_DEVICES: u32 = 2;
+/// Capacity of each device file in a new data directory by default (sparse).
+pub const DEFAULT_DEVICE_SIZE: u64 = 64 << 30;
+/// Most scheduler workers.
+pub const MAX_WORKERS: usize = 64;
+/// Most I/O worker threads.
+pub const MAX_IO_THREADS: usize = 256;
+/// Smallest request-size limit: the block size we advertise as preferred.
+const MIN_REQUEST_BYTES: u64 = headroom_nbd::PREFERRED_BLOCK_BYTES as u64;
+/// Largest request-size limit the NBD layer accepts.
+const MAX_REQUEST_BYTES: u64 = headroom_nbd::MAX_PAYLOAD_BYTES as u64;
+
+/// A value out of range: names the key, the value and what is allowed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    /// Dotted key as written in the file (`qos.workers`).
+    pub key: String,
+    /// The value given, as it would be written (empty when the message says it all).
+    pub value: String,
+    /// What is allowed.
+    pub allowed: String,
+}
+
+impl Invalid {
+    fn new(key: impl Into<String>, value: impl fmt::Display, allowed: impl Into<String>) -> Self {
+        Invalid {
+            key: key.into(),
+            value: value.to_string(),
+            allowed: allowed.into(),
+        }
+    }
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.value.is_empty() {
+            write!(f, "{}: {}", self.key, self.allowed)
+        } else {
+            write!(f, "{} = {}: {}", self.key, self.value, self.allowed)
+        }
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+/// A size: bytes (`65536`) or a string with a unit (`"64KiB"`, `"2GB"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = format_size(self.0);
+        if text.ends_with("iB") {
+            write!(f, "\"{text}\"")
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SizeVisitor;
+        impl Visitor<'_> for SizeVisitor {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size: bytes, or a string such as \"64KiB\", \"4GiB\" or \"2GB\"")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Size, E> {
+                Ok(Size(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Size, E> {
+                u64::try_from(v)
+                    .map(Size)
+                    .map_err(|_| E::custom(format!("size {v} is negative")))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Size, E> {
+                parse_size(v).map(Size).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_any(SizeVisitor)
+    }
+}
+
+fn de_policy<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PolicyChoice>, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse::<PolicyChoice>().map(Some).map_err(|_| {
+        de::Error::custom(format!(
+            "qos.policy = {text:?}: expected off, wild, base, credit, burst, mclock or drr-vop"
+        ))
+    })
+}
+
+fn de_dispatch<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DispatchMode>, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse::<DispatchMode>().map(Some).map_err(|_| {
+        de::Error::custom(format!(
+            "qos.dispatch = {text:?}: expected one-to-n, one-to-one or stealing"
+        ))
+    })
+}
+
+/// One layer of settings (a file, or the command line). Every key is optional.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConfigFile {
+    pub server: ServerSection,
+    pub storage: StorageSection,
+    pub limits: LimitsSection,
+    pub qos: QosSection,
+}
+
+/// `[server]`: listeners and the I/O threads.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    pub nbd_listen: Option<SocketAddr>,
+    pub api_listen: Option<SocketAddr>,
+    pub io_threads: Option<usize>,
+    pub inline_max_bytes: Option<Size>,
+}
+
+/// `[storage]`: where the data lives, and an optional emulated device in front of it.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageSection {
+    pub data_dir: Option<PathBuf>,
+    pub memory: Option<Size>,
+    pub devices: Option<u32>,
+    pub device_size: Option<Size>,
+    pub device_paths: Option<Vec<PathBuf>>,
+    pub emulated: Option<EmulatedSection>,
+}
+
+/// `[storage.emulated]`: [`EmulatedDeviceSpec`].
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmulatedSection {
+    pub model: IoCostSection,
+    pub parallelism: u32,
+    #[serde(default)]
+    pub write_interference_permille: u32,
+}
+
+/// An IOCost linear model ([`IoCostModel`]); `rbps`/`wbps` accept sizes (`"200MB"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IoCostSection {
+    pub rbps: Size,
+    pub rseqiops: u64,
+    pub rrandiops: u64,
+    pub wbps: Size,
+    pub wseqiops: u64,
+    pub wrandiops: u64,
+}
+
+impl IoCostSection {
+    pub fn model(&self) -> IoCostModel {
+        IoCostModel {
+            rbps: self.rbps.0,
+            rseqiops: self.rseqiops,
+            rrandiops: self.rrandiops,
+            wbps: self.wbps.0,
+            wseqiops: self.wseqiops,
+            wrandiops: self.wrandiops,
+        }
+    }
+
+    fn check(&self, prefix: &str) -> Result<(), Invalid> {
+        let m = self.model();
+        for (key, value) in [
+            ("rbps", m.rbps),
+            ("rseqiops", m.rseqiops),
+            ("rrandiops", m.rrandiops),
+            ("wbps", m.wbps),
+            ("wseqiops", m.wseqiops),
+            ("wrandiops", m.wrandiops),
+        ] {
+            if value == 0 {
+                return Err(Invalid::new(
+                    format!("{prefix}.{key}"),
+                    0,
+                    "every rate must be greater than 0",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `[limits]`: what one client can make the server hold ([`Limits`]).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    pub max_connections: Option<usize>,
+    pub max_inflight_requests: Option<usize>,
+    pub max_inflight_bytes: Option<Size>,
+    pub max_request_bytes: Option<Size>,
+    pub handshake_timeout_ms: Option<u64>,
+}
+
+/// `[qos]`: the scheduler ([`QosConfig`]).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QosSection {
+    #[serde(deserialize_with = "de_policy")]
+    pub policy: Option<PolicyChoice>,
+    pub workers: Option<usize>,
+    #[serde(deserialize_with = "de_dispatch")]
+    pub dispatch: Option<DispatchMode>,
+    pub credit_save_period_ms: Option<u64>,
+    pub capacity: CapacitySection,
+    pub params: ParamsSection,
+    pub cost: CostSection,
+}
+
+/// `[qos.capacity]`: what the whole node can do per second (absent: unlimited, except CPU).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CapacitySection {
+    pub cpu_ns_per_s: Option<u64>,
+    pub ingress_bytes_per_s: Option<Size>,
+    pub egress_bytes_per_s: Option<Size>,
+    pub device_units_per_s: Option<u64>,
+}
+
+/// `[qos.params]`: [`PolicyParams`] field by field.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ParamsSection {
+    pub window_ns: Option<u64>,
+    pub limiter_depth_ns: Option<u64>,
+    pub history_windows: Option<u32>,
+    pub alpha_permille: Option<u32>,
+    pub throttle_weight_permille: Option<u32>,
+    pub reserve_permille: Option<u32>,
+    pub drr_quantum_device_units: Option<u64>,
+    pub seed: Option<u64>,
+    pub track_invariants: Option<bool>,
+}
+
+impl ParamsSection {
+    /// The server's defaults (`track_invariants` off) with this layer's values over them.
+    pub fn params(&self) -> PolicyParams {
+        let d = PolicyParams {
+            track_invariants: false,
+            ..PolicyParams::default()
+        };
+        PolicyParams {
+            window_ns: self.window_ns.unwrap_or(d.window_ns),
+            limiter_depth_ns: self.limiter_depth_ns.unwrap_or(d.limiter_depth_ns),
+            history_windows: self.history_windows.unwrap_or(d.history_windows),
+            alpha_permille: self.alpha_permille.unwrap_or(d.alpha_permille),
+            throttle_weight_permille: self
+                .throttle_weight_permille
+                .unwrap_or(d.throttle_weight_permille),
+            reserve_permille: self.reserve_permille.unwrap_or(d.reserve_permille),
+            drr_quantum_device_units: self
+                .drr_quantum_device_units
+                .unwrap_or(d.drr_quantum_device_units),
+            seed: self.seed.unwrap_or(d.seed),
+            track_invariants: self.track_invariants.unwrap_or(d.track_invariants),
+        }
+    }
+
+    fn over(self, lower: ParamsSection) -> ParamsSection {
+        ParamsSection {
+            window_ns: self.window_ns.or(lower.window_ns),
+            limiter_depth_ns: self.limiter_depth_ns.or(lower.limiter_depth_ns),
+            history_windows: self.history_windows.or(lower.history_windows),
+            alpha_permille: self.alpha_permille.or(lower.alpha_permille),
+            throttle_weight_permille: self
+                .throttle_weight_permille
+                .or(lower.throttle_weight_permille),
+            reserve_permille: self.reserve_permille.or(lower.reserve_permille),
+            drr_quantum_device_units: self
+                .drr_quantum_device_units
+                .or(lower.drr_quantum_device_units),
+            seed: self.seed.or(lower.seed),
+            track_invariants: self.track_invariants.or(lower.track_invariants),
+        }
+    }
+}
+
+/// `[qos.cost]`: the cost model the scheduler charges requests with.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CostSection {
+    pub cpu: CpuSection,
+    pub device: Option<DeviceSection>,
+}
+
+/// `[qos.cost.cpu]`: one line per op kind (absent: BurstCBS's numbers, [`CpuModel::default`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CpuSection {
+    pub read: Option<LinearCpuSection>,
+    pub write: Option<LinearCpuSection>,
+    pub other: Option<LinearCpuSection>,
+}
+
+/// CPU cost of one op kind: `base_ns + KiB × per_kib_ps / 1000` ([`LinearCpu`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinearCpuSection {
+    pub base_ns: u64,
+    pub per_kib_ps: u64,
+}
+
+impl LinearCpuSection {
+    pub fn line(&self) -> LinearCpu {
+        LinearCpu {
+            base_ns: self.base_ns,
+            per_kib_ps: self.per_kib_ps,
+        }
+    }
+}
+
+/// `qos.cost.device`: `"none"`, `{ linear = { rbps = ..., ... } }` or
+/// `{ vop = { max_iops = ..., read = [[size, iops], ...], write = [...] } }`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceSection {
+    None,
+    Linear(IoCostSection),
+    Vop(VopSection),
+}
+
+/// A Libra VOP curve ([`VopCurve`]); sizes accept units (`["4KiB", 20000]`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VopSection {
+    /// One VOP; absent: the largest achieved IOPS of the two curves.
+    #[serde(default)]
+    pub max_iops: Option<u64>,
+    pub read: Vec<(Size, u64)>,
+    pub write: Vec<(Size, u64)>,
+}
+
+impl VopSection {
+    pub fn curve(&self) -> VopCurve {
+        let points = |v: &[(Size, u64)]| v.iter().map(|&(s, iops)| (s.0, iops)).collect();
+        let read: Vec<(u64, u64)> = points(&self.read);
+        let write: Vec<(u64, u64)> = points(&self.write);
+        let max_iops = self
+            .max_iops
+            .unwrap_or_else(|| read.iter().chain(&write).map(|p| p.1).max().unwrap_or(1));
+        VopCurve {
+            max_iops,
+            read,
+            write,
+        }
+    }
+
+    fn check(&self) -> Result<(), Invalid> {
+        if self.max_iops == Some(0) {
+            return Err(Invalid::new(
+                "qos.cost.device.vop.max_iops",
+                0,
+                "must be greater than 0",
+            ));
+        }
+        for (name, points) in [("read", &self.read), ("write", &self.write)] {
+            let key = format!("qos.cost.device.vop.{name}");
+            if points.is_empty() {
+                return Err(Invalid::new(
+                    key,
+                    "[]",
+                    "needs at least one [size, iops] point",
+                ));
+            }
+            let mut previous = 0;
+            for &(size, iops) in points {
+                let point = format!("[{}, {iops}]", size.0);
+                if size.0 <= previous {
+                    return Err(Invalid::new(
+                        key,
+                        point,
+                        "sizes must be greater than 0 and increasing",
+                    ));
+                }
+                if iops == 0 {
+                    return Err(Invalid::new(key, point, "IOPS must be greater than 0"));
+                }
+                previous = size.0;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl DeviceSection {
+    pub fn model(&self) -> DeviceModel {
+        match self {
+            DeviceSection::None => DeviceModel::None,
+            DeviceSection::Linear(m) => DeviceModel::Linear(m.model()),
+            DeviceSection::Vop(v) => DeviceModel::Vop(v.curve()),
+        }
+    }
+
+    fn check(&self) -> Result<(), Invalid> {
+        match self {
+            DeviceSection::None => Ok(()),
+            DeviceSection::Linear(m) => m.check("qos.cost.device.linear"),
+            DeviceSection::Vop(v) => v.check(),
+        }
+    }
+}
+
+impl ConfigFile {
+    /// Parses a file's text and checks every value on its own (`origin` names the file in
+    /// errors). Checks between keys, which may come from different layers, are [`resolve`]'s.
+    pub fn parse(text: &str, origin: &Path) -> Result<ConfigFile> {
+        let layer: ConfigFile = toml::from_str(text)
+            .with_context(|| format!("configuration file {}", origin.display()))?;
+        layer
+            .check()
+            .with_context(|| format!("configuration file {}", origin.display()))?;
+        Ok(layer)
+    }
+
+    /// Reads and parses a file.
+    pub fn load(path: &Path) -> Result<ConfigFile> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading configuration file {}", path.display()))?;
+        Self::parse(&text, path)
+    }
+
+    /// This layer's keys where it has them, `lower`'s elsewhere (see the module doc for the
+    /// keys merged as a unit).
+    pub fn over(self, lower: ConfigFile) -> ConfigFile {
+        let (s, l) = (self.server, lower.server);
+        let server = ServerSection {
+            nbd_listen: s.nbd_listen.or(l.nbd_listen),
+            api_listen: s.api_listen.or(l.api_listen),
+            io_threads: s.io_threads.or(l.io_threads),
+            inline_max_bytes: s.inline_max_bytes.or(l.inline_max_bytes),
+        };
+        let (s, l) = (self.storage, lower.storage);
+        let storage = StorageSection {
+            data_dir: s.data_dir.or(l.data_dir),
+            memory: s.memory.or(l.memory),
+            devices: s.devices.or(l.devices),
+            device_size: s.device_size.or(l.device_size),
+            device_paths: s.device_paths.or(l.device_paths),
+            emulated: s.emulated.or(l.emulated),
+        };
+        let (s, l) = (self.limits, lower.limits);
+        let limits = LimitsSection {
+            max_connections: s.max_connections.or(l.max_connections),
+            max_inflight_requests: s.max_inflight_requests.or(l.max_inflight_requests),
+            max_inflight_bytes: s.max_inflight_bytes.or(l.max_inflight_bytes),
+            max_request_bytes: s.max_request_bytes.or(l.max_request_bytes),
+            handshake_timeout_ms: s.handshake_timeout_ms.or(l.handshake_timeout_ms),
+        };
+        let (s, l) = (self.qos, lower.qos);
+        // The layer that picks the device model also picks the device capacity (its unit).
+        let device_units_per_s = if s.cost.device.is_some() {
+            s.capacity.device_units_per_s
+        } else {
+            s.capacity
+                .device_units_per_s
+                .or(l.capacity.device_units_per_s)
+        };
+        let qos = QosSection {
+            policy: s.policy.or(l.policy),
+            workers: s.workers.or(l.workers),
+            dispatch: s.dispatch.or(l.dispatch),
+            credit_save_period_ms: s.credit_save_period_ms.or(l.credit_save_period_ms),
+            capacity: CapacitySection {
+                cpu_ns_per_s: s.capacity.cpu_ns_per_s.or(l.capacity.cpu_ns_per_s),
+                ingress_bytes_per_s: s
+                    .capacity
+                    .ingress_bytes_per_s
+                    .or(l.capacity.ingress_bytes_per_s),
+                egress_bytes_per_s: s
+                    .capacity
+                    .egress_bytes_per_s
+                    .or(l.capacity.egress_bytes_per_s),
+                device_units_per_s,
+            },
+            params: s.params.over(l.params),
+            cost: CostSection {
+                cpu: CpuSection {
+                    read: s.cost.cpu.read.or(l.cost.cpu.read),
+                    write: s.cost.cpu.write.or(l.cost.cpu.write),
+                    other: s.cost.cpu.other.or(l.cost.cpu.other),
+                },
+                device: s.cost.device.or(l.cost.device),
+            },
+        };
+        ConfigFile {
+            server,
+            storage,
+            limits,
+            qos,
+        }
+    }
+
+    /// The data directory in force (where `calibration.toml` is looked for).
+    pub fn data_dir(&self) -> PathBuf {
+        self.storage
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR))
+    }
+
+    /// Checks every value that can be checked on its own.
+    pub fn check(&self) -> Result<(), Invalid> {
+        let sv = &self.server;
+        if let Some(n) = sv.io_threads
+            && n > MAX_IO_THREADS
+        {
+            return Err(Invalid::new(
+                "server.io_threads",
+                n,
+                format!("must be between 0 (inline) and {MAX_IO_THREADS}"),
+            ));
+        }
+        if let Some(size) = sv.inline_max_bytes
+            && u32::try_from(size.0).is_err()
+        {
+            return Err(Invalid::new(
+                "server.inline_max_bytes",
+                size,
+                "must be less than 4GiB",
+            ));
+        }
+
+        let st = &self.storage;
+        if let Some(size) = st.memory
+            && size.0 == 0
+        {
+            return Err(Invalid::new(
+                "storage.memory",
+                size,
+                "must be greater than 0",
+            ));
+        }
+        if let Some(0) = st.devices {
+            return Err(Invalid::new("storage.devices", 0, "must be at least 1"));
+        }
+        if let Some(size) = st.device_size
+            && size.0 == 0
+        {
+            return Err(Invalid::new(
+                "storage.device_size",
+                size,
+                "must be greater than 0",
+            ));
+        }
+        if let Some(e) = &st.emulated {
+            emulated_spec(e).validate().map_err(|err| match err {
+                EmulatedError::Invalid {
+                    key,
+                    value,
+                    allowed,
+                } => Invalid::new(format!("storage.emulated.{key}"), value, allowed),
+                other => Invalid::new("storage.emulated", "", other.to_string()),
+            })?;
+        }
+
+        let li = &self.limits;
+        if let Some(0) = li.max_connections {
+            return Err(Invalid::new(
+                "limits.max_connections",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if let Some(0) = li.max_inflight_requests {
+            return Err(Invalid::new(
+                "limits.max_inflight_requests",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if let Some(size) = li.max_request_bytes
+            && !(MIN_REQUEST_BYTES..=MAX_REQUEST_BYTES).contains(&size.0)
+        {
+            return Err(Invalid::new(
+                "limits.max_request_bytes",
+                size,
+                format!(
+                    "must be between {} and {} (the NBD layer's limit)",
+                    format_size(MIN_REQUEST_BYTES),
+                    format_size(MAX_REQUEST_BYTES)
+                ),
+            ));
+        }
+        if let Some(size) = li.max_inflight_bytes
+            && (size.0 == 0 || u32::try_from(size.0).is_err())
+        {
+            return Err(Invalid::new(
+                "limits.max_inflight_bytes",
+                size,
+                "must be greater than 0 and less than 4GiB",
+            ));
+        }
+        if let Some(0) = li.handshake_timeout_ms {
+            return Err(Invalid::new(
+                "limits.handshake_timeout_ms",
+                0,
+                "must be at least 1",
+            ));
+        }
+
+        let q = &self.qos;
+        if let Some(n) = q.workers
+            && !(1..=MAX_WORKERS).contains(&n)
+        {
+            return Err(Invalid::new(
+                "qos.workers",
+                n,
+                format!("must be between 1 and {MAX_WORKERS}"),
+            ));
+        }
+        if let Some(0) = q.credit_save_period_ms {
+            return Err(Invalid::new(
+                "qos.credit_save_period_ms",
+                0,
+                "must be at least 1",
+            ));
+        }
+        let c = &q.capacity;
+        for (key, value) in [
+            ("qos.capacity.cpu_ns_per_s", c.cpu_ns_per_s),
+            (
+                "qos.capacity.ingress_bytes_per_s",
+                c.ingress_bytes_per_s.map(|s| s.0),
+            ),
+            (
+                "qos.capacity.egress_bytes_per_s",
+                c.egress_bytes_per_s.map(|s| s.0),
+            ),
+            ("qos.capacity.device_units_per_s", c.device_units_per_s),
+        ] {
+            if value == Some(0) {
+                return Err(Invalid::new(
+                    key,
+                    0,
+                    "must be greater than 0 (leave it out for unlimited)",
+                ));
+            }
+        }
+        q.params
+            .params()
+            .validate()
+            .map_err(|err| Invalid::new("qos.params", "", err.to_string()))?;
+        for (name, line) in [
+            ("read", q.cost.cpu.read),
+            ("write", q.cost.cpu.write),
+            ("other", q.cost.cpu.other),
+        ] {
+            if let Some(line) = line
+                && line.base_ns > NS_PER_S
+            {
+                return Err(Invalid::new(
+                    format!("qos.cost.cpu.{name}.base_ns"),
+                    line.base_ns,
+                    "must be at most 1000000000 (1 s)",
+                ));
+            }
+        }
+        if let Some(device) = &q.cost.device {
+            device.check()?;
+        }
+        Ok(())
+    }
+}
+
+fn emulated_spec(e: &EmulatedSection) -> EmulatedDeviceSpec {
+    EmulatedDeviceSpec {
+        model: e.model.model(),
+        parallelism: e.parallelism,
+        write_interference_permille: e.write_interference_permille,
+    }
+}
+
+/// Applies the built-in defaults to a merged layer and checks it whole: the configuration
+/// `Node::start` gets.
+pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
+    layer.check()?;
+    let st = &layer.storage;
+    let backend = match st.memory {
+        Some(size) => StoreBackend::Memory {
+            capacity_bytes: size.0,
+        },
+        None => StoreBackend::Files {
+            data_dir: layer.data_dir(),
+            device_count: st.devices.unwrap_or(DEFAULT_DEVICES),
+            device_capacity_bytes: st.device_size.map_or(DEFAULT_DEVICE_SIZE, |s| s.0),
+            device_paths: st.device_paths.clone().unwrap_or_default(),
+        },
+    };
+    let mut config = NodeConfig::new(backend);
+
+    let sv = &layer.server;
+    if let Some(addr) = sv.nbd_listen {
+        config.nbd_listen = addr;
+    }
+    if let Some(addr) = sv.api_listen {
+        config.api_listen = addr;
+    }
+    if let Some(n) = sv.io_threads {
+        config.io_threads = n;
+    }
+    // `check` made sure it fits.
+    config.inline_max_bytes = sv
+        .inline_max_bytes
+        .map(|s| u32::try_from(s.0).unwrap_or(u32::MAX));
+    config.emulated_device = st.emulated.as_ref().map(emulated_spec);
+
+    let li = &layer.limits;
+    let d = Limits::default();
+    config.limits = Limits {
+        max_connections: li.max_connections.unwrap_or(d.max_connections),
+        max_inflight_requests_per_conn: li
+            .max_inflight_requests
+            .unwrap_or(d.max_inflight_requests_per_conn),
+        max_inflight_bytes_per_conn: li
+            .max_inflight_bytes
+            .map_or(d.max_inflight_bytes_per_conn, |s| s.0),
+        max_request_bytes: li.max_request_bytes.map_or(d.max_request_bytes, |s| {
+            u32::try_from(s.0).unwrap_or(u32::MAX)
+        }),
+        handshake_timeout_ms: li.handshake_timeout_ms.unwrap_or(d.handshake_timeout_ms),
+    };
+    if u64::from(config.limits.max_request_bytes) > config.limits.max_inflight_bytes_per_conn {
+        return Err(Invalid::new(
+            "limits.max_request_bytes",
+            Size(u64::from(config.limits.max_request_bytes)),
+            format!(
+                "must be at most limits.max_inflight_bytes ({}): a request that size would wait \
+                 forever for its byte budget",
+                format_size(config.limits.max_inflight_bytes_per_conn)
+            ),
+        ));
+    }
+    if let Some(ms) = layer.qos.credit_save_period_ms {
+        config.credit_save_period_ms = ms;
+    }
+    config.qos = qos_config(&layer.qos)?;
+    Ok(config)
+}
+
+fn qos_config(q: &QosSection) -> Result<QosConfig, Invalid> {
+    let defaults = QosConfig::default();
+    let workers = q.workers.unwrap_or(defaults.workers);
+    let default_cpu = QosConfig::default_capacity(workers).per_second.cpu_ns;
+    let c = &q.capacity;
+    let capacity = CostVector::new(
+        c.cpu_ns_per_s.unwrap_or(default_cpu),
+        c.ingress_bytes_per_s.map_or(u64::MAX, |s| s.0),
+        c.egress_bytes_per_s.map_or(u64::MAX, |s| s.0),
+        c.device_units_per_s.unwrap_or(u64::MAX),
+    );
+    let workers_u64 = u64::try_from(workers).unwrap_or(u64::MAX);
+    for (key, value) in [
+        ("qos.capacity.cpu_ns_per_s", capacity.cpu_ns),
+        ("qos.capacity.ingress_bytes_per_s", capacity.ingress_bytes),
+        ("qos.capacity.egress_bytes_per_s", capacity.egress_bytes),
+        ("qos.capacity.device_units_per_s", capacity.device_units),
+    ] {
+        if value < workers_u64 {
+            return Err(Invalid::new(
+                key,
+                value,
+                format!(
+                    "must be at least qos.workers ({workers}): each worker gets 1/{workers} of it"
+                ),
+            ));
+        }
+    }
+    let cpu_default = CpuModel::default();
+    let cpu = CpuModel {
+        read: q.cost.cpu.read.map_or(cpu_default.read, |l| l.line()),
+        write: q.cost.cpu.write.map_or(cpu_default.write, |l| l.line()),
+        other: q.cost.cpu.other.map_or(cpu_default.other, |l| l.line()),
+    };
+    let device = q
+        .cost
+        .device
+        .as_ref()
+        .map_or(DeviceModel::None, DeviceSection::model);
+    Ok(QosConfig {
+        policy: q.policy.unwrap_or(defaults.policy),
+        params: q.params.params(),
+        capacity: NodeCapacity::new(capacity),
+        cost_model: CostModel::new(cpu, device),
+        workers,
+        dispatch: q.dispatch.unwrap_or(defaults.dispatch),
+    })
+}
+
+/// Settings that are allowed but probably not what was meant.
+pub fn warnings(layer: &ConfigFile, config: &NodeConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    if config.emulated_device.is_some()
+        && config.qos.policy.kind().is_some()
+        && layer.qos.cost.device.is_none()
+    {
+        out.push(
+            "storage.emulated is set but qos.cost.device is not: the scheduler charges no device \
+             cost, so it cannot share the emulated device (set qos.cost.device = { linear = ... } \
+             to the same model)"
+                .to_string(),
+        );
+    }
+    if config.qos.cost_model.device == DeviceModel::None
+        && layer.qos.capacity.device_units_per_s.is_some()
+    {
+        out.push(
+            "qos.capacity.device_units_per_s is set but qos.cost.device is \"none\": requests \
+             cost no device units, so it never binds"
+                .to_string(),
+        );
+    }
+    out
+}
+
+/// A configuration ready for `Node::start`, and where it came from.
+#[derive(Debug)]
+pub struct Loaded {
+    pub node: NodeConfig,
+    /// `--config`, if given.
+    pub config_file: Option<PathBuf>,
+    /// `DATA_DIR/calibration.toml`, if it was loaded.
+    pub calibration_file: Option<PathBuf>,
+    pub warnings: Vec<String>,
+}
+
+/// Merges the command line over `--config` over the data directory's calibration file over
+/// the defaults, and checks the result.
+pub fn load(cli: ConfigFile, config_path: Option<&Path>) -> Result<Loaded> {
+    let file = match config_path {
+        Some(path) => ConfigFile::load(path)?,
+        None => ConfigFile::default(),
+    };
+    let upper = cli.over(file);
+    let data_dir = upper.data_dir();
+    let calibration = data_dir.join(CALIBRATION_FILE);
+    let same_as_config = config_path.is_some_and(|p| same_file(p, &calibration));
+    let (merged, calibration_file) = if !same_as_config && calibration.is_file() {
+        let lower = ConfigFile::load(&calibration)?;
+        (upper.over(lower), Some(calibration))
+    } else {
+        (upper, None)
+    };
+    let sources = match (config_path, &calibration_file) {
+        (Some(c), Some(k)) => format!("the command line, {} and {}", c.display(), k.display()),
+        (Some(c), None) => format!("the command line and {}", c.display()),
+        (None, Some(k)) => format!("the command line and {}", k.display()),
+        (None, None) => "the command line".to_string(),
+    };
+    let node =
+        resolve(&merged).with_context(|| format!("invalid configuration (from {sources})"))?;
+    let warnings = warnings(&merged, &node);
+    Ok(Loaded {
+        node,
+        config_file: config_path.map(Path::to_path_buf),
+        calibration_file,
+        warnings,
+    })
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use headroom_qos::PolicyKind;
+
+    fn parse(text: &str) -> Result<ConfigFile> {
+        ConfigFile::parse(text, Path::new("test.toml"))
+    }
+
+    fn resolved(text: &str) -> NodeConfig {
+        resolve(&parse(text).expect("parses")).expect("valid")
+    }
+
+    fn err(text: &str) -> String {
+        match parse(text) {
+            Err(e) => format!("{e:#}"),
+            Ok(layer) => match resolve(&layer) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("accepted: {text}"),
+            },
+        }
+    }
+
+    #[test]
+    fn empty_file_gives_the_built_in_defaults() {
+        let c = resolved("");
+        let d = NodeConfig::new(StoreBackend::Memory { capacity_bytes: 1 });
+        assert!(matches!(
+            &c.backend,
+            StoreBackend::Files { data_dir, device_count: 2, device_capacity_bytes, device_paths }
+                if data_dir == Path::new(DEFAULT_DATA_DIR)
+                    && *device_capacity_bytes == 64 << 30
+                    && device_paths.is_empty()
+        ));
+        assert_eq!(c.nbd_listen, d.nbd_listen);
+        assert_eq!(c.api_listen, d.api_listen);
+        assert_eq!(c.io_threads, d.io_threads);
+        assert_eq!(c.inline_max_bytes, None);
+        assert_eq!(c.qos, QosConfig::default());
+        assert_eq!(c.credit_save_period_ms, d.credit_save_period_ms);
+        assert_eq!(c.emulated_device, None);
+        let l = Limits::default();
+        assert_eq!(c.limits.max_connections, l.max_connections);
+        assert_eq!(c.limits.max_request_bytes, l.max_request_bytes);
+        assert_eq!(
+            c.limits.max_inflight_bytes_per_conn,
+            l.max_inflight_bytes_per_conn
+        );
+    }
+
+    #[test]
+    fn every_key_reaches_the_node_config() {
+        let c = resolved(
+            r#"
+            [server]
+            nbd_listen = "127.0.0.1:1"
+            api_listen = "127.0.0.1:2"
+            io_threads = 3
+            inline_max_bytes = "16KiB"
+            [storage]
+            memory = "1GiB"
+            [storage.emulated]
+            parallelism = 4
+            write_interference_permille = 500
+            [storage.emulated.model]
+            rbps = "200MB"
+            rseqiops = 48828
+            rrandiops = 20000
+            wbps = 100000000
+            wseqiops = 20000
+            wrandiops = 10000
+            [limits]
+            max_connections = 7
+            max_inflight_requests = 8
+            max_inflight_bytes = "64MiB"
+            max_request_bytes = "1MiB"
+            handshake_timeout_ms = 900
+            [qos]
+            policy = "drr-vop"
+            workers = 4
+            dispatch = "stealing"
+            credit_save_period_ms = 250
+            [qos.capacity]
+            cpu_ns_per_s = 3_000_000_000
+            ingress_bytes_per_s = "1GB"
+            egress_bytes_per_s = 2_000_000_000
+            device_units_per_s = 1_000_000_000
+            [qos.params]
+            window_ns = 5_000_000
+            limiter_depth_ns = 1_000_000
+            history_windows = 4
+            alpha_permille = 1500
+            throttle_weight_permille = 2000
+            reserve_permille = 100
+            drr_quantum_device_units = 5000
+            seed = 42
+            track_invariants = true
+            [qos.cost]
+            cpu = { read = { base_ns = 1000, per_kib_ps = 50000 }, write = { base_ns = 2000, per_kib_ps = 60000 }, other = { base_ns = 500, per_kib_ps = 0 } }
+            device = { linear = { rbps = 1, rseqiops = 2, rrandiops = 3, wbps = 4, wseqiops = 5, wrandiops = 6 } }
+            "#,
+        );
+        assert!(
+            matches!(c.backend, StoreBackend::Memory { capacity_bytes } if capacity_bytes == 1 << 30)
+        );
+        assert_eq!(c.nbd_listen, "127.0.0.1:1".parse::<SocketAddr>().unwrap());
+        assert_eq!(c.api_listen, "127.0.0.1:2".parse::<SocketAddr>().unwrap());
+        assert_eq!(c.io_threads, 3);
+        assert_eq!(c.inline_max_bytes, Some(16 << 10));
+        let e = c.emulated_device.expect("emulated device");
+        assert_eq!(e.parallelism, 4);
+        assert_eq!(e.write_interference_permille, 500);
+        assert_eq!(e.model.rbps, 200_000_000);
+        assert_eq!(e.model.wrandiops, 10_000);
+        assert_eq!(c.limits.max_connections, 7);
+        assert_eq!(c.limits.max_inflight_requests_per_conn, 8);
+        assert_eq!(c.limits.max_inflight_bytes_per_conn, 64 << 20);
+        assert_eq!(c.limits.max_request_bytes, 1 << 20);
+        assert_eq!(c.limits.handshake_timeout_ms, 900);
+        assert_eq!(c.credit_save_period_ms, 250);
+        let q = &c.qos;
+        assert_eq!(q.policy, PolicyChoice::Policy(PolicyKind::DrrVop));
+        assert_eq!(q.workers, 4);
+        assert_eq!(q.dispatch, DispatchMode::Stealing);
+        assert_eq!(
+            q.capacity.per_second,
+            CostVector::new(3_000_000_000, 1_000_000_000, 2_000_000_000, 1_000_000_000)
+        );
+        assert_eq!(
+            q.params,
+            PolicyParams {
+                window_ns: 5_000_000,
+                limiter_depth_ns: 1_000_000,
+                history_windows: 4,
+                alpha_permille: 1500,
+                throttle_weight_permille: 2000,
+                reserve_permille: 100,
+                drr_quantum_device_units: 5000,
+                seed: 42,
+                track_invariants: true,
+            }
+        );
+        assert_eq!(
+            q.cost_model.cpu.read,
+            LinearCpu {
+                base_ns: 1000,
+                per_kib_ps: 50_000
+            }
+        );
+        assert_eq!(
+            q.cost_model.cpu.write,
+            LinearCpu {
+                base_ns: 2000,
+                per_kib_ps: 60_000
+            }
+        );
+        assert_eq!(
+            q.cost_model.cpu.other,
+            LinearCpu {
+                base_ns: 500,
+                per_kib_ps: 0
+            }
+        );
+        assert_eq!(
+            q.cost_model.device,
+            DeviceModel::Linear(IoCostModel {
+                rbps: 1,
+                rseqiops: 2,
+                rrandiops: 3,
+                wbps: 4,
+                wseqiops: 5,
+                wrandiops: 6
+            })
+        );
+    }
+
+    #[test]
+    fn files_backend_keys() {
+        let c = resolved(
+            r#"
+            [storage]
+            data_dir = "/srv/headroom"
+            devices = 3
+            device_size = "8GiB"
+            device_paths = ["/dev/a", "/dev/b"]
+            "#,
+        );
+        match c.backend {
+            StoreBackend::Files {
+                data_dir,
+                device_count,
+                device_capacity_bytes,
+                device_paths,
+            } => {
+                assert_eq!(data_dir, Path::new("/srv/headroom"));
+                assert_eq!(device_count, 3);
+                assert_eq!(device_capacity_bytes, 8 << 30);
+                assert_eq!(
+                    device_paths,
+                    vec![PathBuf::from("/dev/a"), PathBuf::from("/dev/b")]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without a calibration the CPU capacity follows the workers.
+        let c = resolved("[qos]\nworkers = 5\n");
+        assert_eq!(c.qos.capacity, QosConfig::default_capacity(5));
+        assert!(!c.qos.params.track_invariants);
+    }
+
+    #[test]
+    fn vop_curve_and_none_device() {
+        let c = resolved(
+            r#"
+            [qos.cost.device.vop]
+            read = [["4KiB", 80000], ["64KiB", 20000], [1048576, 2000]]
+            write = [["4KiB", 60000]]
+            "#,
+        );
+        let DeviceModel::Vop(curve) = c.qos.cost_model.device else {
+            panic!("not a VOP curve")
+        };
+        assert_eq!(curve.max_iops, 80_000);
+        assert_eq!(
+            curve.read,
+            vec![(4096, 80_000), (65_536, 20_000), (1 << 20, 2000)]
+        );
+        assert_eq!(curve.write, vec![(4096, 60_000)]);
+        let c = resolved("[qos.cost]\ndevice = \"none\"\n");
+        assert_eq!(c.qos.cost_model.device, DeviceModel::None);
+    }
+
+    #[test]
+    fn out_of_range_values_name_key_value_and_what_is_allowed() {
+        let cases = [
+            (
+                "[qos]\nworkers = 0",
+                "qos.workers = 0: must be between 1 and 64",
+            ),
+            (
+                "[qos]\nworkers = 65",
+                "qos.workers = 65: must be between 1 and 64",
+            ),
+            (
+                "[qos]\npolicy = \"fast\"",
+                "qos.policy = \"fast\": expected off, wild, base, credit, burst, mclock or drr-vop",
+            ),
+            (
+                "[qos]\ndispatch = \"random\"",
+                "qos.dispatch = \"random\": expected one-to-n",
+            ),
+            (
+                "[qos.capacity]\ncpu_ns_per_s = 0",
+                "qos.capacity.cpu_ns_per_s = 0: must be greater than 0",
+            ),
+            (
+                "[qos]\nworkers = 8\n[qos.capacity]\ndevice_units_per_s = 4",
+                "qos.capacity.device_units_per_s = 4: must be at least qos.workers (8)",
+            ),
+            (
+                "[qos.params]\nwindow_ns = 5",
+                "qos.params: invalid policy parameters: window_ns 5",
+            ),
+            (
+                "[qos.params]\nreserve_permille = 600",
+                "reserve_permille 600 must be < 500",
+            ),
+            (
+                "[server]\nio_threads = 1000",
+                "server.io_threads = 1000: must be between 0 (inline) and 256",
+            ),
+            (
+                "[server]\ninline_max_bytes = \"8GiB\"",
+                "server.inline_max_bytes = \"8GiB\": must be less than 4GiB",
+            ),
+            (
+                "[storage]\nmemory = 0",
+                "storage.memory = 0: must be greater than 0",
+            ),
+            (
+                "[storage]\ndevices = 0",
+                "storage.devices = 0: must be at least 1",
+            ),
+            ("[storage]\nmemory = \"4XB\"", "invalid size \"4XB\""),
+            (
+                "[limits]\nmax_connections = 0",
+                "limits.max_connections = 0: must be at least 1",
+            ),
+            (
+                "[limits]\nmax_inflight_requests = 0",
+                "limits.max_inflight_requests = 0: must be at least 1",
+            ),
+            (
+                "[limits]\nmax_request_bytes = \"64MiB\"",
+                "limits.max_request_bytes = \"64MiB\": must be between 4KiB and 32MiB",
+            ),
+            (
+                "[limits]\nmax_inflight_bytes = \"16MiB\"",
+                "limits.max_request_bytes = \"32MiB\": must be at most limits.max_inflight_bytes (16MiB)",
+            ),
+            (
+                "[limits]\nhandshake_timeout_ms = 0",
+                "limits.handshake_timeout_ms = 0: must be at least 1",
+            ),
+            (
+                "[storage.emulated]\nparallelism = 0\n[storage.emulated.model]\nrbps = 1\nrseqiops = 1\nrrandiops = 1\nwbps = 1\nwseqiops = 1\nwrandiops = 1",
+                "storage.emulated.parallelism = 0: must be between 1 and 1024",
+            ),
+            (
+                "[storage.emulated]\nparallelism = 1\n[storage.emulated.model]\nrbps = 0\nrseqiops = 1\nrrandiops = 1\nwbps = 1\nwseqiops = 1\nwrandiops = 1",
+                "storage.emulated.model.rbps = 0",
+            ),
+            (
+                "[qos.cost]\ndevice = { linear = { rbps = 1, rseqiops = 0, rrandiops = 1, wbps = 1, wseqiops = 1, wrandiops = 1 } }",
+                "qos.cost.device.linear.rseqiops = 0: every rate must be greater than 0",
+            ),
+            (
+                "[qos.cost.device.vop]\nread = [[8192, 5], [4096, 6]]\nwrite = [[4096, 1]]",
+                "qos.cost.device.vop.read = [4096, 6]: sizes must be greater than 0 and increasing",
+            ),
+            (
+                "[qos.cost.device.vop]\nread = []\nwrite = [[4096, 1]]",
+                "qos.cost.device.vop.read = []: needs at least one",
+            ),
+            ("[qos.cost]\ndevice = \"fast\"", "unknown variant `fast`"),
+            (
+                "[qos.cost.cpu]\nread = { base_ns = 2000000000, per_kib_ps = 0 }",
+                "qos.cost.cpu.read.base_ns = 2000000000: must be at most",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = err(text);
+            assert!(
+                got.contains(want),
+                "config {text:?}\n  error: {got}\n  wanted: {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_the_file_and_line() {
+        for (text, key, line) in [
+            ("[qos]\nwrkers = 2\n", "wrkers", "line 2"),
+            ("[server]\nio_threads = 2\n\n[sever]\n", "sever", "line 4"),
+            (
+                "[storage.emulated]\nparallelism = 1\nparalelism = 2\n",
+                "paralelism",
+                "line 3",
+            ),
+            ("[qos.params]\nwindow = 1\n", "window", "line 2"),
+            (
+                "[qos.cost]\ncpu = { read = { base = 1, per_kib_ps = 2 } }\n",
+                "base",
+                "line 2",
+            ),
+        ] {
+            let got = err(text);
+            assert!(
+                got.contains("test.toml") && got.contains(key) && got.contains(line),
+                "config {text:?}: {got}"
+            );
+        }
+    }
+
+    #[test]
+    fn higher_layers_win_key_by_key() {
+        let cli = ConfigFile {
+            qos: QosSection {
+                policy: Some(PolicyChoice::Off),
+                ..QosSection::default()
+            },
+            ..ConfigFile::default()
+        };
+        let file = parse(
+            "[qos]\npolicy = \"mclock\"\nworkers = 3\n[server]\nio_threads = 1\n[qos.params]\nseed = 9\n",
+        )
+        .unwrap();
+        let calibration = parse(
+            "[qos]\nworkers = 7\n[qos.params]\nwindow_ns = 2000000\nseed = 1\n[qos.capacity]\ncpu_ns_per_s = 8000000000\n",
+        )
+        .unwrap();
+        let c = resolve(&cli.over(file).over(calibration)).unwrap();
+        assert_eq!(c.qos.policy, PolicyChoice::Off);
+        assert_eq!(c.qos.workers, 3);
+        assert_eq!(c.io_threads, 1);
+        assert_eq!(c.qos.params.seed, 9);
+        assert_eq!(c.qos.params.window_ns, 2_000_000);
+        assert_eq!(c.qos.capacity.per_second.cpu_ns, 8_000_000_000);
+    }
+
+    #[test]
+    fn device_capacity_follows_the_layer_that_picks_the_device_model() {
+        let calibration = parse(
+            "[qos.capacity]\ndevice_units_per_s = 90000000\n[qos.cost.device.vop]\nread = [[4096, 90000]]\nwrite = [[4096, 80000]]\n",
+        )
+        .unwrap();
+        // A file that picks a linear model without a capacity: the VOP capacity is dropped.
+        let linear = parse(
+            "[qos.cost]\ndevice = { linear = { rbps = 1, rseqiops = 1, rrandiops = 1, wbps = 1, wseqiops = 1, wrandiops = 1 } }\n",
+        )
+        .unwrap();
+        let c = resolve(&linear.over(calibration.clone())).unwrap();
+        assert!(matches!(c.qos.cost_model.device, DeviceModel::Linear(_)));
+        assert_eq!(c.qos.capacity.per_second.device_units, u64::MAX);
+        // A file that only sets other keys keeps the calibrated pair.
+        let other = parse("[qos]\nworkers = 2\n").unwrap();
+        let c = resolve(&other.over(calibration)).unwrap();
+        assert!(matches!(c.qos.cost_model.device, DeviceModel::Vop(_)));
+        assert_eq!(c.qos.capacity.per_second.device_units, 90_000_000);
+    }
+
+    #[test]
+    fn calibration_in_the_data_dir_is_loaded_under_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(CALIBRATION_FILE),
+            "[qos]\npolicy = \"mclock\"\nworkers = 3\n",
+        )
+        .unwrap();
+        let config = dir.path().join("node.toml");
+        std::fs::write(
+            &config,
+            "[qos]\nworkers = 4\n[storage]\nmemory = \"1GiB\"\n",
+        )
+        .unwrap();
+        let cli = ConfigFile {
+            storage: StorageSection {
+                data_dir: Some(dir.path().to_path_buf()),
+                ..StorageSection::default()
+            },
+            ..ConfigFile::default()
+        };
+        let loaded = load(cli.clone(), Some(&config)).unwrap();
+        assert_eq!(
+            loaded.calibration_file,
+            Some(dir.path().join(CALIBRATION_FILE))
+        );
+        assert_eq!(
+            loaded.node.qos.policy,
+            PolicyChoice::Policy(PolicyKind::MClock)
+        );
+        assert_eq!(loaded.node.qos.workers, 4);
+        // Without one: the defaults.
+        let empty = tempfile::tempdir().unwrap();
+        let cli = ConfigFile {
+            storage: StorageSection {
+                data_dir: Some(empty.path().to_path_buf()),
+                memory: Some(Size(1 << 30)),
+                ..StorageSection::default()
+            },
+            ..ConfigFile::default()
+        };
+        let loaded = load(cli, None).unwrap();
+        assert_eq!(loaded.calibration_file, None);
+        assert_eq!(loaded.node.qos, QosConfig::default());
+        // Errors in the calibration file name it.
+        std::fs::write(dir.path().join(CALIBRATION_FILE), "[qos]\nworkers = 0\n").unwrap();
+        let got = format!(
+            "{:#}",
+            load(
+                ConfigFile::default().over(ConfigFile {
+                    storage: StorageSection {
+                        data_dir: Some(dir.path().to_path_buf()),
+                        ..StorageSection::default()
+                    },
+                    ..ConfigFile::default()
+                }),
+                None
+            )
+            .unwrap_err()
+        );
+        assert!(
+            got.contains(CALIBRATION_FILE) && got.contains("qos.workers = 0"),
+            "{got}"
+        );
+    }
+
+    #[test]
+    fn the_documented_example_parses_and_shows_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let section = doc
+            .split("## Configuration file")
+            .nth(1)
+            .expect("a Configuration file section");
+        let block = section
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("a toml block");
+        let c = resolve(&ConfigFile::parse(block, &path).unwrap()).unwrap();
+        // The values it shows as defaults are the defaults.
+        let params = PolicyParams {
+            track_invariants: false,
+            ..PolicyParams::default()
+        };
+        assert_eq!(c.qos.params, params);
+        assert_eq!(c.qos.workers, QosConfig::default().workers);
+        assert_eq!(c.qos.capacity.per_second.cpu_ns, 2 * NS_PER_S);
+        let l = Limits::default();
+        assert_eq!(c.limits.max_connections, l.max_connections);
+        assert_eq!(
+            c.limits.max_inflight_requests_per_conn,
+            l.max_inflight_requests_per_conn
+        );
+        assert_eq!(
+            c.limits.max_inflight_bytes_per_conn,
+            l.max_inflight_bytes_per_conn
+        );
+        assert_eq!(c.limits.max_request_bytes, l.max_request_bytes);
+        assert_eq!(c.limits.handshake_timeout_ms, l.handshake_timeout_ms);
+        assert_eq!(c.credit_save_period_ms, 1_000);
+        assert_eq!(c.io_threads, 2);
+    }
+
+    #[test]
+    fn the_interference_example_parses_and_validates() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/interference-node.toml");
+        let layer = ConfigFile::load(&path).unwrap();
+        let c = resolve(&layer).unwrap();
+        assert!(
+            warnings(&layer, &c).is_empty(),
+            "{:?}",
+            warnings(&layer, &c)
+        );
+        assert_eq!(c.qos.policy, PolicyChoice::Policy(PolicyKind::Burst));
+        assert!(
+            matches!(c.backend, StoreBackend::Memory { capacity_bytes } if capacity_bytes == 4 << 30)
+        );
+        let spec = c.emulated_device.expect("an emulated device");
+        // The scheduler knows the device exactly: same model, one device of 10⁹ device-ns/s.
+        assert_eq!(c.qos.cost_model.device, DeviceModel::Linear(spec.model));
+        assert_eq!(c.qos.capacity.per_second.device_units, NS_PER_S);
+        // Well below what this machine does unthrottled (~40–80k 4 KiB IOPS).
+        let r4 = spec.cost_ns(headroom_qos::OpKind::Read, 4096, false);
+        assert_eq!(NS_PER_S / r4, 20_000);
+    }
+}
