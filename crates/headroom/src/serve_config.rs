@@ -273,6 +273,7 @@ pub struct CapacitySection {
 pub struct ParamsSection {
     pub window_ns: Option<u64>,
     pub limiter_depth_ns: Option<u64>,
+    pub pacer_depth_ns: Option<u64>,
     pub history_windows: Option<u32>,
     pub alpha_permille: Option<u32>,
     pub throttle_weight_permille: Option<u32>,
@@ -285,13 +286,11 @@ pub struct ParamsSection {
 impl ParamsSection {
     /// The server's defaults (`track_invariants` off) with this layer's values over them.
     pub fn params(&self) -> PolicyParams {
-        let d = PolicyParams {
-            track_invariants: false,
-            ..PolicyParams::default()
-        };
+        let d = headroom_node::config::QosConfig::server_params();
         PolicyParams {
             window_ns: self.window_ns.unwrap_or(d.window_ns),
             limiter_depth_ns: self.limiter_depth_ns.unwrap_or(d.limiter_depth_ns),
+            pacer_depth_ns: self.pacer_depth_ns.unwrap_or(d.pacer_depth_ns),
             history_windows: self.history_windows.unwrap_or(d.history_windows),
             alpha_permille: self.alpha_permille.unwrap_or(d.alpha_permille),
             throttle_weight_permille: self
@@ -310,6 +309,7 @@ impl ParamsSection {
         ParamsSection {
             window_ns: self.window_ns.or(lower.window_ns),
             limiter_depth_ns: self.limiter_depth_ns.or(lower.limiter_depth_ns),
+            pacer_depth_ns: self.pacer_depth_ns.or(lower.pacer_depth_ns),
             history_windows: self.history_windows.or(lower.history_windows),
             alpha_permille: self.alpha_permille.or(lower.alpha_permille),
             throttle_weight_permille: self
@@ -1055,6 +1055,7 @@ mod tests {
                 drr_quantum_device_units: 5000,
                 seed: 42,
                 track_invariants: true,
+                pacer_depth_ns: QosConfig::server_params().pacer_depth_ns,
             }
         );
         assert_eq!(
@@ -1407,11 +1408,7 @@ mod tests {
             .expect("a toml block");
         let c = resolve(&ConfigFile::parse(block, &path).unwrap()).unwrap();
         // The values it shows as defaults are the defaults.
-        let params = PolicyParams {
-            track_invariants: false,
-            ..PolicyParams::default()
-        };
-        assert_eq!(c.qos.params, params);
+        assert_eq!(c.qos.params, QosConfig::server_params());
         assert_eq!(c.qos.workers, QosConfig::default().workers);
         assert_eq!(c.qos.capacity.per_second.cpu_ns, 2 * NS_PER_S);
         let l = Limits::default();

@@ -205,10 +205,7 @@ impl Default for QosConfig {
         let workers = 2;
         QosConfig {
             policy: PolicyChoice::Policy(PolicyKind::Burst),
-            params: PolicyParams {
-                track_invariants: false,
-                ..PolicyParams::default()
-            },
+            params: QosConfig::server_params(),
             capacity: QosConfig::default_capacity(workers),
             cost_model: CostModel::new(
                 headroom_qos::model::CpuModel::default(),
@@ -221,6 +218,18 @@ impl Default for QosConfig {
 }
 
 impl QosConfig {
+    /// The policy parameters a server runs with: the library's defaults, without invariant
+    /// tracking (verification, not scheduling), and with a 1 ms node pacer depth so that a
+    /// wake-up that comes tens of µs late does not lose capacity
+    /// (`PolicyParams::pacer_depth_ns`).
+    pub fn server_params() -> PolicyParams {
+        PolicyParams {
+            track_invariants: false,
+            pacer_depth_ns: 1_000_000,
+            ..PolicyParams::default()
+        }
+    }
+
     /// A capacity that is safe on any machine: one CPU-second per second per worker (a worker
     /// cannot do more than that), no network or device limit (neither is known before
     /// `headroom calibrate` has measured them). With it the scheduler enforces every volume's

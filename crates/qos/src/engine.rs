@@ -204,6 +204,16 @@ impl<R: Rules> Engine<R> {
         }
     }
 
+    /// Lets the node pacer save up `depth_ns` of unused capacity (see
+    /// [`crate::policy::PolicyParams::pacer_depth_ns`]).
+    pub(crate) fn with_pacer_depth(mut self, capacity: NodeCapacity, depth_ns: u64) -> Self {
+        if depth_ns > 0 {
+            self.pacer = Pacer::with_depth(0, capacity.per_second, depth_ns);
+            self.tracker.allow_pacer_depth(depth_ns);
+        }
+        self
+    }
+
     fn ensure_volume(&mut self, now: u64, id: VolumeId) -> u32 {
         if let Some(idx) = self.vols.lookup(id) {
             return idx;

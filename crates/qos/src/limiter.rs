@@ -433,6 +433,33 @@ mod tests {
     }
 
     #[test]
+    fn a_deep_pacer_catches_up_after_a_late_wake_up_and_no_further() {
+        // 1,000 requests/s of 1 ms each; the caller looks only every 5 ms (a late timer).
+        let cost = CostVector::new(1_000_000, 0, 0, 0);
+        let capacity = CostVector::new(NS_PER_S, u64::MAX, u64::MAX, u64::MAX);
+        let admitted_in_one_second = |mut p: Pacer| {
+            let mut n = 0;
+            let mut now = 0;
+            while now < NS_PER_S {
+                while p.ready_at(now, &cost, false) <= now {
+                    p.take(now, &cost, false);
+                    n += 1;
+                }
+                now += 5_000_000;
+            }
+            n
+        };
+        // Zero deep: each look admits what one request of debt allows, the rest is lost.
+        assert_eq!(admitted_in_one_second(Pacer::new(0, capacity)), 200);
+        // 10 ms deep: the capacity that accrued between looks is made up, up to the last look
+        // (at 995 ms: 995 requests' worth), and never more.
+        assert_eq!(
+            admitted_in_one_second(Pacer::with_depth(0, capacity, 10_000_000)),
+            995
+        );
+    }
+
+    #[test]
     fn baseline_request_runs_inside_the_last_burst_requests_debt() {
         let mut p = Pacer::new(0, CostVector::new(1_000, u64::MAX, u64::MAX, u64::MAX));
         let big = CostVector::new(500, 0, 0, 0);

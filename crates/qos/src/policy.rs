@@ -152,6 +152,11 @@ pub struct PolicyParams {
     /// the node, by its neighbours' turns), ns of its rate; also the largest burst above a
     /// rate after idleness. 0 = one request.
     pub limiter_depth_ns: u64,
+    /// How much unused node capacity the node pacer may save up, ns of capacity (0: none, so
+    /// over any interval at most `capacity × interval` is admitted). A live server wants a
+    /// little (the server uses 1 ms): its timers wake tens of µs late, and with no depth every
+    /// late wake-up is capacity lost for good. The simulator wakes exactly and keeps 0.
+    pub pacer_depth_ns: u64,
     /// Burst: number of past windows the usage prediction looks at (N).
     pub history_windows: u32,
     /// Burst: headroom multiplier on the predicted usage (alpha), in thousandths.
@@ -177,6 +182,7 @@ impl Default for PolicyParams {
         PolicyParams {
             window_ns: 10_000_000,
             limiter_depth_ns: 10_000_000,
+            pacer_depth_ns: 0,
             history_windows: 8,
             alpha_permille: 1_250,
             throttle_weight_permille: 4_000,
@@ -201,6 +207,12 @@ impl PolicyParams {
             return Err(QosError::InvalidParams(format!(
                 "limiter_depth_ns {} above 10 s",
                 self.limiter_depth_ns
+            )));
+        }
+        if self.pacer_depth_ns > self.window_ns {
+            return Err(QosError::InvalidParams(format!(
+                "pacer_depth_ns {} above the window ({} ns)",
+                self.pacer_depth_ns, self.window_ns
             )));
         }
         if self.history_windows == 0 || self.history_windows > 1024 {
@@ -240,6 +252,9 @@ impl PolicyParams {
         PolicyParams {
             window_ns: self.window_ns.clamp(100_000, 10_000_000_000),
             limiter_depth_ns: self.limiter_depth_ns.min(10_000_000_000),
+            pacer_depth_ns: self
+                .pacer_depth_ns
+                .min(self.window_ns.clamp(100_000, 10_000_000_000)),
             history_windows: self.history_windows.clamp(1, 1024),
             alpha_permille: self.alpha_permille.clamp(1_000, 10_000),
             throttle_weight_permille: self.throttle_weight_permille.min(100_000),

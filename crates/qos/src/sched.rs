@@ -622,6 +622,14 @@ impl Tracker {
         self.idle_claim = true;
     }
 
+    /// The node pacer may save up `depth_ns` of capacity: a window may then hold that much more.
+    pub(crate) fn allow_pacer_depth(&mut self, depth_ns: u64) {
+        self.cap_per_window = self.capacity.mul_ratio_ceil(
+            self.window_ns.saturating_add(depth_ns).saturating_add(1),
+            NS_PER_S,
+        );
+    }
+
     /// Records a dispatch and checks the capacity and ceiling invariants for the current window.
     /// `vol.queue` must already have the request popped (the caller records `vol.stats`).
     pub(crate) fn on_dispatch(

@@ -164,6 +164,8 @@ fn params_strategy() -> impl Strategy<Value = PolicyParams> {
         0u32..4_000,
         0u32..100,
         any::<u64>(),
+        // The server's node pacer saves up 1 ms; the simulator's none.
+        prop_oneof![Just(0u64), Just(1_000_000u64)],
     )
         .prop_map(
             |(
@@ -174,10 +176,12 @@ fn params_strategy() -> impl Strategy<Value = PolicyParams> {
                 throttle_weight_permille,
                 reserve_permille,
                 seed,
+                pacer_depth_ns,
             )| {
                 PolicyParams {
                     window_ns,
                     limiter_depth_ns,
+                    pacer_depth_ns,
                     history_windows,
                     alpha_permille,
                     throttle_weight_permille,

@@ -214,6 +214,16 @@ impl MClock {
         }
     }
 
+    /// Lets the node pacer save up `depth_ns` of unused capacity (see
+    /// [`crate::policy::PolicyParams::pacer_depth_ns`]).
+    pub(crate) fn with_pacer_depth(mut self, capacity: NodeCapacity, depth_ns: u64) -> Self {
+        if depth_ns > 0 {
+            self.pacer = Pacer::with_depth(0, capacity.per_second, depth_ns);
+            self.tracker.allow_pacer_depth(depth_ns);
+        }
+        self
+    }
+
     fn place(&mut self, now: u64, idx: u32) {
         let generation = self.vols.bump(idx);
         let Some(v) = self.vols.get_mut(idx) else {

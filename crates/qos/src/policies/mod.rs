@@ -129,42 +129,43 @@ pub(crate) fn build(
 ) -> Box<dyn Policy> {
     let (w, depth_ns) = (params.window_ns, params.limiter_depth_ns);
     let track = params.track_invariants;
+    let pacer_depth_ns = params.pacer_depth_ns;
     match kind {
-        PolicyKind::Wild => Box::new(Engine::new(
-            wild::WildRules { depth_ns },
-            capacity,
-            w,
-            depth_ns,
-            track,
-        )),
-        PolicyKind::Base => Box::new(Engine::new(
-            base::BaseRules { depth_ns },
-            capacity,
-            w,
-            depth_ns,
-            track,
-        )),
-        PolicyKind::Credit => Box::new(Engine::new(
-            credit::CreditRules::new(depth_ns),
-            capacity,
-            w,
-            depth_ns,
-            track,
-        )),
-        PolicyKind::Burst => Box::new(Engine::new(
-            burst::BurstRules::new(capacity, params),
-            capacity,
-            w,
-            depth_ns,
-            track,
-        )),
-        PolicyKind::MClock => Box::new(mclock::MClock::new(capacity, w, depth_ns, track)),
-        PolicyKind::DrrVop => Box::new(Engine::new(
-            drr::DrrRules::new(params),
-            capacity,
-            w,
-            depth_ns,
-            track,
-        )),
+        PolicyKind::Wild => Box::new(
+            Engine::new(wild::WildRules { depth_ns }, capacity, w, depth_ns, track)
+                .with_pacer_depth(capacity, pacer_depth_ns),
+        ),
+        PolicyKind::Base => Box::new(
+            Engine::new(base::BaseRules { depth_ns }, capacity, w, depth_ns, track)
+                .with_pacer_depth(capacity, pacer_depth_ns),
+        ),
+        PolicyKind::Credit => Box::new(
+            Engine::new(
+                credit::CreditRules::new(depth_ns),
+                capacity,
+                w,
+                depth_ns,
+                track,
+            )
+            .with_pacer_depth(capacity, pacer_depth_ns),
+        ),
+        PolicyKind::Burst => Box::new(
+            Engine::new(
+                burst::BurstRules::new(capacity, params),
+                capacity,
+                w,
+                depth_ns,
+                track,
+            )
+            .with_pacer_depth(capacity, pacer_depth_ns),
+        ),
+        PolicyKind::MClock => Box::new(
+            mclock::MClock::new(capacity, w, depth_ns, track)
+                .with_pacer_depth(capacity, pacer_depth_ns),
+        ),
+        PolicyKind::DrrVop => Box::new(
+            Engine::new(drr::DrrRules::new(params), capacity, w, depth_ns, track)
+                .with_pacer_depth(capacity, pacer_depth_ns),
+        ),
     }
 }
