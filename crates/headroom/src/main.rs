@@ -215,15 +215,26 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
         .with_context(|| format!("starting the server {place}"))?;
 
     if let Some((name, size_bytes)) = sample {
-        let store = std::sync::Arc::clone(node.store());
-        let existing = store.volume_info(&name).ok();
-        let info = match existing {
-            Some(info) => info,
-            None => tokio::task::spawn_blocking(move || store.create_volume(&name, size_bytes))
-                .await?
-                .context("creating the sample volume")?,
-        };
-        print_demo_help(&info.name, info.size_bytes, node.nbd_addr, node.api_addr);
+        // Two sample volumes: one unlimited, one with QEMU's burst class, to compare.
+        let capped = format!("{name}-qos");
+        let samples = [
+            (name.clone(), None),
+            (
+                capped.clone(),
+                Some(headroom_qos::QosSpec {
+                    preset: Some(DEMO_QOS_CLASS.to_string()),
+                    ..headroom_qos::QosSpec::default()
+                }),
+            ),
+        ];
+        for (sample_name, spec) in samples {
+            if node.store().volume_info(&sample_name).is_ok() {
+                continue;
+            }
+            tokio::task::block_in_place(|| node.create_volume(&sample_name, size_bytes, spec))
+                .with_context(|| format!("creating the sample volume {sample_name}"))?;
+        }
+        print_demo_help(&name, &capped, size_bytes, node.nbd_addr, node.api_addr);
     }
     // Handlers first: a script that sends SIGTERM as soon as it reads the line below must
     // get a clean stop, not the default action.
@@ -251,17 +262,25 @@ fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
     })
 }
 
-fn print_demo_help(name: &str, size_bytes: u64, nbd: SocketAddr, api: SocketAddr) {
+/// The sample QoS volume's class: 5,000 IOPS for about 12 s, then 1,000.
+const DEMO_QOS_CLASS: &str = "qemu:iops-total=1000,iops-total-max=5000,iops-total-max-length=10";
+
+fn print_demo_help(name: &str, capped: &str, size_bytes: u64, nbd: SocketAddr, api: SocketAddr) {
     let uri = format!("nbd://{nbd}/{name}");
+    let capped_uri = format!("nbd://{nbd}/{capped}");
     println!(
-        "\nHeadroom is serving volume {name:?} ({size}) at {uri}\n\n\
+        "\nHeadroom is serving volume {name:?} ({size}, no QoS limit) at {uri}\n\
+         and {capped:?} ({size}, QoS class {DEMO_QOS_CLASS}) at {capped_uri}\n\n\
          Try, from another terminal:\n  \
          nbdinfo {uri}\n  \
          qemu-img info {uri}\n  \
          qemu-img convert -n -O raw some-image.raw {uri}\n  \
-         fio --name=demo --ioengine=nbd --uri={uri} --rw=randrw --bs=4k --iodepth=32 --size=256M --runtime=10 --time_based\n  \
+         fio --name=demo --ioengine=nbd --uri={uri} --rw=randrw --bs=4k --iodepth=32 --size=256M --runtime=10 --time_based\n\n\
+         QoS at work: the same load on {capped:?} bursts at 5,000 IOPS for about 12 s, then runs at 1,000:\n  \
+         fio --name=qos --ioengine=nbd --uri={capped_uri} --rw=randread --bs=4k --iodepth=32 --size=256M --runtime=20 --time_based --status-interval=1\n  \
+         HEADROOM_API=http://{api} headroom volume show {capped}     # credits and I/Os per phase\n  \
          HEADROOM_API=http://{api} headroom volume list\n\n\
-         Stop with Ctrl-C (data is flushed first).\n",
+         Stop with Ctrl-C (data is flushed and credit balances saved first).\n",
         size = format_size(size_bytes),
     );
 }

@@ -203,7 +203,11 @@ fn demo_serves_a_sample_volume_and_stops_on_sigint() {
         banner.push('\n');
     };
     assert!(
-        banner.contains("serving volume \"demo\" (1GiB)"),
+        banner.contains("serving volume \"demo\" (1GiB, no QoS limit)"),
+        "{banner}"
+    );
+    assert!(
+        banner.contains("\"demo-qos\" (1GiB, QoS class qemu:"),
         "{banner}"
     );
     assert!(banner.contains("qemu-img") && banner.contains("fio") && banner.contains("nbdinfo"));
@@ -214,6 +218,18 @@ fn demo_serves_a_sample_volume_and_stops_on_sigint() {
         common::raw::Client::open(nbd.trim_start_matches("nbd://").parse().unwrap(), "demo");
     assert_eq!(client.size_bytes, 1 << 30);
     client.disconnect();
+    // The second sample volume carries its class, as the API shows it.
+    let api = ready.split_whitespace().nth(2).unwrap();
+    let view: serde_json::Value = ureq::get(format!("{api}/v1/volumes/demo-qos"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap();
+    assert_eq!(view["policy"], "burst", "{view}");
+    assert_eq!(view["qos_class"]["baseline"]["iops"], 1000, "{view}");
+    assert_eq!(view["qos_class"]["ceiling"]["iops"], 5000, "{view}");
+    assert_eq!(view["credits"]["iops"], 50_000, "{view}");
 
     let status = Command::new("kill")
         .args(["-INT", &child.id().to_string()])

@@ -38,6 +38,8 @@ pub enum NodeError {
     Scheduler(#[from] SchedulerError),
     #[error("emulated device: {0}")]
     Emulated(String),
+    #[error("invalid QoS: {0}")]
+    Qos(String),
     #[error("saving credit balances: {0}")]
     Credits(StoreError),
 }
@@ -185,6 +187,32 @@ impl RunningNode {
     /// The store behind the node.
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// Creates a volume with a QoS class (none: unlimited) and registers it with the
+    /// scheduler, as `POST /v1/volumes` does. Blocking (a durable metadata commit).
+    pub fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        spec: Option<headroom_qos::QosSpec>,
+    ) -> Result<headroom_store::VolumeInfo, NodeError> {
+        let stored = match spec {
+            Some(spec) if !spec.is_empty() => Some(
+                crate::volume_qos::StoredQos::resolve(spec, size_bytes)
+                    .map_err(|err| NodeError::Qos(err.to_string()))?,
+            ),
+            _ => None,
+        };
+        let record = stored.as_ref().map(crate::volume_qos::StoredQos::to_json);
+        let info = self
+            .store
+            .create_volume_with_qos(name, size_bytes, record)?;
+        if let Some(scheduler) = &self.scheduler {
+            let qos = stored.map_or_else(headroom_qos::VolumeQos::default, |s| s.qos);
+            scheduler.add_volume(info.id, &qos)?;
+        }
+        Ok(info)
     }
 
     /// The QoS scheduler, if a policy is on.
