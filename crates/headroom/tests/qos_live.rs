@@ -317,3 +317,56 @@ fn kill_9_never_restores_more_credit_than_the_volume_had() {
     );
     server.stop();
 }
+
+#[test]
+fn deleting_a_volume_answers_the_requests_its_policy_still_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_memory(&dir.path().join("data"), "1GiB");
+    // 5 IOPS: of 40 pipelined FLUSHes (no payload, so the reply is just a header) the policy
+    // holds back almost all for seconds.
+    create(
+        &server,
+        "doomed",
+        64 << 20,
+        json!({"baseline_iops": 5, "burst": "none"}),
+    );
+    let mut client = Client::open(server.nbd, "doomed");
+    for cookie in 0..40u64 {
+        client.send_request(0, common::raw::CMD_FLUSH, cookie, 0, 0);
+    }
+    // Wait (polling, up to a deadline) until the server has read them and holds most.
+    let queued_now = || {
+        api_get(&server, "/v1/volumes/doomed")["queued_requests"]
+            .as_u64()
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut queued = queued_now();
+    while queued < 30 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        queued = queued_now();
+    }
+    let started = Instant::now();
+    let out = server.cli(&["volume", "delete", "doomed"]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    // Every request gets its reply: those that ran before the delete succeeded, the ones
+    // still held fail with EIO (5) -- nothing waits for a rate the volume no longer has.
+    let mut failed = 0;
+    for _ in 0..40 {
+        let reply = client.read_simple_reply();
+        if reply.error != 0 {
+            assert_eq!(reply.error, 5, "errno of a request of a deleted volume");
+            failed += 1;
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "replies took {:?} after the delete (40 at 5 IOPS would take 8 s)",
+        started.elapsed()
+    );
+    assert!(
+        queued >= 30 && failed > 0,
+        "{queued} queued before the delete, {failed} failed after it"
+    );
+    server.stop();
+}
