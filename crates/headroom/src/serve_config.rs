@@ -252,6 +252,7 @@ pub struct QosSection {
     #[serde(deserialize_with = "de_dispatch")]
     pub dispatch: Option<DispatchMode>,
     pub credit_save_period_ms: Option<u64>,
+    pub burst_in_flight: Option<u32>,
     pub capacity: CapacitySection,
     pub params: ParamsSection,
     pub cost: CostSection,
@@ -510,6 +511,7 @@ impl ConfigFile {
             workers: s.workers.or(l.workers),
             dispatch: s.dispatch.or(l.dispatch),
             credit_save_period_ms: s.credit_save_period_ms.or(l.credit_save_period_ms),
+            burst_in_flight: s.burst_in_flight.or(l.burst_in_flight),
             capacity: CapacitySection {
                 cpu_ns_per_s: s.capacity.cpu_ns_per_s.or(l.capacity.cpu_ns_per_s),
                 ingress_bytes_per_s: s
@@ -656,6 +658,15 @@ impl ConfigFile {
                 "qos.workers",
                 n,
                 format!("must be between 1 and {MAX_WORKERS}"),
+            ));
+        }
+        if let Some(n) = q.burst_in_flight
+            && n > 65_536
+        {
+            return Err(Invalid::new(
+                "qos.burst_in_flight",
+                n,
+                "must be at most 65536 requests (0 turns the burst gate off)",
             ));
         }
         if let Some(0) = q.credit_save_period_ms {
@@ -833,6 +844,7 @@ fn qos_config(q: &QosSection) -> Result<QosConfig, Invalid> {
         cost_model: CostModel::new(cpu, device),
         workers,
         dispatch: q.dispatch.unwrap_or(defaults.dispatch),
+        burst_in_flight: q.burst_in_flight.or(defaults.burst_in_flight),
     })
 }
 

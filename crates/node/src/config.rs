@@ -197,6 +197,11 @@ pub struct QosConfig {
     /// Scheduler workers (each runs its own policy instance).
     pub workers: usize,
     pub dispatch: DispatchMode,
+    /// Requests that may be in flight at the device (dispatched, not completed) before a
+    /// request above its baseline waits for a completion (`node::scheduler`, "burst gate").
+    /// `None`: the emulated device's parallelism minus one (one channel kept free for
+    /// baseline requests), no gate without an emulated device; `Some(0)`: no gate.
+    pub burst_in_flight: Option<u32>,
 }
 
 impl Default for QosConfig {
@@ -213,6 +218,7 @@ impl Default for QosConfig {
             ),
             workers,
             dispatch: DispatchMode::OneToN,
+            burst_in_flight: None,
         }
     }
 }

@@ -84,7 +84,7 @@ pub enum EmulatedError {
     /// A configuration value is out of range.
     #[error("emulated device: `{key}` = {value} is invalid: {allowed}")]
     Invalid {
-        /// The key, as written under `[backend.emulated]` (e.g. `model.rbps`).
+        /// The key, as written under `[storage.emulated]` (e.g. `model.rbps`).
         key: &'static str,
         /// The value given.
         value: u64,
@@ -96,7 +96,7 @@ pub enum EmulatedError {
     Spawn(#[source] std::io::Error),
 }
 
-/// Configuration (TOML/serde; used as `[backend.emulated]` in the node config file).
+/// Configuration (TOML/serde; used as `[storage.emulated]` in the node config file).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmulatedDeviceSpec {
@@ -390,6 +390,7 @@ impl Drop for EmulatedDevice {
 }
 
 fn completion_loop(shared: &Shared, clock: Clock) {
+    crate::clock::wake_on_time();
     let mut due: Vec<Pending> = Vec::new();
     loop {
         let mut q = lock(&shared.queue);

@@ -14,6 +14,22 @@
 //! short critical sections per request instead of a thread hop (the hop would cost more CPU
 //! than a 4 KiB request itself). Time comes from the node's [`Clock`]: the policies stay pure.
 //!
+//! # The burst gate
+//!
+//! A policy paces work at the node's capacity, but a device serves what it was given in
+//! arrival order, on a fixed number of internal channels. Rate alone lets spare-capacity work
+//! fill every channel and queue behind them (a pacer that may run ahead by a millisecond keeps
+//! a millisecond of burst work queued for as long as a burster has demand), and every baseline
+//! request then waits for a channel. So the node also bounds the *requests in flight*: a
+//! request dispatched above its baseline (phases burst-credit and burst-spare) runs only while
+//! fewer than `burst_in_flight` requests are dispatched and not yet completed; otherwise it
+//! waits, in dispatch order, for completions. Baseline requests are counted but never wait,
+//! so with the limit at the device's parallelism minus one, a channel is (nearly) always free
+//! for them. The policy's decisions and charges are unchanged (a gated request was already
+//! charged); the gate only decides how far ahead of the device burst work may run. It is off
+//! without a limit, and under Wild (the policy without isolation, kept as the reference for
+//! what bursters get without it).
+//!
 //! Bounds: the scheduler holds only requests that their sessions already hold in-flight permits
 //! for, so a throttled volume fills its own connection's budget and its reader stops reading
 //! the socket; nothing here grows without a bound.
@@ -56,6 +72,8 @@ pub struct Ticket {
     dispatched_ns: u64,
     /// Held back by the policy: dispatched later than by its own submission.
     held: bool,
+    /// Counted in flight by the burst gate (released at completion).
+    gated: bool,
     volume: Arc<VolumeHandle>,
 }
 
@@ -191,6 +209,7 @@ pub struct Scheduler<J> {
     volumes: RwLock<HashMap<u64, Arc<VolumeHandle>>>,
     wakeups: Arc<Wakeups>,
     runner: Arc<dyn Runner<J>>,
+    gate: BurstGate<J>,
     policy_name: &'static str,
     /// This scheduler, for handing jobs to the runner from `&self` methods.
     me: Weak<Scheduler<J>>,
@@ -227,10 +246,13 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl<J: Send + 'static> Scheduler<J> {
     /// Builds the workers and starts the wake-up thread.
+    /// `device_parallelism`: the emulated device's channels, if there is one (it sets the
+    /// burst gate's default).
     pub fn start(
         config: &QosConfig,
         clock: Clock,
         runner: Arc<dyn Runner<J>>,
+        device_parallelism: Option<u32>,
     ) -> Result<Arc<Scheduler<J>>, SchedulerError> {
         let kind = config.policy.kind().ok_or(SchedulerError::NoPolicy)?;
         let count = config.workers.max(1);
@@ -272,6 +294,7 @@ impl<J: Send + 'static> Scheduler<J> {
             volumes: RwLock::new(HashMap::new()),
             wakeups: Arc::clone(&wakeups),
             runner,
+            gate: BurstGate::new(config, device_parallelism),
             policy_name,
             me: me.clone(),
         });
@@ -364,6 +387,7 @@ impl<J: Send + 'static> Scheduler<J> {
             state.policy.update_qos(now, handle.id, &share);
             self.drain(w, &mut state, now, &mut ready);
         }
+        self.gate.admit(&mut ready, 0);
         self.run_elsewhere(ready);
     }
 
@@ -400,6 +424,7 @@ impl<J: Send + 'static> Scheduler<J> {
                             sequential: false,
                             dispatched_ns: now,
                             held: true,
+                            gated: false,
                             volume: Arc::clone(&handle),
                         },
                     });
@@ -520,11 +545,14 @@ impl<J: Send + 'static> Scheduler<J> {
                 arrival_ns: now,
             },
         );
+        let first = ready.len();
         self.drain(w, &mut state, now, ready);
         // The request is now either dispatched (in `ready`) or held back by the policy.
         if let Some(p) = state.pending.get_mut(&id) {
             p.own_drain = false;
         }
+        drop(state);
+        self.gate.admit(ready, first);
     }
 
     /// Reports a completed request; appends requests that may run now to `ready`.
@@ -552,6 +580,8 @@ impl<J: Send + 'static> Scheduler<J> {
             service_ns: now.saturating_sub(ticket.dispatched_ns),
             queue_ns: 0,
         };
+        let first = ready.len();
+        self.gate.release(ticket.gated, ready);
         let mut state = lock(&self.workers[ticket.worker].state);
         let WorkerState {
             policy, cost_model, ..
@@ -566,8 +596,12 @@ impl<J: Send + 'static> Scheduler<J> {
         policy.complete(now, &ticket.request, observed);
         // The wake-up thread will come for a due timer; if it is late, help it.
         if now >= state.armed_ns {
+            let from = ready.len();
             self.drain(ticket.worker, &mut state, now, ready);
+            drop(state);
+            self.gate.admit(ready, from);
         }
+        debug_assert!(ready.len() >= first);
     }
 
     /// Asks the policy for everything that may run now; arms the wake-up for the rest.
@@ -589,6 +623,7 @@ impl<J: Send + 'static> Scheduler<J> {
                             sequential: p.sequential,
                             dispatched_ns: now,
                             held: !p.own_drain,
+                            gated: false,
                             volume: p.volume,
                         },
                     });
@@ -625,6 +660,7 @@ impl<J: Send + 'static> Scheduler<J> {
             state.armed_ns = u64::MAX;
             self.drain(w, &mut state, now, &mut ready);
         }
+        self.gate.admit(&mut ready, 0);
         if !ready.is_empty() {
             self.runner.run(self, ready);
         }
@@ -650,6 +686,78 @@ fn orphan_request(id: u64, volume: VolumeId, now: u64) -> IoRequest {
         len_bytes: 0,
         cost: headroom_qos::CostVector::ZERO,
         arrival_ns: now,
+    }
+}
+
+/// Bounds the requests in flight beyond which burst requests wait (module doc).
+struct BurstGate<J> {
+    /// Requests in flight at which burst requests wait (`usize::MAX`: no gate).
+    limit: usize,
+    state: Mutex<GateState<J>>,
+}
+
+struct GateState<J> {
+    in_flight: usize,
+    waiting: std::collections::VecDeque<Ready<J>>,
+}
+
+impl<J> BurstGate<J> {
+    fn new(config: &QosConfig, device_parallelism: Option<u32>) -> Self {
+        // Wild is the reference without isolation: it never gates.
+        let isolates = config.policy.kind() != Some(headroom_qos::PolicyKind::Wild);
+        let limit = match config
+            .burst_in_flight
+            .or_else(|| device_parallelism.map(|p| p.saturating_sub(1).max(1)))
+        {
+            Some(n) if n > 0 && isolates => n as usize,
+            _ => usize::MAX,
+        };
+        BurstGate {
+            limit,
+            state: Mutex::new(GateState {
+                in_flight: 0,
+                waiting: std::collections::VecDeque::new(),
+            }),
+        }
+    }
+
+    /// Passes `ready[from..]` through the gate: baseline requests are counted and stay; burst
+    /// requests stay if fewer than the limit are in flight, or wait (in order) otherwise.
+    fn admit(&self, ready: &mut Vec<Ready<J>>, from: usize) {
+        if self.limit == usize::MAX || ready.len() <= from {
+            return;
+        }
+        let mut gate = lock(&self.state);
+        let dispatched = ready.split_off(from);
+        for mut item in dispatched {
+            let baseline = item.ticket.phase == Phase::Baseline;
+            if baseline || (gate.waiting.is_empty() && gate.in_flight < self.limit) {
+                gate.in_flight += 1;
+                item.ticket.gated = true;
+                ready.push(item);
+            } else {
+                gate.waiting.push_back(item);
+            }
+        }
+    }
+
+    /// A counted request completed: releases waiting burst requests while there is room.
+    fn release(&self, counted: bool, ready: &mut Vec<Ready<J>>) {
+        if self.limit == usize::MAX {
+            return;
+        }
+        let mut gate = lock(&self.state);
+        if counted {
+            gate.in_flight = gate.in_flight.saturating_sub(1);
+        }
+        while gate.in_flight < self.limit {
+            let Some(mut item) = gate.waiting.pop_front() else {
+                break;
+            };
+            gate.in_flight += 1;
+            item.ticket.gated = true;
+            ready.push(item);
+        }
     }
 }
 
@@ -683,6 +791,7 @@ fn wake_loop<J: Send + 'static>(
     wakeups: Arc<Wakeups>,
     clock: Clock,
 ) {
+    crate::clock::wake_on_time();
     let mut due = Vec::new();
     loop {
         {
@@ -724,5 +833,148 @@ fn wake_loop<J: Send + 'static>(
         for w in due.drain(..) {
             scheduler.wake(w);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_qos::model::{CpuModel, DeviceModel, IoCostModel};
+    use headroom_qos::{CostVector, IoRate, NodeCapacity, PolicyKind};
+    use std::time::{Duration, Instant};
+
+    use crate::config::PolicyChoice;
+
+    /// Keeps what the wake-up thread releases, for the test to run.
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<Ready<u32>>>);
+    impl Runner<u32> for Collect {
+        fn run(&self, _: &Arc<Scheduler<u32>>, ready: Vec<Ready<u32>>) {
+            lock(&self.0).extend(ready);
+        }
+    }
+
+    /// One worker, Burst, a device capacity so large that the pacer hardly binds (10¹² units
+    /// per second; a 4 KiB random read costs 50,000), and a gate of two requests.
+    fn scheduler() -> (Arc<Scheduler<u32>>, Arc<Collect>) {
+        let model = IoCostModel {
+            rbps: 200_000_000,
+            rseqiops: 48_828,
+            rrandiops: 20_000,
+            wbps: 150_000_000,
+            wseqiops: 36_621,
+            wrandiops: 15_000,
+        };
+        let config = QosConfig {
+            policy: PolicyChoice::Policy(PolicyKind::Burst),
+            capacity: NodeCapacity::new(CostVector::new(
+                u64::MAX,
+                u64::MAX,
+                u64::MAX,
+                1_000_000_000_000,
+            )),
+            cost_model: CostModel::new(CpuModel::default(), DeviceModel::Linear(model)),
+            workers: 1,
+            burst_in_flight: Some(2),
+            ..QosConfig::default()
+        };
+        let collect = Arc::new(Collect::default());
+        let s = Scheduler::start(&config, Clock::new(), collect.clone(), None).expect("scheduler");
+        (s, collect)
+    }
+
+    fn read(offset_bytes: u64) -> IoDesc {
+        IoDesc {
+            op: OpKind::Read,
+            offset_bytes,
+            len_bytes: 4096,
+        }
+    }
+
+    /// Everything the policy dispatched (by a submission or by the wake-up thread), once the
+    /// policy holds nothing more for `handle` (waits up to a deadline for the wake-up thread).
+    fn dispatched(
+        s: &Scheduler<u32>,
+        collect: &Collect,
+        handle: &VolumeHandle,
+        mut ready: Vec<Ready<u32>>,
+    ) -> Vec<Ready<u32>> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while s.queued_requests(handle) > 0 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            s.queued_requests(handle),
+            0,
+            "the policy never released everything"
+        );
+        ready.append(&mut lock(&collect.0));
+        ready.sort_by_key(|r| r.job);
+        ready
+    }
+
+    fn waiting(s: &Scheduler<u32>) -> usize {
+        lock(&s.gate.state).waiting.len()
+    }
+
+    #[test]
+    fn burst_work_in_flight_is_bounded_and_released_by_completions() {
+        let (s, collect) = scheduler();
+        let burster = s.add_volume(1, &VolumeQos::default()).expect("volume");
+        let mut ready = Vec::new();
+        for i in 0..5u32 {
+            // Far apart: random reads.
+            s.submit(&burster, read(u64::from(i) << 30), i, &mut ready);
+        }
+        // The policy lets all five go; the gate lets two run and holds three, in order.
+        let mut running = dispatched(&s, &collect, &burster, ready);
+        assert_eq!(
+            running.iter().map(|r| r.job).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+        assert!(running.iter().all(|r| r.ticket.phase() != Phase::Baseline));
+        assert_eq!(waiting(&s), 3);
+        let mut released = Vec::new();
+        s.complete(running.remove(0).ticket, &mut released);
+        assert_eq!(released.iter().map(|r| r.job).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(waiting(&s), 2);
+        s.stop();
+    }
+
+    #[test]
+    fn baseline_requests_pass_a_full_gate_and_count() {
+        let (s, collect) = scheduler();
+        let burster = s.add_volume(1, &VolumeQos::default()).expect("volume");
+        let victim = s
+            .add_volume(2, &VolumeQos::fixed(IoRate::new(1_000, u64::MAX)))
+            .expect("volume");
+        let mut ready = Vec::new();
+        for i in 0..4u32 {
+            s.submit(&burster, read(u64::from(i) << 30), i, &mut ready);
+        }
+        let mut running = dispatched(&s, &collect, &burster, ready);
+        assert_eq!(running.len(), 2, "the gate is full");
+        let mut ready = Vec::new();
+        s.submit(&victim, read(7 << 30), 100, &mut ready);
+        let baseline = dispatched(&s, &collect, &victim, ready);
+        assert_eq!(
+            baseline.iter().map(|r| r.job).collect::<Vec<_>>(),
+            vec![100]
+        );
+        assert_eq!(baseline[0].ticket.phase(), Phase::Baseline);
+        // It counts: completing a burst read releases nothing while the baseline read keeps
+        // the gate full; completing the baseline read too releases one.
+        let mut released = Vec::new();
+        s.complete(running.remove(0).ticket, &mut released);
+        assert!(
+            released.is_empty(),
+            "released {} burst reads",
+            released.len()
+        );
+        for r in baseline {
+            s.complete(r.ticket, &mut released);
+        }
+        assert_eq!(released.iter().map(|r| r.job).collect::<Vec<_>>(), vec![2]);
+        s.stop();
     }
 }

@@ -108,7 +108,8 @@ impl Node {
             None => None,
             Some(_) => {
                 let runner = Arc::new(IoRunner(Arc::clone(&io)));
-                let scheduler = Scheduler::start(&config.qos, clock, runner)?;
+                let parallelism = config.emulated_device.map(|d| d.parallelism);
+                let scheduler = Scheduler::start(&config.qos, clock, runner, parallelism)?;
                 register_volumes(&store, &scheduler)?;
                 Some(scheduler)
             }
