@@ -48,15 +48,17 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
         .ok_or_else(|| SizeError(text.to_string()))
 }
 
+/// Binary units, largest first.
+pub const BINARY_UNITS: [(u64, &str); 4] = [
+    (1 << 40, "TiB"),
+    (1 << 30, "GiB"),
+    (1 << 20, "MiB"),
+    (1 << 10, "KiB"),
+];
+
 /// Formats bytes with the largest binary unit that divides them exactly, else in bytes.
 pub fn format_size(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [
-        (1 << 40, "TiB"),
-        (1 << 30, "GiB"),
-        (1 << 20, "MiB"),
-        (1 << 10, "KiB"),
-    ];
-    for (unit, name) in UNITS {
+    for (unit, name) in BINARY_UNITS {
         if bytes >= unit && bytes.is_multiple_of(unit) {
             return format!("{}{}", bytes / unit, name);
         }

@@ -463,13 +463,7 @@ fn bytes_rate(bytes_per_s: u64) -> String {
 
 /// Bytes for people: exact binary units when they divide, else one decimal (`1.5GiB`).
 fn human_bytes(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [
-        (1 << 40, "TiB"),
-        (1 << 30, "GiB"),
-        (1 << 20, "MiB"),
-        (1 << 10, "KiB"),
-    ];
-    for (unit, name) in UNITS {
+    for (unit, name) in crate::size::BINARY_UNITS {
         if bytes >= unit {
             if bytes.is_multiple_of(unit) {
                 return format!("{}{name}", bytes / unit);

@@ -239,6 +239,16 @@ fn a_live_qos_change_never_refills_credits() {
     server.stop();
 }
 
+/// A file-backed server with volume `name` of 100,000 credits refilled at 100/s (fio at QD8
+/// drains thousands per second); returns the server and the full balance.
+fn server_with_credit_volume(data_dir: &Path, name: &str) -> (Server, u64) {
+    let server = Server::start(data_dir);
+    let class = "qemu:iops-total=100,iops-total-max=5000,iops-total-max-length=20";
+    create(&server, name, 256 << 20, json!({"preset": class}));
+    let full = iops_credits(&server, name);
+    (server, full)
+}
+
 #[test]
 fn credit_balances_survive_a_clean_restart() {
     if !have_tool("fio") {
@@ -246,11 +256,7 @@ fn credit_balances_survive_a_clean_restart() {
     }
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let server = Server::start(&data_dir);
-    // 100,000 credits, refill 100/s: fio at QD8 drains thousands per second.
-    let class = "qemu:iops-total=100,iops-total-max=5000,iops-total-max-length=20";
-    create(&server, "keep", 256 << 20, json!({"preset": class}));
-    let full = iops_credits(&server, "keep");
+    let (server, full) = server_with_credit_volume(&data_dir, "keep");
     run_ok(&mut fio_randread(
         &server.uri("keep"),
         2,
@@ -281,16 +287,13 @@ fn kill_9_never_restores_more_credit_than_the_volume_had() {
     }
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let server = Server::start(&data_dir);
-    let class = "qemu:iops-total=100,iops-total-max=5000,iops-total-max-length=20";
-    create(&server, "k", 256 << 20, json!({"preset": class}));
+    let (server, full) = server_with_credit_volume(&data_dir, "k");
     // Spend credits while the saver runs, then read the balance and kill at once, mid-load.
     let mut fio = fio_randread(&server.uri("k"), 30, 8, &dir.path().join("k"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("fio");
-    let full = iops_credits(&server, "k");
     // Wait until fio has spent 10,000 credits (about two seconds, so the saver has run under
     // load), polling the balance up to a deadline.
     let deadline = Instant::now() + Duration::from_secs(20);

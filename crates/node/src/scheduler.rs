@@ -74,6 +74,8 @@ pub struct Ticket {
     held: bool,
     /// Counted in flight by the burst gate (released at completion).
     gated: bool,
+    /// Never dispatched by the policy: its volume was removed while it was queued.
+    orphan: bool,
     volume: Arc<VolumeHandle>,
 }
 
@@ -425,6 +427,7 @@ impl<J: Send + 'static> Scheduler<J> {
                             dispatched_ns: now,
                             held: true,
                             gated: false,
+                            orphan: true,
                             volume: Arc::clone(&handle),
                         },
                     });
@@ -582,6 +585,10 @@ impl<J: Send + 'static> Scheduler<J> {
         };
         let first = ready.len();
         self.gate.release(ticket.gated, ready);
+        if ticket.orphan {
+            // The policy never dispatched it (its volume is gone): nothing to report.
+            return;
+        }
         let mut state = lock(&self.workers[ticket.worker].state);
         let WorkerState {
             policy, cost_model, ..
@@ -624,6 +631,7 @@ impl<J: Send + 'static> Scheduler<J> {
                             dispatched_ns: now,
                             held: !p.own_drain,
                             gated: false,
+                            orphan: false,
                             volume: p.volume,
                         },
                     });
