@@ -3,7 +3,7 @@
 //! A read from a page-cached file takes microseconds, but a write into a new extent, a FLUSH or
 //! a read from a cold disk can block for milliseconds; running those on a tokio worker would
 //! stall every other session scheduled there. The executor is a small pool of OS threads (the
-//! "workers" of DESIGN.md) fed one request at a time and sprayed round-robin (BurstCBS's 1-to-N
+//! "workers" of docs/design.md) fed one request at a time and sprayed round-robin (BurstCBS's 1-to-N
 //! mapping: a single busy connection spreads over all workers instead of pinning one). Queues are
 //! unbounded here because every submitter already holds an in-flight permit from its session;
 //! the sum of those permits bounds what can be queued.

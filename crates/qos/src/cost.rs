@@ -1,6 +1,6 @@
 //! The cost vector: what one I/O consumes of each node resource.
 //!
-//! BurstCBS (papers.md §1.5) showed that a scalar cost charges the wrong resource: small I/Os
+//! BurstCBS (docs/background.md §1.5) showed that a scalar cost charges the wrong resource: small I/Os
 //! are CPU-bound, large ones NIC-bound. Every admission decision in this crate therefore
 //! compares a four-dimensional [`CostVector`] against a capacity of the same shape, dimension
 //! by dimension. All arithmetic is integer and saturating so that a hostile or absurd request

@@ -2,7 +2,7 @@
 //!
 //! A pure, synchronous library: cost vectors, credit buckets, the scheduling policies and their
 //! invariants. It never reads a clock, sleeps, spawns or does I/O; time is an argument
-//! (`now_ns`). The server and the simulator call the same code (DESIGN.md principle 1).
+//! (`now_ns`). The server and the simulator call the same code (docs/design.md principle 1).
 //!
 //! Map:
 //! - [`vocab`]: what a volume was sold ([`VolumeQos`]), what a node can do ([`NodeCapacity`]),

@@ -1,13 +1,13 @@
 //! Cost model: what one I/O costs in each resource dimension, corrected online.
 //!
-//! The scheduler is only as good as its cost estimates (DESIGN.md principle 2). This module
+//! The scheduler is only as good as its cost estimates (docs/design.md principle 2). This module
 //! turns `(op, size, sequential?)` into a [`CostVector`]:
 //! - **CPU** time from a linear model per op kind (base + per KiB), BurstCBS style: measured on
-//!   a few small sizes and extrapolated (papers.md §1.5);
+//!   a few small sizes and extrapolated (docs/background.md §1.5);
 //! - **ingress/egress** bytes are the payload, exactly;
 //! - **device units** from either the IOCost linear model (device nanoseconds: base cost for
-//!   sequential or random + per 4 KiB page, papers.md §6, with the kernel's built-in profiles)
-//!   or a Libra VOP curve (milli-VOPs: `Max-IOP / Achieved-IOP(size)`, papers.md §4.2).
+//!   sequential or random + per 4 KiB page, docs/background.md §6, with the kernel's built-in profiles)
+//!   or a Libra VOP curve (milli-VOPs: `Max-IOP / Achieved-IOP(size)`, docs/background.md §4.2).
 //!
 //! Two online corrections keep estimates honest when the machine drifts:
 //! - BurstCBS's **delay-based adjustment** scales the CPU estimate up step by step while the
@@ -476,7 +476,7 @@ mod tests {
 
     #[test]
     fn iocost_matches_the_derived_table() {
-        // papers.md §6: SSD_DFL 4 KiB random read ≈ 117 µs, 128 KiB sequential read ≈ 372 µs.
+        // docs/background.md §6: SSD_DFL 4 KiB random read ≈ 117 µs, 128 KiB sequential read ≈ 372 µs.
         let m = IoCostModel::SSD_DFL;
         let r4 = m.cost_ns(OpKind::Read, 4_096, false);
         let s128 = m.cost_ns(OpKind::Read, 131_072, true);

@@ -1,6 +1,6 @@
 //! The one scheduling interface every policy implements.
 //!
-//! Shaped after dmclock (DESIGN.md principle 1): the caller owns time and passes it in as
+//! Shaped after dmclock (docs/design.md principle 1): the caller owns time and passes it in as
 //! `now_ns`; a policy never reads a clock, sleeps or spawns. The tokio server and the
 //! discrete-event simulator drive the same implementation, so a simulated result is a result of
 //! the shipped scheduler. Policies are chosen by configuration ([`PolicyKind`]) and compared on

@@ -2,8 +2,8 @@
 //!
 //! Operators and tenants think in "gp2", "P10 with credit bursting" or a libvirt `<iotune>`
 //! block, not in token buckets. Each preset turns (class, volume size) into a `VolumeQos` whose
-//! behaviour under the Credit policy reproduces the product's published numbers (papers.md §5,
-//! peers.md §4.1–4.2). Formulas and the approximations made are listed in `docs/qos.md`.
+//! behaviour under the Credit policy reproduces the product's published numbers (docs/background.md §5,
+//! docs/background.md §7.1). Formulas and the approximations made are listed in `docs/qos.md`.
 //!
 //! Units: AWS documents MiB/s (2^20 bytes); Azure and Alibaba document MB/s, taken here as
 //! 10^6 bytes. Sizes are whole GiB, rounded up.

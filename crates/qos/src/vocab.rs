@@ -85,7 +85,7 @@ pub struct CreditBucketSpec {
 /// The credit buckets of a volume in credit-burst mode; at least one must be present.
 ///
 /// Without a `pool` the buckets are the volume's own, as gp2, Azure and QEMU grant them: every
-/// new volume may start with a full burst. That is the "More IOPS for Less" hole (papers.md
+/// new volume may start with a full burst. That is the "More IOPS for Less" hole (docs/background.md
 /// §5.5): an account that replaces small volumes before their credits run out bursts forever.
 /// Volumes whose specs name the same `pool` instead share one bucket per dimension, so that
 /// credits are granted per account. Semantics of a pool (Credit policy; see docs/qos.md):

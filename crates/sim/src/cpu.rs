@@ -1,6 +1,6 @@
 //! Worker CPU model: the true CPU time one I/O takes on a worker thread.
 //!
-//! BurstCBS measured its DPU control threads (papers.md §1.5): a 4 KB write costs 1.16 µs and
+//! BurstCBS measured its DPU control threads (docs/background.md §1.5): a 4 KB write costs 1.16 µs and
 //! a 128 KB write 6.18 µs, i.e. a fixed cost plus a per-KiB cost. The simulator charges that
 //! affine cost per direction, and optionally a rare slow path (error handling after an FPGA
 //! fault can double the cost, §1.5) to exercise online cost correction. This is the *truth*

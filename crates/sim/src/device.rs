@@ -8,7 +8,7 @@
 //!   serves one request at a time.
 //!
 //! A lone I/O therefore takes `c + L`; a saturated device queues at the server. Costs come
-//! from the Linux blk-iocost linear model (papers.md §6): per direction, a base cost for a
+//! from the Linux blk-iocost linear model (docs/background.md §6): per direction, a base cost for a
 //! sequential or random I/O plus a per-4-KiB-page cost, derived from the six numbers of an
 //! `io.cost.model` line (the four built-in kernel profiles are available by name). A measured
 //! table (achieved IOPS per size, as Libra plots them, §4.2) can be used instead when the curve
@@ -549,7 +549,7 @@ mod tests {
 
     #[test]
     fn iocost_coefficients_match_the_reference_table() {
-        // papers.md §6: SSD_DFL read page 8.4 / seq 103.6 / rand 109.0 µs;
+        // docs/background.md §6: SSD_DFL read page 8.4 / seq 103.6 / rand 109.0 µs;
         // 4 KiB random read ≈ 117 µs, 128 KiB sequential read ≈ 372 µs.
         let (r, w) = IoCostProfile::SSD_DFL.coefficients();
         assert!((r.page_ns / 1e3 - 8.4).abs() < 0.05);

@@ -1,6 +1,6 @@
 //! Network link model (the node's NIC, one instance per direction).
 //!
-//! A link is a FIFO server that moves bytes at a fixed rate. BurstCBS (papers.md §1.5) found
+//! A link is a FIFO server that moves bytes at a fixed rate. BurstCBS (docs/background.md §1.5) found
 //! that large I/Os are bound by the NIC, not the CPU, so the node needs this resource to show
 //! the BPS-heavy interference of reproduction (a). The busy-until time is kept in floating
 //! point so that sub-nanosecond transfer times add up exactly over millions of I/Os.

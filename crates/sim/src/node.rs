@@ -1,6 +1,6 @@
 //! The simulated storage node: tenants, workers running the shipped policies, NIC and devices.
 //!
-//! Path of one I/O (DESIGN.md "data flow"): a tenant's generator issues it on one of its
+//! Path of one I/O (docs/design.md, "Data flow"): a tenant's generator issues it on one of its
 //! submission queues; the dispatch mode picks a worker; the worker's `qos::CostModel`
 //! estimates its cost vector and the worker's `qos::Policy` queues it. Whenever a worker's CPU
 //! is free it asks its policy `next(now)`: a dispatched I/O occupies the CPU for its (true) CPU

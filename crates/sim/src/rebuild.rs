@@ -1,6 +1,6 @@
 //! Mirror rebuilds: the copy that moves a replaced volume's data onto its replacement.
 //!
-//! "More IOPS for Less" (papers.md §5.5) swaps a volume by adding the fresh one to the old
+//! "More IOPS for Less" (docs/background.md §5.5) swaps a volume by adding the fresh one to the old
 //! one's RAID-1 pair, letting the mirror copy the whole volume onto it, and removing the old
 //! one. That copy is the rotation's overhead: it spends both volumes' IOPS, throughput and
 //! credits while the tenant is running, and the old volume stays provisioned (billed) until

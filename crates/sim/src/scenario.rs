@@ -491,7 +491,7 @@ pub struct ActionSpec {
     pub set_qos: Option<QosSpec>,
     /// Move every tenant of the group to a freshly created volume (new id, the group's QoS, so
     /// a gp2 volume starts with a full bucket) and delete the old one; queued requests follow.
-    /// This is the "More IOPS for Less" rotation (papers.md §5.5).
+    /// This is the "More IOPS for Less" rotation (docs/background.md §5.5).
     #[serde(default)]
     pub replace_volumes: bool,
     /// With `replace_volumes`: override whether the new volumes' credit buckets start full
@@ -601,7 +601,7 @@ pub struct ScenarioSpec {
     #[serde(default)]
     pub cost: crate::costs::CostSpec,
     /// Policies built with an unlimited node capacity (no node pacer). WildCBS had no global
-    /// rate limiter (papers.md §1.6): giving `wild` the capacity would model a better Wild
+    /// rate limiter (docs/background.md §1.6): giving `wild` the capacity would model a better Wild
     /// than the one BurstCBS compared against.
     #[serde(default)]
     pub uncapped_policies: Vec<String>,

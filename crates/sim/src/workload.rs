@@ -193,7 +193,7 @@ fn one() -> f64 {
     1.0
 }
 
-/// Utilisation draw matching BurstCBS Insight 2 (papers.md §1.1): over 80 % of tenants below
+/// Utilisation draw matching BurstCBS Insight 2 (docs/background.md §1.1): over 80 % of tenants below
 /// half of their provisioned rate, a long tail that bursts to several times it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

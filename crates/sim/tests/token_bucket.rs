@@ -1,6 +1,6 @@
 //! A single credit bucket driven through the shipped Credit policy matches its closed form:
 //! a full bucket of `B` credits refilled at `r` and drained at `R > r` lasts `B / (R - r)`,
-//! after which the volume runs at exactly `r` (gp2 semantics, papers.md §5.1).
+//! after which the volume runs at exactly `r` (gp2 semantics, docs/background.md §5.1).
 
 // Test helpers outside #[test] fns: a panic with the error is the failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -1,7 +1,7 @@
 //! Free-space bookkeeping and placement of new extents on the pool's devices.
 //!
 //! Why: placement decides how a volume's I/O spreads over devices. Following Flint's eVol
-//! placement score (papers.md §2.3) without its telemetry terms, a new extent of volume V goes
+//! placement score (docs/background.md §2.3) without its telemetry terms, a new extent of volume V goes
 //! to the device holding the fewest extents of V, ties broken by the most free extents, then
 //! by the lowest device id. This stripes a volume round-robin across equal devices and fills
 //! emptier devices first. Within a device the lowest free index is taken, which keeps used

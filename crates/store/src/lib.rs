@@ -4,7 +4,7 @@
 //! (a thin-provisioned, resizable virtual disk) into fixed-size extents placed on a pool of
 //! backing devices (sparse files, block devices, or RAM), and keeps the extent maps in an
 //! embedded transactional database (redb) so that what a client was told is durable stays
-//! durable across a crash (DESIGN.md principle 5).
+//! durable across a crash (docs/design.md principle 5).
 //!
 //! The data path (`Volume::read_at` / `write_at`) takes no global lock: it resolves the extent
 //! through an in-memory map of atomics under a per-volume read lock and does positional I/O on

@@ -1,4 +1,4 @@
-//! Burst: a reconstruction of BurstCBS's burstable I/O scheduler (papers.md §1.4, Algorithm 1).
+//! Burst: a reconstruction of BurstCBS's burstable I/O scheduler (docs/background.md §1.4, Algorithm 1).
 //!
 //! Goal: WildCBS's burst throughput with BaseCBS's protection of base-level volumes.
 //!

@@ -2,7 +2,7 @@
 //!
 //! Why: gp2-style credits belong to a volume, and a new volume starts with a full bucket. An
 //! account that stripes over small volumes and replaces each one before its credits run out
-//! therefore bursts forever ("More IOPS for Less", papers.md §5.5: ~100× the IOPS of one
+//! therefore bursts forever ("More IOPS for Less", docs/background.md §5.5: ~100× the IOPS of one
 //! volume). Volumes whose [`crate::vocab::CreditSpec::pool`] names the same id share one bucket
 //! per dimension (I/O units, bytes) here instead:
 //! - capacity and refill are the sums over the current members' buckets in that dimension
