@@ -136,7 +136,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         );
     }
     let fio_version = fio_version()?;
-    init_logging();
+    crate::init_logging("warn");
 
     let data_dir = args
         .data_dir
@@ -231,15 +231,6 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HEADROOM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
 }
 
 fn fio_version() -> Result<String> {

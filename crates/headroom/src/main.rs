@@ -150,11 +150,11 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            init_logging();
+            init_logging("info");
             runtime()?.block_on(serve(args, None))
         }
         Command::Demo(args) => {
-            init_logging();
+            init_logging("info");
             runtime()?.block_on(serve(args.serve, Some((args.volume, args.size))))
         }
         Command::Volume(command) => volume_cmd::run(command),
@@ -173,9 +173,10 @@ fn parse_inline_bytes(text: &str) -> Result<u32, String> {
     u32::try_from(bytes).map_err(|_| format!("{text} is larger than 4 GiB"))
 }
 
-fn init_logging() {
+/// Logs to stderr at `default_level` unless `HEADROOM_LOG` says otherwise (tracing filter syntax).
+fn init_logging(default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HEADROOM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -243,9 +243,7 @@ async fn create_volume(
         blocking(move || store.create_volume_with_qos(&body.name, body.size_bytes, record)).await?;
     if let Some(scheduler) = &state.scheduler {
         let qos = stored.map_or_else(headroom_qos::VolumeQos::default, |s| s.qos);
-        if let Err(err) = scheduler.add_volume(info.id, &qos) {
-            tracing::error!("volume {}: {err}", info.name);
-        }
+        scheduler.add_volume(info.id, &qos);
     }
     Ok((StatusCode::CREATED, Json(view(&state, &info))))
 }
@@ -298,9 +296,7 @@ async fn update_volume(
             match scheduler.handle(info.id) {
                 Some(handle) => scheduler.update_qos(&handle, &new_qos.qos),
                 None => {
-                    if let Err(err) = scheduler.add_volume(info.id, &new_qos.qos) {
-                        tracing::error!("volume {}: {err}", info.name);
-                    }
+                    scheduler.add_volume(info.id, &new_qos.qos);
                 }
             }
         }

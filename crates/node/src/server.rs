@@ -211,7 +211,7 @@ impl RunningNode {
             .create_volume_with_qos(name, size_bytes, record)?;
         if let Some(scheduler) = &self.scheduler {
             let qos = stored.map_or_else(headroom_qos::VolumeQos::default, |s| s.qos);
-            scheduler.add_volume(info.id, &qos)?;
+            scheduler.add_volume(info.id, &qos);
         }
         Ok(info)
     }
@@ -292,7 +292,7 @@ fn register_volumes(store: &Store, scheduler: &Scheduler<IoJob>) -> Result<(), N
         .collect();
     for info in store.list_volumes() {
         let qos = crate::volume_qos::effective_qos(info.qos.as_deref(), info.size_bytes);
-        let handle = scheduler.add_volume(info.id, &qos)?;
+        let handle = scheduler.add_volume(info.id, &qos);
         if let Some(record) = saved.get(&info.id) {
             scheduler.restore_credits(&handle, record.iops_credits, record.bytes_credits);
         }

@@ -541,22 +541,7 @@ fn scheduler_handle(scheduler: &Scheduler<IoJob>, volume: &Volume) -> Arc<Volume
         return handle;
     }
     let qos = crate::volume_qos::effective_qos(volume.qos().as_deref(), volume.size_bytes());
-    match scheduler.add_volume(volume.id(), &qos) {
-        Ok(handle) => handle,
-        Err(err) => {
-            // Ids beyond 32 bits: serve the volume as a best-effort one under a shared id.
-            tracing::error!("volume {}: {err}", volume.name());
-            scheduler
-                .add_volume(u64::from(u32::MAX), &headroom_qos::VolumeQos::default())
-                .unwrap_or_else(|_| unreachable_handle())
-        }
-    }
-}
-
-#[allow(clippy::panic)]
-fn unreachable_handle() -> Arc<VolumeHandle> {
-    // u32::MAX always fits a 32-bit volume id.
-    panic!("u32::MAX is a valid scheduler volume id")
+    scheduler.add_volume(volume.id(), &qos)
 }
 
 /// One validated request with everything needed to run it and answer it.
