@@ -104,6 +104,10 @@ pub(crate) trait Rules: Send + std::fmt::Debug {
     fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut Self::Vol) -> Verdict;
     /// Charges a dispatched request (`core.queue` no longer holds it).
     fn charge(&mut self, ctx: &Ctx<'_>, phase: Phase, vol: &mut Self::Vol);
+    /// The node pacer now runs at `capacity` (see [`Policy::set_capacity`]): the rules adapt
+    /// what they derived from the capacity (Burst: window capacity, reserve, burst pacer).
+    /// Called only on a real change, after `tick` has run at `now_ns`.
+    fn set_capacity(&mut self, _now_ns: u64, _capacity: NodeCapacity) {}
     /// Periodic work (Burst's window allocation).
     fn tick(&mut self, _now_ns: u64, _vols: &mut Slab<Entry<Self::Vol>>) -> Option<Tick> {
         None
@@ -373,6 +377,19 @@ impl<R: Rules> Policy for Engine<R> {
             self.rules.removed(now, idx, &e.x);
             self.tracker.on_remove(e.core.queue.len());
         }
+    }
+
+    fn set_capacity(&mut self, now_ns: u64, capacity: NodeCapacity) {
+        let now = self.clock.at(now_ns);
+        if capacity.per_second == self.tracker.capacity {
+            return;
+        }
+        // Windows that began before the change close (and Burst's next allocation is made)
+        // with the capacity in effect when they began.
+        self.run_tick(now);
+        self.pacer.set_rate(now, capacity.per_second);
+        self.rules.set_capacity(now, capacity);
+        self.tracker.on_capacity_change(now, capacity.per_second);
     }
 
     fn enqueue(&mut self, now_ns: u64, req: IoRequest) {

@@ -251,6 +251,8 @@ pub struct Pacer {
     dims: [TokenBucket; 4],
     /// Cost of the last burst request admitted: the debt a baseline request may run inside.
     allowance: [u64; 4],
+    /// How much unused capacity the pacer may save up, ns (0: none).
+    depth_ns: u64,
 }
 
 impl Pacer {
@@ -264,15 +266,25 @@ impl Pacer {
     pub fn with_depth(now_ns: u64, per_second: CostVector, depth_ns: u64) -> Self {
         let d = per_second.dims();
         Pacer {
-            dims: d.map(|rate| {
-                let depth = if depth_ns == 0 {
-                    0
-                } else {
-                    depth_units(rate, depth_ns)
-                };
-                TokenBucket::new_limiter(now_ns, rate, depth, 0)
-            }),
+            dims: d
+                .map(|rate| TokenBucket::new_limiter(now_ns, rate, pacer_depth(rate, depth_ns), 0)),
             allowance: [0; 4],
+            depth_ns,
+        }
+    }
+
+    /// Changes the rate live at `now_ns` (the node moved capacity between its workers): each
+    /// dimension keeps its current level (a debt included), clamped to the new depth; nothing
+    /// is refilled by the change. The same rate again changes nothing.
+    ///
+    /// A dimension that was unlimited was conceptually always full, so it starts full (at its
+    /// new depth: nothing at depth 0), as [`TokenBucket::reconfigure`] has it.
+    pub fn set_rate(&mut self, now_ns: u64, per_second: CostVector) {
+        let depth_ns = self.depth_ns;
+        for (bucket, rate) in self.dims.iter_mut().zip(per_second.dims()) {
+            if bucket.rate_per_s() != rate {
+                bucket.reconfigure(now_ns, rate, pacer_depth(rate, depth_ns));
+            }
         }
     }
 
@@ -312,6 +324,15 @@ impl Pacer {
     }
 }
 
+/// Depth in units of one pacer dimension at `rate` saving up `depth_ns` (0 for no depth).
+fn pacer_depth(rate: u64, depth_ns: u64) -> u64 {
+    if depth_ns == 0 {
+        0
+    } else {
+        depth_units(rate, depth_ns)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,6 +366,45 @@ mod tests {
         assert_eq!(
             Charge::of(&qos, &req(OpKind::Trim, u32::MAX)),
             Charge { units: 1, bytes: 0 }
+        );
+    }
+
+    #[test]
+    fn pacer_rate_change_keeps_the_level_and_grants_nothing() {
+        let cap = CostVector::new(1_000, u64::MAX, u64::MAX, u64::MAX);
+        let cost = CostVector::new(100, 0, 0, 0);
+        // Zero deep: 100 units of debt at 1,000/s is 100 ms; after 50 ms at half the rate the
+        // remaining 50 units take 100 ms.
+        let mut p = Pacer::new(0, cap);
+        p.take(0, &cost, false);
+        let same = p.clone();
+        p.set_rate(50_000_000, cap);
+        assert_eq!(p, same, "the same rate changes nothing");
+        p.set_rate(
+            50_000_000,
+            CostVector::new(500, u64::MAX, u64::MAX, u64::MAX),
+        );
+        assert_eq!(p.ready_at(50_000_000, &cost, false), 150_000_000);
+        // With depth (10 ms): a full pacer halved keeps only the new depth; doubled, it keeps
+        // its level (no fresh tokens) and refills at the new rate.
+        let mut p = Pacer::with_depth(0, cap, 10_000_000);
+        assert_eq!(
+            p.ready_at(20_000_000, &CostVector::new(10, 0, 0, 0), false),
+            20_000_000
+        );
+        p.set_rate(
+            20_000_000,
+            CostVector::new(500, u64::MAX, u64::MAX, u64::MAX),
+        );
+        p.take(20_000_000, &CostVector::new(5, 0, 0, 0), false);
+        assert!(!p.idle_at(20_000_000));
+        let mut q = Pacer::with_depth(0, cap, 10_000_000);
+        q.take(0, &CostVector::new(10, 0, 0, 0), false);
+        q.set_rate(0, CostVector::new(2_000, u64::MAX, u64::MAX, u64::MAX));
+        // 10 units in debt, and a request needs one unit: 11 units at 2,000/s, 5.5 ms.
+        assert_eq!(
+            q.ready_at(0, &CostVector::new(1, 0, 0, 0), false),
+            5_500_000
         );
     }
 

@@ -17,7 +17,7 @@ use std::str::FromStr;
 /// Contract for callers:
 /// - `now_ns` never decreases between calls (a smaller value is treated as the last one seen);
 /// - after `next` returns [`Decision::WaitUntil`]`(t)`, call `next` again at `t` or after any
-///   `enqueue`, `complete` or QoS change;
+///   `enqueue`, `complete`, QoS change or capacity change ([`Policy::set_capacity`]);
 /// - a request for a volume that was never added is accepted and the volume is registered with
 ///   [`VolumeQos::default`] (best effort: no guarantee, no ceiling);
 /// - `complete` is called once per dispatched request.
@@ -48,6 +48,37 @@ pub trait Policy: Send + fmt::Debug {
     }
     /// Removes a volume; its queued requests are dropped (the caller fails them).
     fn remove_volume(&mut self, now_ns: u64, id: VolumeId);
+    /// From `now_ns` on, schedules over `capacity` instead of the capacity it was built with (the
+    /// node moves capacity between its workers: BurstCBS's shared global pool). Like every
+    /// call, it only takes time as an argument (no clock, no sleep, no thread).
+    ///
+    /// - Every rate derived from the capacity changes at once: the node pacer (each dimension
+    ///   keeps its current level, a debt included, clamped to its new depth: the change grants
+    ///   no fresh capacity), Burst's burst pacer, per-window capacity and reserve, mClock's
+    ///   pacer. Per-volume limiters, meters, credits and tags do not depend on the capacity
+    ///   and are left alone.
+    /// - Burst: the current window keeps the allocation it was given (loans, pool and reserve;
+    ///   on a decrease the unlent pool and the reserve are clamped to the new window's), so a
+    ///   window never dispatches more than the larger of its old and new capacity; the next
+    ///   window's allocation (round 1 baselines, round 2 lending, the reserve) uses the new
+    ///   capacity. A window that began before the change is closed first, with the capacity
+    ///   in effect when it began.
+    /// - Invariants ([`Policy::check_invariants`]): the capacity per window is checked against
+    ///   the largest capacity in effect at any time during that window, per dimension (the
+    ///   same for Burst's allocation sum); the baseline guarantee is checked while the capacity
+    ///   now in effect covers the baselines, and after a period in which it did not, a request
+    ///   is owed its baseline from the change that ended that period; its grace (one window
+    ///   plus one request per volume) is timed at the smallest capacity in effect since it
+    ///   became due.
+    /// - The same capacity again is a no-op (no state reset, no refill); a component of
+    ///   `u64::MAX` is unlimited, as in [`build_policy`]. A dimension going from unlimited to
+    ///   limited starts full (at its depth: nothing for a pacer without depth).
+    /// - Cost: O(1) in the number of volumes (O(dimensions)); the engine-based policies may run
+    ///   the window allocation that was due anyway at `now_ns` first.
+    ///
+    /// After a change, `next` may dispatch earlier (or later) than its last
+    /// [`Decision::WaitUntil`] said: call it again.
+    fn set_capacity(&mut self, now_ns: u64, capacity: NodeCapacity);
     /// Queues a request.
     fn enqueue(&mut self, now_ns: u64, req: IoRequest);
     /// Picks the next request to run, or says when to ask again.

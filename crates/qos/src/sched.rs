@@ -469,9 +469,23 @@ pub(crate) struct Tracker {
     pub(crate) window_ns: u64,
     /// Depth of per-volume limiters (how much service a held-back volume may catch up), ns.
     pub(crate) depth_ns: u64,
+    /// The capacity in effect now (see [`Tracker::on_capacity_change`]).
     pub(crate) capacity: CostVector,
-    /// Capacity per window plus one nanosecond (the pacer's rounding allowance), precomputed.
+    /// The largest capacity in effect at any time during the current window (per dimension):
+    /// what the capacity check of that window allows.
+    window_capacity: CostVector,
+    /// How much unused capacity the node pacer may save up, ns.
+    pacer_depth_ns: u64,
+    /// `window_capacity` per window, plus the pacer's depth and one nanosecond (the pacer's
+    /// rounding allowance), precomputed.
     cap_per_window: CostVector,
+    /// The last capacity changes, oldest first: `(time, capacity in effect before it)`, at
+    /// most [`CAPACITY_HISTORY`] (the baseline check looks for the last time the capacity did
+    /// not cover the baselines).
+    capacity_changes: VecDeque<(u64, CostVector)>,
+    /// The changes dropped from `capacity_changes`, folded: the latest one's time and the
+    /// smallest capacity (per dimension) in effect before any of them.
+    older_changes: Option<(u64, CostVector)>,
     window_idx: u64,
     window_end_ns: u64,
     cost_in_window: CostVector,
@@ -503,7 +517,11 @@ impl Tracker {
             window_ns,
             depth_ns,
             capacity,
+            window_capacity: capacity,
+            pacer_depth_ns: 0,
             cap_per_window: capacity.mul_ratio_ceil(window_ns + 1, NS_PER_S),
+            capacity_changes: VecDeque::new(),
+            older_changes: None,
             window_idx: 0,
             window_end_ns: window_ns,
             cost_in_window: CostVector::ZERO,
@@ -624,10 +642,67 @@ impl Tracker {
 
     /// The node pacer may save up `depth_ns` of capacity: a window may then hold that much more.
     pub(crate) fn allow_pacer_depth(&mut self, depth_ns: u64) {
-        self.cap_per_window = self.capacity.mul_ratio_ceil(
-            self.window_ns.saturating_add(depth_ns).saturating_add(1),
+        self.pacer_depth_ns = depth_ns;
+        self.update_cap_per_window();
+    }
+
+    fn update_cap_per_window(&mut self) {
+        self.cap_per_window = self.window_capacity.mul_ratio_ceil(
+            self.window_ns
+                .saturating_add(self.pacer_depth_ns)
+                .saturating_add(1),
             NS_PER_S,
         );
+    }
+
+    /// Moves the capacity accounting to the (aligned) window holding `now_ns`, if it is not
+    /// there yet: nothing dispatched in it so far, and the capacity in effect now was in
+    /// effect at its start (every change rolls the window first).
+    fn roll_window(&mut self, now_ns: u64) {
+        if now_ns < self.window_end_ns {
+            return;
+        }
+        self.window_idx = now_ns / self.window_ns;
+        self.window_end_ns = self
+            .window_idx
+            .saturating_add(1)
+            .saturating_mul(self.window_ns);
+        self.cost_in_window = CostVector::ZERO;
+        if self.window_capacity != self.capacity {
+            self.window_capacity = self.capacity;
+            self.update_cap_per_window();
+        }
+    }
+
+    /// Records that the policy schedules over `capacity` from `now_ns` on. O(1).
+    ///
+    /// - Capacity per window: the window holding `now_ns` is checked against the largest
+    ///   capacity in effect during it (per dimension): its pacer refilled at the old rate up to
+    ///   `now_ns` and at the new one after, and kept its level, so it admitted at most that.
+    /// - Baseline guarantee: checked only while the capacity covers the baselines (as before);
+    ///   after a period in which it did not, obligations start again when it does, with what
+    ///   the volumes fell behind forgiven (see [`Tracker::check_baseline`]).
+    pub(crate) fn on_capacity_change(&mut self, now_ns: u64, capacity: CostVector) {
+        self.idle_claim = false;
+        if capacity == self.capacity {
+            return;
+        }
+        self.roll_window(now_ns);
+        if self.capacity_changes.len() == CAPACITY_HISTORY
+            && let Some((t, before)) = self.capacity_changes.pop_front()
+        {
+            self.older_changes = Some(match self.older_changes {
+                Some((_, floor)) => (t, floor.min(before)),
+                None => (t, before),
+            });
+        }
+        self.capacity_changes.push_back((now_ns, self.capacity));
+        self.capacity = capacity;
+        let widest = self.window_capacity.max(capacity);
+        if widest != self.window_capacity {
+            self.window_capacity = widest;
+            self.update_cap_per_window();
+        }
     }
 
     /// Records a dispatch and checks the capacity and ceiling invariants for the current window.
@@ -646,16 +721,10 @@ impl Tracker {
         self.dispatched += 1;
         self.queued = self.queued.saturating_sub(1);
 
-        // Capacity per window (aligned windows), plus one burst and one baseline request (see
-        // `Pacer`), plus one nanosecond of capacity (the pacer's rounding allowance).
-        if now_ns >= self.window_end_ns {
-            self.window_idx = now_ns / self.window_ns;
-            self.window_end_ns = self
-                .window_idx
-                .saturating_add(1)
-                .saturating_mul(self.window_ns);
-            self.cost_in_window = CostVector::ZERO;
-        }
+        // Capacity per window (aligned windows; the largest capacity in effect during the
+        // window), plus one burst and one baseline request (see `Pacer`), plus one nanosecond
+        // of capacity (the pacer's rounding allowance).
+        self.roll_window(now_ns);
         let w = self.window_idx;
         self.cost_in_window += req.cost;
         self.max_cost_per_req = self.max_cost_per_req.max(req.cost);
@@ -776,7 +845,16 @@ impl Tracker {
     /// meter would admit it) is dispatched within one window, plus the node time of one
     /// request per volume (round robin among baseline requests, and the one request that may
     /// hold the node), of becoming so. Only meaningful if the node is not over-provisioned,
-    /// which `provisioned_ok` checks with the worst request cost seen per volume.
+    /// which `baseline_need` and `covers` check with the worst request cost seen per volume.
+    ///
+    /// When the capacity changes (the node moves capacity between workers), the check applies
+    /// while the capacity in effect now covers the baselines; a request is then owed its
+    /// baseline from the last change that ended a capacity that did not cover them (what the
+    /// volumes fell behind while the node was over-provisioned is forgiven), and the node time
+    /// of a request in its grace is that of the smallest capacity in effect since it became
+    /// due (a debt left at a higher capacity is repaid at the lower one). Changes older
+    /// than the last [`CAPACITY_HISTORY`] are judged by their smallest capacity together, so
+    /// a forgiven period may start later than it should (never a false violation).
     ///
     /// Needs the per-volume shadow meters: with per-volume tracking off this check is skipped
     /// (as is the per-volume ceiling check in `on_dispatch`).
@@ -790,32 +868,47 @@ impl Tracker {
         }
         let empty = VolTrack::default();
         let track = |idx: u32| self.vols.get(idx as usize).unwrap_or(&empty);
-        if !provisioned_ok(
-            vols.iter().map(|&(idx, v)| (v, track(idx))),
-            self.capacity,
-            reserve_permille,
-        ) {
+        let Some(need) = baseline_need(vols.iter().map(|&(idx, v)| (v, track(idx)))) else {
+            return Ok(());
+        };
+        if !covers(&need, self.capacity, reserve_permille) {
             return Ok(());
         }
-        let now = self.last_next_ns;
-        let hol_ns = self
-            .max_cost_per_req
-            .dims()
+        // The last change that ended a capacity that did not cover the baselines.
+        let owed_from = self
+            .capacity_changes
             .iter()
-            .zip(self.capacity.dims())
-            .map(|(&c, cap)| {
-                if cap == u64::MAX {
-                    0
-                } else {
-                    mul_div_ceil(c, NS_PER_S, cap.max(1))
-                }
+            .rev()
+            .find(|(_, before)| !covers(&need, *before, reserve_permille))
+            .map(|&(t, _)| t)
+            .or_else(|| {
+                self.older_changes
+                    .filter(|(_, floor)| !covers(&need, *floor, reserve_permille))
+                    .map(|(t, _)| t)
             })
-            .max()
             .unwrap_or(0);
+        let now = self.last_next_ns;
         let competitors = vols.len() as u64 + 1;
-        let grace_ns = self
-            .window_ns
-            .saturating_add(hol_ns.saturating_mul(competitors));
+        // One window plus the node time of one request per competitor at `capacity`.
+        let grace_at = |capacity: CostVector| {
+            let hol_ns = self
+                .max_cost_per_req
+                .dims()
+                .iter()
+                .zip(capacity.dims())
+                .map(|(&c, cap)| {
+                    if cap == u64::MAX {
+                        0
+                    } else {
+                        mul_div_ceil(c, NS_PER_S, cap.max(1))
+                    }
+                })
+                .max()
+                .unwrap_or(0);
+            self.window_ns
+                .saturating_add(hol_ns.saturating_mul(competitors))
+        };
+        let grace_now = grace_at(self.capacity);
         for &(idx, vol) in vols {
             let t = track(idx);
             let (Some(since), Some(meter), Some(head)) =
@@ -823,8 +916,17 @@ impl Tracker {
             else {
                 continue;
             };
-            let eligible = meter.ready_at(since, Charge::of(&vol.qos, head)).max(since);
-            if eligible != u64::MAX && now > eligible.saturating_add(grace_ns) {
+            let eligible = meter
+                .ready_at(since, Charge::of(&vol.qos, head))
+                .max(since)
+                .max(owed_from);
+            if eligible == u64::MAX || now <= eligible.saturating_add(grace_now) {
+                continue;
+            }
+            // The node time of a request is that of the smallest capacity in effect since the
+            // request became eligible (a debt left at a higher capacity is repaid at it).
+            let grace_ns = grace_at(self.smallest_capacity_since(eligible));
+            if now > eligible.saturating_add(grace_ns) {
                 return Err(InvariantViolation {
                     policy: self.policy,
                     invariant: "baseline",
@@ -836,6 +938,22 @@ impl Tracker {
             }
         }
         Ok(())
+    }
+
+    /// The smallest capacity (per dimension) in effect at any time from `t_ns` to now; where
+    /// changes were folded (`older_changes`), possibly smaller.
+    fn smallest_capacity_since(&self, t_ns: u64) -> CostVector {
+        let mut floor = self.capacity;
+        for &(at, before) in self.capacity_changes.iter().rev() {
+            if at <= t_ns {
+                return floor;
+            }
+            floor = floor.min(before);
+        }
+        match self.older_changes {
+            Some((at, before)) if at > t_ns => floor.min(before),
+            _ => floor,
+        }
     }
 
     pub(crate) fn violation(&self, invariant: &'static str, detail: String) -> InvariantViolation {
@@ -920,14 +1038,13 @@ pub(crate) fn per_window(rate_per_s: u64, window_ns: u64) -> u64 {
     mul_div_ceil(rate_per_s, window_ns, NS_PER_S)
 }
 
-/// Whether the sum of baselines, at the worst cost per request seen for each volume, fits the
-/// node's capacity minus the reserve. Volumes that never dispatched are assumed to cost the
-/// worst request seen on the node.
-fn provisioned_ok<'a>(
-    vols: impl Iterator<Item = (&'a VolCore, &'a VolTrack)>,
-    capacity: CostVector,
-    reserve_permille: u64,
-) -> bool {
+/// How many capacity changes the tracker remembers one by one (see `Tracker::check_baseline`).
+const CAPACITY_HISTORY: usize = 16;
+
+/// The sum of baselines per second, at the worst cost per request seen for each volume (a
+/// volume that has seen no request costs nothing yet); `None` if no capacity covers it (an
+/// unlimited baseline).
+fn baseline_need<'a>(vols: impl Iterator<Item = (&'a VolCore, &'a VolTrack)>) -> Option<[u128; 4]> {
     let mut need = [0u128; 4];
     for (v, track) in vols {
         let b = v.qos.baseline;
@@ -935,7 +1052,7 @@ fn provisioned_ok<'a>(
             continue;
         }
         if b.iops == u64::MAX {
-            return false;
+            return None;
         }
         // Requests per second at the baseline, at most baseline.iops (each at least one unit).
         let cost = track.max_cost_per_req.dims();
@@ -943,7 +1060,13 @@ fn provisioned_ok<'a>(
             *n += u128::from(b.iops) * u128::from(c);
         }
     }
-    capacity.dims().iter().zip(need).all(|(&cap, n)| {
+    Some(need)
+}
+
+/// Whether `need` (see [`baseline_need`]) fits `capacity` minus the reserve: the node is not
+/// over-provisioned.
+fn covers(need: &[u128; 4], capacity: CostVector, reserve_permille: u64) -> bool {
+    capacity.dims().iter().zip(need).all(|(&cap, &n)| {
         let usable = u128::from(cap) * u128::from(1000 - reserve_permille.min(1000)) / 1000;
         cap == u64::MAX || n <= usable
     })

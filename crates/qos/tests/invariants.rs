@@ -1,12 +1,13 @@
-//! Property tests: random sequences of enqueue / next / complete / QoS change / time advance,
-//! with every invariant checked after every step, for every policy.
+//! Property tests: random sequences of enqueue / next / complete / QoS change / time advance
+//! (and, in the `*_under_capacity_changes` variants, capacity changes at random times), with
+//! every invariant checked after every step, for every policy.
 
 mod common;
 
 use common::{Driver, MS};
 use headroom_qos::{
-    BurstMode, CostVector, CreditBucketSpec, CreditSpec, IoRate, NodeCapacity, OpKind, PolicyKind,
-    PolicyParams, VolumeQos,
+    BurstMode, CostVector, CreditBucketSpec, CreditSpec, IoRate, NS_PER_S, NodeCapacity, OpKind,
+    Phase, PolicyKind, PolicyParams, VolumeQos,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, RngSeed};
@@ -18,6 +19,9 @@ enum Op {
     Remove(u32),
     Enqueue(u32, usize, usize),
     Advance(u64),
+    /// The node moves capacity: each dimension of the capacity the policy was built with,
+    /// scaled by this many thousandths (`u32::MAX`: unlimited).
+    SetCapacity([u32; 4]),
 }
 
 const SHAPES: [(OpKind, u32, u64, u64); 6] = [
@@ -132,6 +136,47 @@ fn ops_with(qos: BoxedStrategy<VolumeQos>) -> impl Strategy<Value = Op> {
     ]
 }
 
+/// [`op_strategy`] plus capacity changes at random times.
+fn capacity_op_strategy() -> impl Strategy<Value = Op> {
+    capacity_ops_with(qos_strategy().boxed())
+}
+
+/// [`pooled_op_strategy`] plus capacity changes at random times.
+fn pooled_capacity_op_strategy() -> impl Strategy<Value = Op> {
+    capacity_ops_with(pooled_qos_strategy().boxed())
+}
+
+fn capacity_ops_with(qos: BoxedStrategy<VolumeQos>) -> impl Strategy<Value = Op> {
+    // Mostly a uniform scale (the node moves a share), sometimes per dimension, sometimes
+    // the same capacity again (a no-op) or an unlimited dimension.
+    let factor = prop_oneof![
+        2 => Just(1_000u32),
+        6 => 50u32..4_000,
+        1 => Just(u32::MAX),
+    ];
+    let scale = prop_oneof![
+        3 => (50u32..4_000).prop_map(|f| [f; 4]),
+        1 => Just([1_000u32; 4]),
+        2 => [factor.clone(), factor.clone(), factor.clone(), factor],
+    ];
+    prop_oneof![
+        14 => ops_with(qos),
+        3 => scale.prop_map(Op::SetCapacity),
+    ]
+}
+
+/// `base` with each dimension scaled by `scale` thousandths (see [`Op::SetCapacity`]).
+fn scaled(base: NodeCapacity, scale: [u32; 4]) -> NodeCapacity {
+    let d = base.per_second.dims();
+    NodeCapacity::new(CostVector::from_dims(std::array::from_fn(|i| {
+        if scale[i] == u32::MAX || d[i] == u64::MAX {
+            u64::MAX
+        } else {
+            (u128::from(d[i]) * u128::from(scale[i]) / 1000).min(u128::from(u64::MAX - 1)) as u64
+        }
+    })))
+}
+
 fn capacity_strategy() -> impl Strategy<Value = NodeCapacity> {
     prop_oneof![
         Just(NodeCapacity::new(CostVector::new(
@@ -214,6 +259,8 @@ fn run(kind: PolicyKind, capacity: NodeCapacity, params: PolicyParams, ops: Vec<
     let logs = [params, untracked].map(|params| {
         let mut d = Driver::with_params(kind, capacity, &params);
         d.service_ns = 50_000;
+        // The capacity in effect from each time on.
+        let mut capacities = vec![(0u64, capacity)];
         for op in ops.iter().cloned() {
             match op {
                 Op::Add(v, q) => d.add(v, &q),
@@ -228,18 +275,105 @@ fn run(kind: PolicyKind, capacity: NodeCapacity, params: PolicyParams, ops: Vec<
                     let t = d.now + dt;
                     d.run_until(t);
                 }
+                Op::SetCapacity(scale) => {
+                    let c = scaled(capacity, scale);
+                    d.set_capacity(c);
+                    capacities.push((d.now, c));
+                    let _ = d.drain();
+                }
             }
         }
         // Let everything that can run, run: queued requests of volumes that may run eventually
         // drain.
         let t = d.now + 200 * MS;
         d.run_until(t);
+        check_windows(kind, &params, &capacities, &d.log);
         d.log
             .iter()
             .map(|x| (x.at_ns, x.req.id, x.phase))
             .collect::<Vec<_>>()
     });
     assert_eq!(logs[0], logs[1], "tracking invariants changed a decision");
+}
+
+/// Checks the log against the capacity in effect, independently of the policy's own tracker:
+/// in every aligned window, the cost dispatched is at most the largest capacity in effect
+/// during the window (per dimension) times the window (plus the pacer's depth and one ns),
+/// plus one burst and one baseline request; Burst's burst-phase cost also leaves the reserve
+/// alone (the burst pacer's rate, capacity × (1 − reserve), over the window plus its depth,
+/// plus one request).
+fn check_windows(
+    kind: PolicyKind,
+    params: &PolicyParams,
+    capacities: &[(u64, NodeCapacity)],
+    log: &[common::Dispatched],
+) {
+    let Some(last) = log.last() else {
+        return;
+    };
+    let w_ns = params.window_ns;
+    let max_cost = log
+        .iter()
+        .fold(CostVector::ZERO, |m, x| m.max(x.req.cost))
+        .dims();
+    let burst_depth_ns = params.limiter_depth_ns.max(1);
+    let reserve = u128::from(params.reserve_permille);
+    let bound = |cap: u64, span_ns: u64| -> u128 {
+        (u128::from(cap) * u128::from(span_ns)).div_ceil(u128::from(NS_PER_S))
+    };
+    let mut i = 0;
+    for w in 0..=last.at_ns / w_ns {
+        let (start, end) = (w * w_ns, (w + 1) * w_ns);
+        // Largest capacity in effect during [start, end): the one at `start` and every later
+        // change before `end`.
+        let mut widest = [0u64; 4];
+        for &(t, c) in capacities {
+            let in_effect_at_start = capacities
+                .iter()
+                .rev()
+                .find(|&&(t0, _)| t0 <= start)
+                .is_some_and(|&(t0, _)| t0 == t);
+            if in_effect_at_start || (t > start && t < end) {
+                for (m, x) in widest.iter_mut().zip(c.per_second.dims()) {
+                    *m = (*m).max(x);
+                }
+            }
+        }
+        let mut total = [0u128; 4];
+        let mut burst = [0u128; 4];
+        while i < log.len() && log[i].at_ns < end {
+            let x = &log[i];
+            for (d, c) in x.req.cost.dims().into_iter().enumerate() {
+                total[d] += u128::from(c);
+                if x.phase != Phase::Baseline {
+                    burst[d] += u128::from(c);
+                }
+            }
+            i += 1;
+        }
+        for d in 0..4 {
+            if widest[d] == u64::MAX {
+                continue;
+            }
+            let cap =
+                bound(widest[d], w_ns + params.pacer_depth_ns + 1) + 2 * u128::from(max_cost[d]);
+            assert!(
+                total[d] <= cap,
+                "{kind}: window {w} dimension {d}: dispatched {} > {cap} (largest capacity in effect {})",
+                total[d],
+                widest[d]
+            );
+            if kind == PolicyKind::Burst {
+                let rate = (u128::from(widest[d]) * (1000 - reserve) / 1000) as u64;
+                let cap = bound(rate, w_ns + burst_depth_ns + 1) + 1 + u128::from(max_cost[d]);
+                assert!(
+                    burst[d] <= cap,
+                    "{kind}: window {w} dimension {d}: burst phases dispatched {} > {cap}, into the reserve",
+                    burst[d]
+                );
+            }
+        }
+    }
 }
 
 macro_rules! invariant_test {
@@ -274,3 +408,39 @@ invariant_test!(
 invariant_test!(burst_invariants_hold, PolicyKind::Burst);
 invariant_test!(mclock_invariants_hold, PolicyKind::MClock);
 invariant_test!(drr_vop_invariants_hold, PolicyKind::DrrVop);
+
+invariant_test!(
+    wild_invariants_hold_under_capacity_changes,
+    PolicyKind::Wild,
+    capacity_op_strategy()
+);
+invariant_test!(
+    base_invariants_hold_under_capacity_changes,
+    PolicyKind::Base,
+    capacity_op_strategy()
+);
+invariant_test!(
+    credit_invariants_hold_under_capacity_changes,
+    PolicyKind::Credit,
+    capacity_op_strategy()
+);
+invariant_test!(
+    credit_pool_invariants_hold_under_capacity_changes,
+    PolicyKind::Credit,
+    pooled_capacity_op_strategy()
+);
+invariant_test!(
+    burst_invariants_hold_under_capacity_changes,
+    PolicyKind::Burst,
+    capacity_op_strategy()
+);
+invariant_test!(
+    mclock_invariants_hold_under_capacity_changes,
+    PolicyKind::MClock,
+    capacity_op_strategy()
+);
+invariant_test!(
+    drr_vop_invariants_hold_under_capacity_changes,
+    PolicyKind::DrrVop,
+    capacity_op_strategy()
+);

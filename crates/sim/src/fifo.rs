@@ -6,8 +6,8 @@
 //! the "no isolation at all" reference point in scaling runs. Selected with `--policy fifo`.
 
 use headroom_qos::{
-    Decision, InvariantViolation, IoRequest, Observed, Phase, Policy, VolumeId, VolumeQos,
-    VolumeSnapshot,
+    Decision, InvariantViolation, IoRequest, NodeCapacity, Observed, Phase, Policy, VolumeId,
+    VolumeQos, VolumeSnapshot,
 };
 use std::collections::VecDeque;
 
@@ -26,6 +26,8 @@ impl Policy for Fifo {
     fn remove_volume(&mut self, _now_ns: u64, id: VolumeId) {
         self.queue.retain(|r| r.volume != id);
     }
+    /// FIFO enforces no capacity: nothing to change.
+    fn set_capacity(&mut self, _now_ns: u64, _capacity: NodeCapacity) {}
     fn enqueue(&mut self, _now_ns: u64, req: IoRequest) {
         self.queue.push_back(req);
     }

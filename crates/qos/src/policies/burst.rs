@@ -83,6 +83,9 @@ struct WinState {
     has_avg: bool,
     last_bursting: bool,
     last_throttled: bool,
+    /// `BurstRules::cap_epoch` when `base_cost` and `burst_cost` were computed (they are
+    /// capped at one window of capacity, so a capacity change makes them stale).
+    cost_epoch: u32,
     // Line 3: per-window only.
     hist_sum: CostVector,
     /// Cost per window at the baseline with the average request, recomputed (with
@@ -190,6 +193,58 @@ pub(crate) struct AllocSummary {
     pub(crate) lent: CostVector,
 }
 
+/// What Burst derives from the capacity it schedules over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Derived {
+    /// One window of capacity (`u64::MAX` where unlimited).
+    cap_window: CostVector,
+    /// The part of it held back for fast recovery.
+    reserve_window: CostVector,
+    /// Rate of the burst pacer: capacity less the reserve.
+    burst_rate: CostVector,
+    /// `2^FP / cap_window` per dimension (0 where the dimension is unlimited).
+    inv_cap_window: [u64; 4],
+}
+
+impl Derived {
+    fn of(capacity: NodeCapacity, window_ns: u64, reserve_permille: u64) -> Self {
+        let reserve = reserve_permille;
+        let cap_window = capacity.per_second.mul_ratio_floor(window_ns, NS_PER_S);
+        let cap_window =
+            capacity.per_second.zip(
+                cap_window,
+                |per_s, w| if per_s == u64::MAX { u64::MAX } else { w },
+            );
+        let reserve_window = cap_window.map(|c| {
+            if c == u64::MAX {
+                0
+            } else {
+                c / 1000 * reserve + c % 1000 * reserve / 1000
+            }
+        });
+        let burst_rate = capacity.per_second.map(|c| {
+            if c == u64::MAX {
+                u64::MAX
+            } else {
+                crate::cost::mul_div_floor(c, 1000 - reserve, 1000)
+            }
+        });
+        let inv_cap_window = cap_window.dims().map(|c| {
+            if c == u64::MAX || c == 0 {
+                0
+            } else {
+                ((1u128 << FP) / u128::from(c)).max(1) as u64
+            }
+        });
+        Derived {
+            cap_window,
+            reserve_window,
+            burst_rate,
+            inv_cap_window,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct BurstRules {
     window_ns: u64,
@@ -197,8 +252,14 @@ pub(crate) struct BurstRules {
     history_windows: usize,
     alpha_permille: u64,
     throttle_weight_permille: u64,
+    reserve_permille: u64,
     cap_window: CostVector,
     reserve_window: CostVector,
+    /// The largest `cap_window` in effect during the current window (per dimension): what its
+    /// allocation, pool and reserve may add up to (`check`).
+    alloc_cap_window: CostVector,
+    /// Bumped by every capacity change: window costs computed before it are stale.
+    cap_epoch: u32,
     /// `2^FP / cap_window` per dimension (0 where the dimension is unlimited).
     inv_cap_window: [u64; 4],
     window_idx: u64,
@@ -247,34 +308,14 @@ pub(crate) struct BurstRules {
 impl BurstRules {
     pub(crate) fn new(capacity: NodeCapacity, params: &PolicyParams) -> Self {
         let window_ns = params.window_ns;
-        let reserve = u64::from(params.reserve_permille);
-        let cap_window = capacity.per_second.mul_ratio_floor(window_ns, NS_PER_S);
-        let cap_window =
-            capacity.per_second.zip(
-                cap_window,
-                |per_s, w| if per_s == u64::MAX { u64::MAX } else { w },
-            );
-        let reserve_window = cap_window.map(|c| {
-            if c == u64::MAX {
-                0
-            } else {
-                c / 1000 * reserve + c % 1000 * reserve / 1000
-            }
-        });
-        let burst_rate = capacity.per_second.map(|c| {
-            if c == u64::MAX {
-                u64::MAX
-            } else {
-                crate::cost::mul_div_floor(c, 1000 - reserve, 1000)
-            }
-        });
-        let inv_cap_window = cap_window.dims().map(|c| {
-            if c == u64::MAX || c == 0 {
-                0
-            } else {
-                ((1u128 << FP) / u128::from(c)).max(1) as u64
-            }
-        });
+        // Below 1000 (as `build_policy` clamps it), so the burst rate is well defined.
+        let reserve = u64::from(params.reserve_permille).min(999);
+        let Derived {
+            cap_window,
+            reserve_window,
+            burst_rate,
+            inv_cap_window,
+        } = Derived::of(capacity, window_ns, reserve);
         BurstRules {
             window_ns,
             depth_ns: params.limiter_depth_ns,
@@ -282,8 +323,11 @@ impl BurstRules {
             history_windows: params.history_windows.clamp(1, 1024) as usize,
             alpha_permille: u64::from(params.alpha_permille),
             throttle_weight_permille: u64::from(params.throttle_weight_permille),
+            reserve_permille: reserve,
             cap_window,
             reserve_window,
+            alloc_cap_window: cap_window,
+            cap_epoch: 0,
             inv_cap_window,
             window_idx: 0,
             next_window_ns: window_ns,
@@ -389,6 +433,7 @@ impl BurstRules {
             inv_cap: self.inv_cap_window,
             throttle_w: self.throttle_weight_permille,
             cap_window: self.cap_window,
+            cap_epoch: self.cap_epoch,
             window_ns: self.window_ns,
             alpha_fp,
             zero_pushes: gap_windows.min(n as u64).saturating_sub(1) as usize,
@@ -523,6 +568,7 @@ impl BurstRules {
         debug_assert!(lent_total.fits_within(&left));
         self.pool_left = left.saturating_sub(lent_total);
         self.reserve_left = self.reserve_window;
+        self.alloc_cap_window = self.cap_window;
         self.last_alloc = AllocSummary {
             active_volumes: self.listed_count,
             lenders: self.donors.len(),
@@ -634,6 +680,7 @@ struct CloseWindow {
     inv_cap: [u64; 4],
     throttle_w: u64,
     cap_window: CostVector,
+    cap_epoch: u32,
     window_ns: u64,
     alpha_fp: u64,
     zero_pushes: usize,
@@ -683,11 +730,12 @@ impl CloseWindow {
             st.leave_list();
             return None;
         }
-        if st.costs_stale {
+        if st.costs_stale || st.cost_epoch != self.cap_epoch {
             let (base, burst) = window_costs(st, self.cap_window, self.window_ns);
             st.base_cost = base;
             st.burst_cost = burst;
             st.costs_stale = false;
+            st.cost_epoch = self.cap_epoch;
         }
         let base = st.base_cost;
         let alloc = if st.last_bursting || st.last_throttled {
@@ -934,6 +982,29 @@ impl Rules for BurstRules {
         }
     }
 
+    fn set_capacity(&mut self, now_ns: u64, capacity: NodeCapacity) {
+        let Derived {
+            cap_window,
+            reserve_window,
+            burst_rate,
+            inv_cap_window,
+        } = Derived::of(capacity, self.window_ns, self.reserve_permille);
+        // The current window keeps its allocation (loans included: taking them back would
+        // visit every volume); what is not handed out yet shrinks with a smaller capacity and
+        // does not grow with a larger one (the burst pacer passes the extra at once).
+        let avail = cap_window.saturating_sub(reserve_window);
+        self.pool_left = self.pool_left.min(avail);
+        self.reserve_left = self.reserve_left.min(reserve_window);
+        self.alloc_cap_window = self.alloc_cap_window.max(cap_window);
+        self.burst_pacer.set_rate(now_ns, burst_rate);
+        self.cap_window = cap_window;
+        self.reserve_window = reserve_window;
+        self.inv_cap_window = inv_cap_window;
+        // The window costs (capped at one window of capacity) are recomputed lazily, by the
+        // next allocation that meets each volume.
+        self.cap_epoch = self.cap_epoch.wrapping_add(1);
+    }
+
     fn tick(&mut self, now_ns: u64, _vols: &mut Slab<Entry<BurstVol>>) -> Option<Tick> {
         if now_ns < self.next_window_ns {
             return None;
@@ -982,12 +1053,12 @@ impl Rules for BurstRules {
             .fold(CostVector::ZERO, |acc, s| acc.saturating_add(s.alloc))
             .saturating_add(self.pool_left)
             .saturating_add(self.reserve_left);
-        if let Some(d) = total.first_exceeding(&self.cap_window) {
+        if let Some(d) = total.first_exceeding(&self.alloc_cap_window) {
             return Err(format!(
-                "allocation {} {} + pool + reserve exceeds one window of capacity {}",
+                "allocation {} {} + pool + reserve exceeds one window of capacity {} (the largest in effect this window)",
                 total.get(d),
                 d.as_str(),
-                self.cap_window.get(d)
+                self.alloc_cap_window.get(d)
             ));
         }
         Ok(())
@@ -1183,6 +1254,80 @@ mod tests {
         for level in levels {
             assert_eq!(run(level), reference, "level {}", level.as_str());
         }
+    }
+
+    /// A capacity change mid-window keeps the window's allocation (clamping only what is not
+    /// handed out yet, and checking the sum against the larger capacity), and the next window
+    /// is allocated from the new capacity; the same capacity again changes nothing.
+    #[test]
+    fn capacity_change_applies_from_the_next_window() {
+        let (capacity, qos) = test_node();
+        let params = PolicyParams::default();
+        let mut r = BurstRules::new(capacity, &params);
+        let mut vol = r.new_vol(0, 0, &qos);
+        let mut vols = Slab::default();
+        r.became_backlogged(0, 0, &mut vol);
+        let st = r.slot(0);
+        st.observe(
+            Charge {
+                units: 1,
+                bytes: 4096,
+            },
+            &CostVector::new(2_000, 0, 4096, 100_000),
+        );
+        st.consumed = CostVector::new(2_000, 0, 4096, 100_000);
+        st.burst_seen = true;
+        let _ = r.tick(r.window_ns, &mut vols);
+        let old_cap = r.cap_window;
+        let old_total = r.slots[0].alloc.saturating_add(r.pool_left);
+        assert!(!r.donors.is_empty(), "the burster was lent tokens");
+        // Same capacity: nothing moves.
+        let before = (
+            r.cap_window,
+            r.pool_left,
+            r.reserve_left,
+            r.burst_pacer.clone(),
+        );
+        r.set_capacity(r.window_ns + 1, capacity);
+        assert_eq!(
+            (
+                r.cap_window,
+                r.pool_left,
+                r.reserve_left,
+                r.burst_pacer.clone()
+            ),
+            before
+        );
+        // Halved mid-window: the loan stays, the unlent pool and reserve shrink, the check
+        // uses the larger (old) window.
+        let half = NodeCapacity::new(capacity.per_second.map(|c| c / 2));
+        r.set_capacity(r.window_ns + 2, half);
+        assert_eq!(r.cap_window, old_cap.map(|c| c / 2));
+        assert!(r.reserve_left.fits_within(&r.reserve_window));
+        assert!(
+            r.pool_left
+                .fits_within(&r.cap_window.saturating_sub(r.reserve_window))
+        );
+        assert!(
+            r.slots[0]
+                .alloc
+                .saturating_add(r.pool_left)
+                .fits_within(&old_total)
+        );
+        assert_eq!(r.alloc_cap_window, old_cap);
+        assert_eq!(r.check(&Slab::default()), Ok(()));
+        // Next window: allocated from the new capacity, and checked against it alone.
+        r.slot(0).consumed = CostVector::new(2_000, 0, 4096, 100_000);
+        r.slot(0).burst_seen = true;
+        let _ = r.tick(2 * r.window_ns, &mut vols);
+        assert_eq!(r.alloc_cap_window, r.cap_window);
+        assert_eq!(r.reserve_left, r.reserve_window);
+        let total = r.slots[0]
+            .alloc
+            .saturating_add(r.pool_left)
+            .saturating_add(r.reserve_left);
+        assert!(total.fits_within(&r.cap_window), "{total:?}");
+        assert_eq!(r.check(&Slab::default()), Ok(()));
     }
 
     /// The active list (a bitmap walked in slot order, with a summary bit per word) holds

@@ -407,6 +407,16 @@ impl Policy for MClock {
         }
     }
 
+    fn set_capacity(&mut self, now_ns: u64, capacity: NodeCapacity) {
+        let now = self.clock.at(now_ns);
+        if capacity.per_second == self.tracker.capacity {
+            return;
+        }
+        // Tags are per volume and in the volumes' own rates: only the node pacer changes.
+        self.pacer.set_rate(now, capacity.per_second);
+        self.tracker.on_capacity_change(now, capacity.per_second);
+    }
+
     fn enqueue(&mut self, now_ns: u64, req: IoRequest) {
         let now = self.clock.at(now_ns);
         let idx = self.ensure(now, req.volume);

@@ -77,6 +77,12 @@ impl Driver {
         self.checked();
     }
 
+    /// Moves the policy to `capacity` now (the node rebalancing its workers).
+    pub fn set_capacity(&mut self, capacity: NodeCapacity) {
+        self.policy.set_capacity(self.now, capacity);
+        self.checked();
+    }
+
     pub fn request(
         &mut self,
         vol: VolumeId,
