@@ -253,6 +253,7 @@ pub struct QosSection {
     pub dispatch: Option<DispatchMode>,
     pub credit_save_period_ms: Option<u64>,
     pub burst_in_flight: Option<u32>,
+    pub global_pool: Option<bool>,
     pub capacity: CapacitySection,
     pub params: ParamsSection,
     pub cost: CostSection,
@@ -512,6 +513,7 @@ impl ConfigFile {
             dispatch: s.dispatch.or(l.dispatch),
             credit_save_period_ms: s.credit_save_period_ms.or(l.credit_save_period_ms),
             burst_in_flight: s.burst_in_flight.or(l.burst_in_flight),
+            global_pool: s.global_pool.or(l.global_pool),
             capacity: CapacitySection {
                 cpu_ns_per_s: s.capacity.cpu_ns_per_s.or(l.capacity.cpu_ns_per_s),
                 ingress_bytes_per_s: s
@@ -845,6 +847,7 @@ fn qos_config(q: &QosSection) -> Result<QosConfig, Invalid> {
         workers,
         dispatch: q.dispatch.unwrap_or(defaults.dispatch),
         burst_in_flight: q.burst_in_flight.or(defaults.burst_in_flight),
+        global_pool: q.global_pool.unwrap_or(defaults.global_pool),
     })
 }
 

@@ -202,6 +202,9 @@ pub struct QosConfig {
     /// `None`: the emulated device's parallelism minus one (one channel kept free for
     /// baseline requests), no gate without an emulated device; `Some(0)`: no gate.
     pub burst_in_flight: Option<u32>,
+    /// Moves capacity between workers every policy window by what they used
+    /// (`node::global_pool`); `false`: each worker keeps `1/workers` of the node.
+    pub global_pool: bool,
 }
 
 impl Default for QosConfig {
@@ -219,6 +222,7 @@ impl Default for QosConfig {
             workers,
             dispatch: DispatchMode::OneToN,
             burst_in_flight: None,
+            global_pool: true,
         }
     }
 }

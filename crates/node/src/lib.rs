@@ -12,6 +12,7 @@ pub mod clock;
 pub mod config;
 pub mod emulated;
 pub mod exec;
+pub mod global_pool;
 pub mod scheduler;
 pub mod server;
 pub mod session;

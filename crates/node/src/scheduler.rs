@@ -55,12 +55,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 
 use headroom_qos::model::is_sequential;
 use headroom_qos::{
-    CostModel, Decision, IoRequest, Observed, OpKind, Phase, Policy, VolumeId, VolumeQos,
-    build_policy,
+    CostModel, CostVector, Decision, IoRequest, NodeCapacity, Observed, OpKind, Phase, Policy,
+    VolumeId, VolumeQos, build_policy,
 };
 
 use crate::clock::Clock;
 use crate::config::{DispatchMode, QosConfig};
+use crate::global_pool::{self, WorkerUse};
 
 /// What the scheduler needs to know of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,6 +217,13 @@ struct WorkerState<J> {
     next_request_id: u64,
     /// The wake-up time armed for this worker (`u64::MAX`: none).
     armed_ns: u64,
+    /// This worker's share of the node (per second), set by the global pool.
+    share: CostVector,
+    /// Cost dispatched since the last rebalancing, all phases and baseline phase only.
+    used: CostVector,
+    used_baseline: CostVector,
+    /// The policy held requests back since the last rebalancing.
+    held_back: bool,
 }
 
 struct Worker<J> {
@@ -234,6 +242,8 @@ pub struct Scheduler<J> {
     wakeups: Arc<Wakeups>,
     runner: Arc<dyn Runner<J>>,
     gate: BurstGate<J>,
+    /// The whole node's capacity, shared between the workers (`None`: fixed `1/N` shares).
+    pool: Option<GlobalPool>,
     policy_name: &'static str,
     /// This scheduler, for handing jobs to the runner from `&self` methods.
     me: Weak<Scheduler<J>>,
@@ -296,6 +306,10 @@ impl<J: Send + 'static> Scheduler<J> {
                         pending: HashMap::new(),
                         next_request_id: 0,
                         armed_ns: u64::MAX,
+                        share: share.per_second,
+                        used: CostVector::ZERO,
+                        used_baseline: CostVector::ZERO,
+                        held_back: false,
                     }),
                     queued: AtomicUsize::new(0),
                 }
@@ -318,6 +332,11 @@ impl<J: Send + 'static> Scheduler<J> {
             wakeups: Arc::clone(&wakeups),
             runner,
             gate: BurstGate::new(config, device_parallelism),
+            pool: (config.global_pool && count > 1).then(|| GlobalPool {
+                node: config.capacity.per_second,
+                period_ns: config.params.window_ns.max(1),
+                last_ns: AtomicU64::new(clock.now_ns()),
+            }),
             policy_name,
             me: me.clone(),
         });
@@ -583,6 +602,7 @@ impl<J: Send + 'static> Scheduler<J> {
         }
         drop(state);
         self.gate.admit(ready, first);
+        self.maybe_rebalance(now, ready);
     }
 
     /// Reports a completed request; appends requests that may run now to `ready`.
@@ -615,6 +635,7 @@ impl<J: Send + 'static> Scheduler<J> {
             // The policy never dispatched it (its volume is gone): nothing to report.
             return;
         }
+        self.maybe_rebalance(now, ready);
         let mut state = lock(&self.workers[ticket.worker].state);
         let WorkerState {
             policy, cost_model, ..
@@ -641,6 +662,10 @@ impl<J: Send + 'static> Scheduler<J> {
         loop {
             match state.policy.next(now) {
                 Decision::Dispatch(request, phase) => {
+                    state.used = state.used.saturating_add(request.cost);
+                    if phase == Phase::Baseline {
+                        state.used_baseline = state.used_baseline.saturating_add(request.cost);
+                    }
                     let Some(p) = state.pending.remove(&request.id) else {
                         // The policy dispatched a request we do not hold: nothing to run.
                         tracing::error!("policy dispatched unknown request {}", request.id);
@@ -663,6 +688,7 @@ impl<J: Send + 'static> Scheduler<J> {
                     });
                 }
                 Decision::WaitUntil(at_ns) => {
+                    state.held_back = true;
                     if at_ns != state.armed_ns {
                         state.armed_ns = at_ns;
                         self.wakeups.arm(w, at_ns);
@@ -678,6 +704,66 @@ impl<J: Send + 'static> Scheduler<J> {
         self.workers[w]
             .queued
             .store(state.policy.queued_requests(), Ordering::Relaxed);
+    }
+
+    /// Moves capacity between the workers if a rebalancing period has passed
+    /// (`node::global_pool`); appends what the new shares let run to `ready`. Runs on whichever
+    /// thread submits or completes a request first after the period: an idle node does no work.
+    fn maybe_rebalance(&self, now: u64, ready: &mut Vec<Ready<J>>) {
+        let Some(pool) = &self.pool else {
+            return;
+        };
+        let last = pool.last_ns.load(Ordering::Relaxed);
+        if now < last.saturating_add(pool.period_ns)
+            || pool
+                .last_ns
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        self.rebalance(now, now - last, ready);
+    }
+
+    /// Splits the node between the workers by what they did over the last `elapsed_ns`.
+    fn rebalance(&self, now: u64, elapsed_ns: u64, ready: &mut Vec<Ready<J>>) {
+        let Some(pool) = &self.pool else {
+            return;
+        };
+        let per_second = |v: CostVector| v.mul_ratio_floor(NS_PER_S, elapsed_ns.max(1));
+        let uses: Vec<WorkerUse> = self
+            .workers
+            .iter()
+            .map(|worker| {
+                let mut state = lock(&worker.state);
+                WorkerUse {
+                    used: per_second(std::mem::replace(&mut state.used, CostVector::ZERO)),
+                    baseline: per_second(std::mem::replace(
+                        &mut state.used_baseline,
+                        CostVector::ZERO,
+                    )),
+                    share: state.share,
+                    held_back: std::mem::replace(&mut state.held_back, false),
+                }
+            })
+            .collect();
+        let shares = global_pool::split(pool.node, &uses);
+        let from = ready.len();
+        for (w, share) in shares.into_iter().enumerate() {
+            let mut state = lock(&self.workers[w].state);
+            if state.share == share {
+                continue;
+            }
+            state.share = share;
+            state.policy.set_capacity(now, NodeCapacity::new(share));
+            self.drain(w, &mut state, now, ready);
+        }
+        self.gate.admit(ready, from);
+    }
+
+    /// Each worker's current share of the node (per second).
+    pub fn worker_shares(&self) -> Vec<CostVector> {
+        self.workers.iter().map(|w| lock(&w.state).share).collect()
     }
 
     /// A timer of worker `w` fell due.
@@ -854,6 +940,15 @@ impl<J> BurstGate<J> {
         }
     }
 }
+
+/// The node's capacity and when it was last split between the workers.
+struct GlobalPool {
+    node: CostVector,
+    period_ns: u64,
+    last_ns: AtomicU64,
+}
+
+const NS_PER_S: u64 = 1_000_000_000;
 
 /// Wake-up times per worker, served by one thread.
 struct Wakeups {
@@ -1032,6 +1127,54 @@ mod tests {
         s.complete(running.remove(0).ticket, &mut released);
         assert_eq!(released.iter().map(|r| r.job).collect::<Vec<_>>(), vec![2]);
         assert_eq!(waiting(&s), 2);
+        s.stop();
+    }
+
+    #[test]
+    fn the_global_pool_lends_an_idle_workers_capacity_to_a_busy_one() {
+        let config = QosConfig {
+            policy: PolicyChoice::Policy(PolicyKind::Burst),
+            capacity: NodeCapacity::new(CostVector::new(
+                u64::MAX,
+                u64::MAX,
+                u64::MAX,
+                1_000_000_000,
+            )),
+            workers: 2,
+            dispatch: DispatchMode::OneToOne,
+            ..QosConfig::default()
+        };
+        let collect = Arc::new(Collect::default());
+        let s = Scheduler::start(&config, Clock::new(), collect, None).expect("scheduler");
+        let device = |v: &CostVector| v.dims()[3];
+        assert_eq!(
+            s.worker_shares().iter().map(device).collect::<Vec<_>>(),
+            vec![500_000_000; 2]
+        );
+        // Over 10 ms, worker 0 used its whole share and held requests back; worker 1 idled.
+        {
+            let mut busy = lock(&s.workers[0].state);
+            busy.used = CostVector::new(0, 0, 0, 5_000_000);
+            busy.held_back = true;
+        }
+        let mut ready = Vec::new();
+        s.rebalance(s.clock.now_ns(), 10_000_000, &mut ready);
+        let shares: Vec<u64> = s.worker_shares().iter().map(device).collect();
+        assert_eq!(shares, vec![975_000_000, 25_000_000]);
+        // Worker 1's tenants wake up within their baseline and fill its share: the next period
+        // gives it its static half back.
+        {
+            let mut busy = lock(&s.workers[0].state);
+            busy.used = CostVector::new(0, 0, 0, 9_000_000);
+            busy.held_back = true;
+            let mut woken = lock(&s.workers[1].state);
+            woken.used = CostVector::new(0, 0, 0, 250_000);
+            woken.used_baseline = woken.used;
+            woken.held_back = true;
+        }
+        s.rebalance(s.clock.now_ns(), 10_000_000, &mut ready);
+        let shares: Vec<u64> = s.worker_shares().iter().map(device).collect();
+        assert_eq!(shares, vec![500_000_000, 500_000_000]);
         s.stop();
     }
 
