@@ -7,7 +7,8 @@
 //! until its reply is on the wire, so a client that pipelines without reading replies stalls only
 //! itself: its reader stops pulling from the socket, TCP pushes back, and memory stays bounded.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use headroom_nbd as nbd;
@@ -498,31 +499,54 @@ async fn transmit(
                 break Err(err.into());
             }
         }
-        let job = IoJob {
+        let mut submit = |job: IoJob| {
+            let io = job.desc();
+            match (&ctx.scheduler, &handle) {
+                (Some(scheduler), Some(handle)) => {
+                    scheduler.submit(handle, io, job, &mut ready);
+                    if !ready.is_empty() {
+                        run_ready(&ctx.io, Some(scheduler), std::mem::take(&mut ready));
+                    }
+                }
+                _ => {
+                    let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
+                    let sequential =
+                        headroom_qos::model::is_sequential(last_end_bytes, io.offset_bytes);
+                    last_end_bytes = end;
+                    if let Some(released) = run_job(&ctx.io, None, job, Unscheduled(sequential)) {
+                        debug_assert!(released.is_empty());
+                    }
+                }
+            }
+        };
+        let piece_bytes = ctx.limits.max_request_bytes.max(MIN_PIECE_BYTES);
+        if needs_split(&request, piece_bytes) {
+            // One reply for the request, sent when its last piece completes; each piece is
+            // scheduled, charged and run as a request of its own.
+            let pieces = pieces(&request, piece_bytes);
+            let split = SplitRequest::new(&request, pieces.len(), permits, reply_tx.clone());
+            for (index, piece) in pieces.into_iter().enumerate() {
+                submit(IoJob {
+                    volume: Arc::clone(&volume),
+                    request: piece,
+                    write_payload: None,
+                    answer: Answer::Piece {
+                        split: Arc::clone(&split),
+                        index,
+                    },
+                });
+            }
+            continue;
+        }
+        submit(IoJob {
             volume: Arc::clone(&volume),
             request,
             write_payload,
-            permits,
-            reply_tx: reply_tx.clone(),
-        };
-        let io = job.desc();
-        match (&ctx.scheduler, &handle) {
-            (Some(scheduler), Some(handle)) => {
-                scheduler.submit(handle, io, job, &mut ready);
-                if !ready.is_empty() {
-                    run_ready(&ctx.io, Some(scheduler), std::mem::take(&mut ready));
-                }
-            }
-            _ => {
-                let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
-                let sequential =
-                    headroom_qos::model::is_sequential(last_end_bytes, io.offset_bytes);
-                last_end_bytes = end;
-                if let Some(released) = run_job(&ctx.io, None, job, Unscheduled(sequential)) {
-                    debug_assert!(released.is_empty());
-                }
-            }
-        }
+            answer: Answer::Whole {
+                permits,
+                reply_tx: reply_tx.clone(),
+            },
+        });
     };
     drop(reply_tx);
     // Replies for everything already accepted are still delivered (NBD_CMD_DISC semantics).
@@ -544,14 +568,155 @@ fn scheduler_handle(scheduler: &Scheduler<IoJob>, volume: &Volume) -> Arc<Volume
     scheduler.add_volume(volume.id(), &qos)
 }
 
-/// One validated request with everything needed to run it and answer it.
+// ---------------------------------------------------------------------------------------------
+// Requests larger than one backend operation
+
+/// Smallest piece a split request is cut into, whatever `max_request_bytes` says (a tiny
+/// configured maximum must not turn a 4 GiB TRIM into millions of pieces).
+const MIN_PIECE_BYTES: u32 = 1 << 20;
+
+/// Whether `request` is run as several pieces of at most `piece_bytes`. WRITE_ZEROES, TRIM and
+/// CACHE carry no payload, so validation accepts them up to the export size (4 GiB - 1 on the
+/// wire); cutting them at the maximum block size keeps every backend operation (a zero-filled
+/// write, a punch, a readahead) and every scheduler charge bounded, and lets other volumes'
+/// requests run between the pieces. BLOCK_STATUS is not split: it only reads the in-memory
+/// extent map, at most one entry per 2 MiB of its (32-bit) length, and its reply must describe
+/// one contiguous run of extents.
+fn needs_split(request: &nbd::ValidRequest, piece_bytes: u32) -> bool {
+    matches!(
+        request.command,
+        nbd::Command::WriteZeroes | nbd::Command::Trim | nbd::Command::Cache
+    ) && request.length > piece_bytes
+}
+
+/// Cuts `request` at multiples of `piece_bytes` (absolute offsets, so that pieces cover whole
+/// extents except at the request's ends).
+fn pieces(request: &nbd::ValidRequest, piece_bytes: u32) -> Vec<nbd::ValidRequest> {
+    let piece_bytes = u64::from(piece_bytes.max(1));
+    let end = request.offset.saturating_add(u64::from(request.length));
+    let mut out = Vec::with_capacity(
+        usize::try_from(u64::from(request.length) / piece_bytes + 2).unwrap_or(0),
+    );
+    let mut offset = request.offset;
+    while offset < end {
+        let boundary = (offset / piece_bytes)
+            .saturating_add(1)
+            .saturating_mul(piece_bytes);
+        let piece_end = boundary.min(end);
+        // piece_end - offset <= piece_bytes <= u32::MAX.
+        let length = u32::try_from(piece_end - offset).unwrap_or(u32::MAX);
+        out.push(nbd::ValidRequest {
+            offset,
+            length,
+            ..*request
+        });
+        offset = piece_end;
+    }
+    out
+}
+
+/// The shared state of a request split into pieces: the last piece to complete sends the one
+/// reply, with the first failure (by offset) if any piece failed, and releases the permits.
+#[derive(Debug)]
+struct SplitRequest {
+    cookie: u64,
+    remaining: AtomicUsize,
+    state: Mutex<SplitState>,
+    reply_tx: ReplySender,
+}
+
+#[derive(Debug)]
+struct SplitState {
+    /// (piece index, errno, message) of the lowest failed piece.
+    failure: Option<(usize, nbd::Errno, &'static str)>,
+    permits: Option<Permits>,
+}
+
+impl SplitRequest {
+    fn new(
+        request: &nbd::ValidRequest,
+        pieces: usize,
+        permits: Permits,
+        reply_tx: ReplySender,
+    ) -> Arc<SplitRequest> {
+        Arc::new(SplitRequest {
+            cookie: request.cookie,
+            remaining: AtomicUsize::new(pieces),
+            state: Mutex::new(SplitState {
+                failure: None,
+                permits: Some(permits),
+            }),
+            reply_tx,
+        })
+    }
+
+    /// Records one piece's outcome; answers the request when it was the last.
+    fn piece_done(&self, index: usize, body: ReplyBody) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let ReplyBody::Error(errno, message) = body
+            && state.failure.is_none_or(|(first, _, _)| index < first)
+        {
+            state.failure = Some((index, errno, message));
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let Some(permits) = state.permits.take() else {
+            return;
+        };
+        let body = match state.failure {
+            Some((_, errno, message)) => ReplyBody::Error(errno, message),
+            None => ReplyBody::Done,
+        };
+        drop(state);
+        // If the writer is gone the client is gone; dropping the reply releases the permits.
+        let _ = self.reply_tx.send(Reply {
+            cookie: self.cookie,
+            body,
+            _permits: permits,
+        });
+    }
+}
+
+/// How a job's outcome reaches the client.
+#[derive(Debug)]
+enum Answer {
+    /// The job is the whole request: its reply goes out when it completes.
+    Whole {
+        permits: Permits,
+        reply_tx: ReplySender,
+    },
+    /// The job is piece `index` of a split request.
+    Piece {
+        split: Arc<SplitRequest>,
+        index: usize,
+    },
+}
+
+impl Answer {
+    fn deliver(self, cookie: u64, body: ReplyBody) {
+        match self {
+            Answer::Whole { permits, reply_tx } => {
+                // If the writer is gone the client is gone; dropping the reply releases its
+                // permits.
+                let _ = reply_tx.send(Reply {
+                    cookie,
+                    body,
+                    _permits: permits,
+                });
+            }
+            Answer::Piece { split, index } => split.piece_done(index, body),
+        }
+    }
+}
+
+/// One validated request (or piece of one) with everything needed to run it and answer it.
 #[derive(Debug)]
 pub struct IoJob {
     volume: Arc<Volume>,
     request: nbd::ValidRequest,
     write_payload: Option<PooledBuffer>,
-    permits: Permits,
-    reply_tx: ReplySender,
+    answer: Answer,
 }
 
 impl IoJob {
@@ -580,6 +745,8 @@ impl IoJob {
     fn runs_on_executor(&self, io: &IoRuntime) -> bool {
         let moved = match self.request.command {
             nbd::Command::Read | nbd::Command::Write => self.request.length,
+            // Zeroing without punching writes the whole range.
+            nbd::Command::WriteZeroes if self.request.no_hole => self.request.length,
             _ => 0,
         };
         matches!(self.request.command, nbd::Command::Flush)
@@ -676,18 +843,12 @@ fn execute_and_finish(
         volume,
         request,
         write_payload,
-        permits,
-        reply_tx,
+        answer,
     } = job;
     let body = execute(&io.buffers, &volume, &request, write_payload);
-    let reply = Reply {
-        cookie: request.cookie,
-        body,
-        _permits: permits,
-    };
+    let cookie = request.cookie;
     let finish = move |scheduler: Option<&Arc<Scheduler<IoJob>>>| {
-        // If the writer is gone the client is gone; dropping the reply releases its permits.
-        let _ = reply_tx.send(reply);
+        answer.deliver(cookie, body);
         let mut released = Vec::new();
         if let (Some(scheduler), Scheduled(ticket)) = (scheduler, admission) {
             scheduler.complete(ticket, &mut released);
