@@ -15,9 +15,8 @@ use headroom_nbd as nbd;
 use headroom_nbd::consts;
 use headroom_qos::OpKind;
 use headroom_store::{Store, StoreError, Volume};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::buffers::{BufferPool, PooledBuffer};
@@ -42,7 +41,21 @@ pub struct SessionContext {
     pub io: Arc<IoRuntime>,
     /// The QoS scheduler; `None` with `--policy off` (requests run as they arrive).
     pub scheduler: Option<Arc<Scheduler<IoJob>>>,
+    /// TLS credentials; `None`: NOTLS mode (STARTTLS is answered `NBD_REP_ERR_UNSUP`).
+    pub tls: Option<Arc<Tls>>,
+    /// FORCEDTLS: refuse every option but STARTTLS and ABORT until TLS is up.
+    pub tls_required: bool,
 }
+
+/// What upgrades a session to TLS.
+#[cfg(feature = "tls")]
+pub type Tls = crate::tls::TlsAcceptor;
+
+/// What upgrades a session to TLS: nothing in a build without the `tls` feature (the type has
+/// no values, so `SessionContext::tls` is always `None` there).
+#[cfg(not(feature = "tls"))]
+#[derive(Debug)]
+pub enum Tls {}
 
 /// Where and how block I/O runs once it may run.
 #[derive(Debug)]
@@ -75,6 +88,12 @@ pub enum SessionError {
     OptionTooLarge(u32),
     #[error("transmission: {0}")]
     Transmission(#[from] nbd::TransmissionError),
+    #[error(
+        "client asked for export {0:?} with NBD_OPT_EXPORT_NAME before starting the TLS this server requires"
+    )]
+    TlsRequired(String),
+    #[error("{0}")]
+    TlsHandshake(String),
 }
 
 /// The outcome of negotiation when the client moves to transmission.
@@ -90,42 +109,122 @@ pub async fn serve_connection(
     ctx: Arc<SessionContext>,
 ) -> Result<(), SessionError> {
     stream.set_nodelay(true)?;
-    let deadline = Duration::from_millis(ctx.limits.handshake_timeout_ms);
-    let negotiated = match tokio::time::timeout(deadline, negotiate(&mut stream, &ctx)).await {
-        Ok(Ok(Some(negotiated))) => negotiated,
-        Ok(Ok(None)) => return Ok(()),
+    // One deadline for the whole negotiation, TLS handshake included.
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(ctx.limits.handshake_timeout_ms);
+    let mut state = match tokio::time::timeout_at(deadline, greet(&mut stream)).await {
+        Ok(Ok(flags)) => Haggling::new(flags),
         Ok(Err(err)) => return Err(err),
         Err(_) => return Err(SessionError::HandshakeTimeout),
     };
-    transmit(stream, ctx, negotiated).await
+    let outcome =
+        match tokio::time::timeout_at(deadline, negotiate(&mut stream, &ctx, &mut state)).await {
+            Ok(outcome) => outcome?,
+            Err(_) => return Err(SessionError::HandshakeTimeout),
+        };
+    match outcome {
+        Outcome::End => Ok(()),
+        Outcome::Transmit(negotiated) => {
+            let (reader, writer) = stream.into_split();
+            transmit(reader, writer, ctx, negotiated).await
+        }
+        Outcome::StartTls(tls) => {
+            let upgraded = match tokio::time::timeout_at(deadline, start_tls(&tls, stream)).await {
+                Ok(upgraded) => upgraded?,
+                Err(_) => return Err(SessionError::HandshakeTimeout),
+            };
+            serve_tls(upgraded, ctx, state, deadline).await
+        }
+    }
+}
+
+/// Sends the greeting and reads the client flags.
+async fn greet(stream: &mut TcpStream) -> Result<nbd::ClientFlags, SessionError> {
+    let mut out = Vec::with_capacity(32);
+    nbd::encode_server_greeting(&mut out);
+    stream.write_all(&out).await?;
+    let mut flags_buf = [0u8; 4];
+    stream.read_exact(&mut flags_buf).await?;
+    Ok(nbd::decode_client_flags(u32::from_be_bytes(flags_buf))?)
+}
+
+#[cfg(feature = "tls")]
+type TlsStream = tokio_openssl::SslStream<TcpStream>;
+#[cfg(not(feature = "tls"))]
+type TlsStream = TcpStream;
+
+/// The TLS handshake that follows our `NBD_REP_ACK` to `NBD_OPT_STARTTLS`.
+#[cfg(feature = "tls")]
+async fn start_tls(tls: &Tls, stream: TcpStream) -> Result<TlsStream, SessionError> {
+    let (stream, peer) = tls
+        .accept(stream)
+        .await
+        .map_err(|err| SessionError::TlsHandshake(err.to_string()))?;
+    tracing::debug!("TLS session up, peer {peer:?}");
+    Ok(stream)
+}
+
+#[cfg(not(feature = "tls"))]
+async fn start_tls(tls: &Tls, _stream: TcpStream) -> Result<TlsStream, SessionError> {
+    match *tls {}
+}
+
+/// Negotiation (again, from scratch but for the client flags) and transmission over TLS.
+async fn serve_tls(
+    mut stream: TlsStream,
+    ctx: Arc<SessionContext>,
+    plaintext: Haggling,
+    deadline: tokio::time::Instant,
+) -> Result<(), SessionError> {
+    // Nothing settled in plaintext survives the upgrade: a man in the middle could have
+    // chosen it.
+    let mut state = Haggling::new(plaintext.client_flags);
+    state.tls_active = true;
+    let outcome =
+        match tokio::time::timeout_at(deadline, negotiate(&mut stream, &ctx, &mut state)).await {
+            Ok(outcome) => outcome?,
+            Err(_) => return Err(SessionError::HandshakeTimeout),
+        };
+    match outcome {
+        Outcome::Transmit(negotiated) => {
+            let (reader, writer) = tokio::io::split(stream);
+            transmit(reader, writer, ctx, negotiated).await
+        }
+        // ABORT or EOF: close TLS politely (the client may already be gone).
+        Outcome::End => {
+            let _ = stream.shutdown().await;
+            Ok(())
+        }
+        // `answer` refuses a second STARTTLS.
+        Outcome::StartTls(_) => Ok(()),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Negotiation
 
-/// Runs option haggling. `Ok(None)` means the client ended it cleanly (ABORT or EOF).
-async fn negotiate(
-    stream: &mut TcpStream,
+/// How option haggling ended.
+enum Outcome {
+    /// The client ended it cleanly (ABORT or EOF).
+    End,
+    Transmit(Negotiated),
+    /// We acknowledged `NBD_OPT_STARTTLS`: the TLS handshake comes next.
+    StartTls(Arc<Tls>),
+}
+
+/// Runs option haggling on `stream` until the client enters transmission, starts TLS, or
+/// leaves.
+async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     ctx: &SessionContext,
-) -> Result<Option<Negotiated>, SessionError> {
+    state: &mut Haggling,
+) -> Result<Outcome, SessionError> {
     let mut out = Vec::with_capacity(256);
-    nbd::encode_server_greeting(&mut out);
-    stream.write_all(&out).await?;
-
-    let mut flags_buf = [0u8; 4];
-    stream.read_exact(&mut flags_buf).await?;
-    let client_flags = nbd::decode_client_flags(u32::from_be_bytes(flags_buf))?;
-    let mut state = Haggling {
-        no_zeroes: client_flags.no_zeroes,
-        structured: false,
-        meta_selection: None,
-    };
-
     loop {
         let mut header_buf = [0u8; 16];
         match stream.read_exact(&mut header_buf).await {
             Ok(_) => {}
-            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(Outcome::End),
             Err(err) => return Err(err.into()),
         }
         let header = nbd::decode_option_header(&header_buf)?;
@@ -174,12 +273,18 @@ async fn negotiate(
             Step::Continue => stream.write_all(&out).await?,
             Step::Transmit(negotiated) => {
                 stream.write_all(&out).await?;
-                return Ok(Some(negotiated));
+                return Ok(Outcome::Transmit(negotiated));
+            }
+            Step::StartTls(tls) => {
+                // The ACK is the last plaintext byte; the client starts the handshake.
+                stream.write_all(&out).await?;
+                stream.flush().await?;
+                return Ok(Outcome::StartTls(tls));
             }
             Step::End => {
                 // The client may close without reading a final ack; that is fine.
                 let _ = stream.write_all(&out).await;
-                return Ok(None);
+                return Ok(Outcome::End);
             }
         }
     }
@@ -187,20 +292,60 @@ async fn negotiate(
 
 /// What negotiation has settled so far.
 struct Haggling {
+    client_flags: nbd::ClientFlags,
     no_zeroes: bool,
     structured: bool,
     /// (export name, base:allocation selected) from the last SET_META_CONTEXT.
     meta_selection: Option<(String, bool)>,
+    /// The session runs over TLS.
+    tls_active: bool,
 }
 
 /// What follows an option's reply.
 enum Step {
     Continue,
     Transmit(Negotiated),
+    StartTls(Arc<Tls>),
     End,
 }
 
 impl Haggling {
+    fn new(client_flags: nbd::ClientFlags) -> Haggling {
+        Haggling {
+            client_flags,
+            no_zeroes: client_flags.no_zeroes,
+            structured: false,
+            meta_selection: None,
+            tls_active: false,
+        }
+    }
+
+    /// FORCEDTLS before the upgrade: "If the server receives any other option, it MUST reply
+    /// with NBD_REP_ERR_TLS_REQD if TLS has not been initiated"; EXPORT_NAME cannot be
+    /// refused, so "it MUST terminate the session". `None`: the option goes on to `answer`.
+    fn refuse_without_tls(
+        &self,
+        ctx: &SessionContext,
+        option_number: u32,
+        option: &nbd::ClientOption,
+        out: &mut Vec<u8>,
+    ) -> Option<Result<Step, SessionError>> {
+        if self.tls_active || !ctx.tls_required {
+            return None;
+        }
+        match option {
+            nbd::ClientOption::StartTls | nbd::ClientOption::Abort => None,
+            nbd::ClientOption::ExportName(name) => {
+                Some(Err(SessionError::TlsRequired(name.clone())))
+            }
+            _ => {
+                let message = "this server requires TLS: send NBD_OPT_STARTTLS first";
+                nbd::encode_option_error(out, option_number, consts::NBD_REP_ERR_TLS_REQD, message);
+                Some(Ok(Step::Continue))
+            }
+        }
+    }
+
     /// Appends the reply to one decoded option to `out` and says what comes next.
     fn answer(
         &mut self,
@@ -217,6 +362,9 @@ impl Haggling {
         let ack = |out: &mut Vec<u8>| {
             nbd::encode_option_reply(out, option_number, consts::NBD_REP_ACK, &[]);
         };
+        if let Some(step) = self.refuse_without_tls(ctx, option_number, &option, out) {
+            return step;
+        }
         match option {
             nbd::ClientOption::ExportName(name) => {
                 // The spec leaves no way to refuse EXPORT_NAME but closing.
@@ -324,7 +472,8 @@ impl Haggling {
                 }
                 Ok(Step::Continue)
             }
-            nbd::ClientOption::StartTls | nbd::ClientOption::ExtendedHeaders => {
+            nbd::ClientOption::StartTls => Ok(self.start_tls(ctx, option_number, out)),
+            nbd::ClientOption::ExtendedHeaders => {
                 let message = "not supported by this server";
                 nbd::encode_option_error(out, option_number, consts::NBD_REP_ERR_UNSUP, message);
                 Ok(Step::Continue)
@@ -335,6 +484,39 @@ impl Haggling {
                 Ok(Step::Continue)
             }
         }
+    }
+
+    /// The answer to `NBD_OPT_STARTTLS` (spec, "TLS support").
+    fn start_tls(&self, ctx: &SessionContext, option_number: u32, out: &mut Vec<u8>) -> Step {
+        let refuse = |out: &mut Vec<u8>, reply_type: u32, message: &str| {
+            nbd::encode_option_error(out, option_number, reply_type, message);
+            Step::Continue
+        };
+        let Some(tls) = &ctx.tls else {
+            // NOTLS: "MUST respond with NBD_REP_ERR_POLICY ... [or] NBD_REP_ERR_UNSUP (if it
+            // does not support the NBD_OPT_STARTTLS option at all)".
+            return refuse(
+                out,
+                consts::NBD_REP_ERR_UNSUP,
+                "TLS is not configured on this server",
+            );
+        };
+        if self.tls_active {
+            // "If the server receives NBD_OPT_STARTTLS when TLS has already been negotiated, it
+            // MUST reply with NBD_REP_ERR_INVALID."
+            return refuse(out, consts::NBD_REP_ERR_INVALID, "TLS is already running");
+        }
+        if !self.client_flags.fixed_newstyle {
+            // "The server MUST operate in NOTLS mode unless ... the client replied with
+            // NBD_FLAG_C_FIXED_NEWSTYLE".
+            return refuse(
+                out,
+                consts::NBD_REP_ERR_POLICY,
+                "TLS needs fixed newstyle negotiation",
+            );
+        }
+        nbd::encode_option_reply(out, option_number, consts::NBD_REP_ACK, &[]);
+        Step::StartTls(Arc::clone(tls))
     }
 
     fn selected_for(&self, export: &str) -> bool {
@@ -387,12 +569,18 @@ struct Reply {
 
 type ReplySender = mpsc::UnboundedSender<Reply>;
 
-async fn transmit(
-    stream: TcpStream,
+/// Runs transmission on a connection's two halves: plain TCP halves (no lock between them) or
+/// the halves of a TLS stream. Generic, so the plaintext path pays nothing for TLS.
+async fn transmit<R, W>(
+    read_half: R,
+    write_half: W,
     ctx: Arc<SessionContext>,
     negotiated: Negotiated,
-) -> Result<(), SessionError> {
-    let (read_half, write_half) = stream.into_split();
+) -> Result<(), SessionError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let mut reader = BufReader::with_capacity(128 << 10, read_half);
     let (reply_tx, reply_rx) = mpsc::unbounded_channel::<Reply>();
     let writer = tokio::spawn(write_replies(
@@ -973,8 +1161,8 @@ fn store_errno(err: &StoreError) -> (nbd::Errno, &'static str) {
 }
 
 /// Encodes replies as they complete, batching what is ready into one write.
-async fn write_replies(
-    mut writer: OwnedWriteHalf,
+async fn write_replies<W: AsyncWrite + Unpin>(
+    mut writer: W,
     mut replies: mpsc::UnboundedReceiver<Reply>,
     structured: bool,
     buffers: Arc<BufferPool>,
@@ -1005,12 +1193,13 @@ async fn write_replies(
             }
         }
     }
-    writer.flush().await?;
+    // Flushes, then ends the stream (TLS: close_notify first, as the spec asks).
+    writer.shutdown().await?;
     Ok(())
 }
 
-async fn write_all_vectored(
-    writer: &mut OwnedWriteHalf,
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    writer: &mut W,
     head: &[u8],
     payload: &[u8],
 ) -> std::io::Result<()> {
