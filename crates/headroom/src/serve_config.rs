@@ -1512,4 +1512,25 @@ mod tests {
         let r4 = spec.cost_ns(headroom_qos::OpKind::Read, 4096, false);
         assert_eq!(NS_PER_S / r4, 20_000);
     }
+
+    #[test]
+    fn tls_keys_reach_the_node_config_or_ask_for_the_feature() {
+        let text = "[tls]\npsk_file = \"keys.psk\"\ncert_dir = \"pki\"\nrequired = true\n";
+        let result = resolve(&parse(text).unwrap());
+        if headroom_node::TLS_SUPPORTED {
+            let tls = result.unwrap().tls.unwrap();
+            assert_eq!(tls.psk_file, Some(PathBuf::from("keys.psk")));
+            assert_eq!(tls.cert_dir, Some(PathBuf::from("pki")));
+            assert!(tls.required);
+            assert!(err("[tls]\nrequired = true\n").contains("needs tls.psk_file"));
+        } else {
+            let err = result.unwrap_err().to_string();
+            assert!(
+                err.contains("built without TLS; rebuild with --features tls"),
+                "{err}"
+            );
+        }
+        assert_eq!(resolved("[tls]\nrequired = false\n").tls, None);
+        assert_eq!(resolved("").tls, None);
+    }
 }
