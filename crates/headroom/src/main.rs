@@ -98,13 +98,24 @@ struct ServeArgs {
     /// Maximum requests in flight per connection [default: 256].
     #[arg(long)]
     max_inflight_requests: Option<usize>,
+    /// Offer TLS with these pre-shared keys: `identity:hexkey` lines, as qemu's `keys.psk`
+    /// (needs a build with --features tls).
+    #[arg(long, value_name = "FILE")]
+    tls_psk_file: Option<PathBuf>,
+    /// Offer TLS with the X.509 credentials in DIR: server-cert.pem, server-key.pem, and
+    /// ca-cert.pem to require and verify client certificates (qemu's layout).
+    #[arg(long, value_name = "DIR")]
+    tls_cert_dir: Option<PathBuf>,
+    /// Refuse clients that do not start TLS (NBD_REP_ERR_TLS_REQD).
+    #[arg(long)]
+    tls_required: bool,
 }
 
 impl ServeArgs {
     /// The flags as the top configuration layer.
     fn layer(&self) -> serve_config::ConfigFile {
         use serve_config::{
-            ConfigFile, LimitsSection, QosSection, ServerSection, Size, StorageSection,
+            ConfigFile, LimitsSection, QosSection, ServerSection, Size, StorageSection, TlsSection,
         };
         ConfigFile {
             server: ServerSection {
@@ -129,6 +140,11 @@ impl ServeArgs {
             qos: QosSection {
                 policy: self.policy,
                 ..QosSection::default()
+            },
+            tls: TlsSection {
+                psk_file: self.tls_psk_file.clone(),
+                cert_dir: self.tls_cert_dir.clone(),
+                required: self.tls_required.then_some(true),
             },
         }
     }

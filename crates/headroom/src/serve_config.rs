@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use headroom_node::config::{DispatchMode, PolicyChoice, QosConfig};
 use headroom_node::emulated::{EmulatedDeviceSpec, EmulatedError};
-use headroom_node::{Limits, NodeConfig, StoreBackend};
+use headroom_node::{Limits, NodeConfig, StoreBackend, TlsConfig};
 use headroom_qos::model::{CpuModel, DeviceModel, IoCostModel, LinearCpu, VopCurve};
 use headroom_qos::{CostModel, CostVector, NS_PER_S, NodeCapacity, PolicyParams};
 use serde::Deserialize;
@@ -151,6 +151,20 @@ pub struct ConfigFile {
     pub storage: StorageSection,
     pub limits: LimitsSection,
     pub qos: QosSection,
+    pub tls: TlsSection,
+}
+
+/// `[tls]`: TLS on the NBD port (needs a build with `--features tls`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSection {
+    /// `identity:hexkey` lines (qemu's `keys.psk`).
+    pub psk_file: Option<PathBuf>,
+    /// `ca-cert.pem` (optional: verifies client certificates), `server-cert.pem`,
+    /// `server-key.pem`.
+    pub cert_dir: Option<PathBuf>,
+    /// Refuse clients that do not start TLS.
+    pub required: Option<bool>,
 }
 
 /// `[server]`: listeners and the I/O threads.
@@ -536,11 +550,18 @@ impl ConfigFile {
                 device: s.cost.device.or(l.cost.device),
             },
         };
+        let (s, l) = (self.tls, lower.tls);
+        let tls = TlsSection {
+            psk_file: s.psk_file.or(l.psk_file),
+            cert_dir: s.cert_dir.or(l.cert_dir),
+            required: s.required.or(l.required),
+        };
         ConfigFile {
             server,
             storage,
             limits,
             qos,
+            tls,
         }
     }
 
@@ -797,7 +818,36 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         config.credit_save_period_ms = ms;
     }
     config.qos = qos_config(&layer.qos)?;
+    config.tls = tls_config(&layer.tls)?;
     Ok(config)
+}
+
+/// `None` unless credentials are given; `tls.required` alone has nothing to require.
+fn tls_config(t: &TlsSection) -> Result<Option<TlsConfig>, Invalid> {
+    let required = t.required.unwrap_or(false);
+    if !headroom_node::TLS_SUPPORTED && (t.psk_file.is_some() || t.cert_dir.is_some() || required) {
+        return Err(Invalid::new(
+            "tls",
+            "",
+            "this headroom was built without TLS; rebuild with --features tls \
+             (cargo build --release -p headroom --features tls; needs libssl-dev and pkg-config)",
+        ));
+    }
+    if t.psk_file.is_none() && t.cert_dir.is_none() {
+        if required {
+            return Err(Invalid::new(
+                "tls.required",
+                true,
+                "needs tls.psk_file or tls.cert_dir (--tls-psk-file, --tls-cert-dir)",
+            ));
+        }
+        return Ok(None);
+    }
+    Ok(Some(TlsConfig {
+        psk_file: t.psk_file.clone(),
+        cert_dir: t.cert_dir.clone(),
+        required,
+    }))
 }
 
 fn qos_config(q: &QosSection) -> Result<QosConfig, Invalid> {
@@ -1464,5 +1514,26 @@ mod tests {
         // Well below what this machine does unthrottled (~40–80k 4 KiB IOPS).
         let r4 = spec.cost_ns(headroom_qos::OpKind::Read, 4096, false);
         assert_eq!(NS_PER_S / r4, 20_000);
+    }
+
+    #[test]
+    fn tls_keys_reach_the_node_config_or_ask_for_the_feature() {
+        let text = "[tls]\npsk_file = \"keys.psk\"\ncert_dir = \"pki\"\nrequired = true\n";
+        let result = resolve(&parse(text).unwrap());
+        if headroom_node::TLS_SUPPORTED {
+            let tls = result.unwrap().tls.unwrap();
+            assert_eq!(tls.psk_file, Some(PathBuf::from("keys.psk")));
+            assert_eq!(tls.cert_dir, Some(PathBuf::from("pki")));
+            assert!(tls.required);
+            assert!(err("[tls]\nrequired = true\n").contains("needs tls.psk_file"));
+        } else {
+            let err = result.unwrap_err().to_string();
+            assert!(
+                err.contains("built without TLS; rebuild with --features tls"),
+                "{err}"
+            );
+        }
+        assert_eq!(resolved("[tls]\nrequired = false\n").tls, None);
+        assert_eq!(resolved("").tls, None);
     }
 }

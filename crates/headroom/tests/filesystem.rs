@@ -1,6 +1,8 @@
 //! A real filesystem on a volume: nbdfuse exposes the export as a file, the kernel mounts an
 //! ext4 on it through a loop device, files survive an unmount, and `fstrim` gives the freed
-//! extents back to the pool (discard -> NBD_CMD_TRIM -> extents released).
+//! extents back to the pool (discard -> NBD_CMD_TRIM -> extents released). And mkfs.ext4 with
+//! its default discard and zeroing runs through nbdfuse without a single libnbd error: it
+//! zeroes and discards the whole device in requests far larger than the maximum block size.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
 
 mod common;
@@ -164,5 +166,94 @@ fn ext4_on_a_volume_keeps_files_and_fstrim_frees_extents() {
         "fstrim freed too little: {with_file} -> {after_trim} bytes allocated"
     );
     drop(mounts);
+    server.stop();
+}
+
+/// Lines of libnbd's (and nbdfuse's) error reports in `text`: libnbd prints
+/// `nbdfuse: nbd_zero: write-zeroes: command failed: Invalid argument` and the like.
+fn libnbd_errors(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|line| {
+            line.contains("command failed")
+                || line.contains("nbd_")
+                || line.contains("libnbd")
+                || line.contains("nbdfuse:")
+        })
+        .collect()
+}
+
+#[test]
+fn mkfs_ext4_through_nbdfuse_has_no_libnbd_errors() {
+    if !have_tool("nbdfuse") || !have_tool("mkfs.ext4") || !have_tool("e2fsck") || !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // 8 GiB (sparse): mkfs.ext4 then zeroes a 64 MiB journal in one request.
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--devices", "2", "--device-size", "8GiB"],
+    );
+    server.create_volume("fs", "8GiB");
+
+    let fuse_dir = dir.path().join("fuse");
+    std::fs::create_dir_all(&fuse_dir).unwrap();
+    let pidfile = dir.path().join("nbdfuse.pid");
+    let fuse_log = dir.path().join("nbdfuse.log");
+    let mut fuse = Command::new("nbdfuse")
+        .arg("-P")
+        .arg(&pidfile)
+        .arg(&fuse_dir)
+        .arg(server.uri("fs"))
+        .stderr(std::fs::File::create(&fuse_log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for_pidfile(&pidfile, &mut fuse);
+    let mut mounts = Mounts {
+        fuse: Some(fuse),
+        fuse_dir: fuse_dir.clone(),
+        fs_dir: dir.path().join("unused"),
+        fs_mounted: false,
+    };
+
+    // mkfs.ext4 on a file discards the whole device (fallocate punch -> NBD_CMD_TRIMs of
+    // gigabytes), then zeroes what must read as zeros: inode tables, and the 64 MiB journal
+    // of an 8 GiB filesystem in one fallocate zero range -> one 64 MiB NBD_CMD_WRITE_ZEROES,
+    // which a server enforcing the 32 MiB maximum block size on it refuses with EINVAL
+    // (nbdfuse then prints "write-zeroes: command failed: Invalid argument").
+    let mkfs = Command::new("timeout")
+        .args([
+            "300",
+            "mkfs.ext4",
+            "-F",
+            "-E",
+            "discard,lazy_itable_init=0,lazy_journal_init=0",
+        ])
+        .arg(fuse_dir.join("nbd"))
+        .output()
+        .unwrap();
+    let fsck = Command::new("timeout")
+        .args(["300", "e2fsck", "-f", "-n"])
+        .arg(fuse_dir.join("nbd"))
+        .output()
+        .unwrap();
+    if let Some(mut fuse) = mounts.fuse.take() {
+        let _ = Command::new("umount").arg(&fuse_dir).status();
+        let _ = fuse.wait();
+    }
+    let fuse_errors = std::fs::read_to_string(&fuse_log).unwrap_or_default();
+    let mkfs_text = text(&mkfs);
+    let mut errors = libnbd_errors(&fuse_errors);
+    errors.extend(libnbd_errors(&mkfs_text));
+    assert!(
+        errors.is_empty(),
+        "libnbd reported errors during mkfs.ext4:\n{}\nmkfs: {mkfs_text}",
+        errors.join("\n")
+    );
+    assert!(mkfs.status.success(), "mkfs.ext4 failed: {mkfs_text}");
+    assert!(
+        fsck.status.success(),
+        "the new filesystem does not check clean: {}",
+        text(&fsck)
+    );
     server.stop();
 }

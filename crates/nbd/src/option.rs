@@ -26,7 +26,7 @@ pub enum ClientOption {
     List,
     /// `NBD_OPT_ABORT`: reply `NBD_REP_ACK` and close.
     Abort,
-    /// `NBD_OPT_STARTTLS`: Headroom runs NOTLS and replies `NBD_REP_ERR_UNSUP`/`POLICY`.
+    /// `NBD_OPT_STARTTLS`: the session acknowledges it and starts TLS when TLS is configured.
     StartTls,
     /// `NBD_OPT_STRUCTURED_REPLY`: reply `NBD_REP_ACK`.
     StructuredReply,

@@ -220,7 +220,7 @@ proptest! {
                         prop_assert!(limits.structured_replies);
                     }
                 }
-                if matches!(v.command, Command::Read | Command::Write | Command::Cache) {
+                if matches!(v.command, Command::Read | Command::Write) {
                     prop_assert!(h.length <= limits.max_payload_bytes);
                 }
                 if v.command == Command::BlockStatus {

@@ -52,6 +52,19 @@ impl Default for Limits {
     }
 }
 
+/// TLS on the NBD port (`NBD_OPT_STARTTLS`). Needs the `tls` cargo feature.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// `identity:hexkey` lines (qemu's `keys.psk`).
+    pub psk_file: Option<PathBuf>,
+    /// qemu's X.509 layout: `server-cert.pem`, `server-key.pem`, and optionally `ca-cert.pem`
+    /// (then client certificates are required and verified against it).
+    pub cert_dir: Option<PathBuf>,
+    /// FORCEDTLS: every option but STARTTLS and ABORT is refused with `NBD_REP_ERR_TLS_REQD`
+    /// until TLS is up. Otherwise TLS is the client's choice.
+    pub required: bool,
+}
+
 /// Everything `Node::start` needs.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -74,6 +87,8 @@ pub struct NodeConfig {
     /// How often credit balances are saved while running (they are always saved at a clean
     /// shutdown).
     pub credit_save_period_ms: u64,
+    /// TLS on the NBD port; `None`: plaintext only (STARTTLS is answered `NBD_REP_ERR_UNSUP`).
+    pub tls: Option<TlsConfig>,
 }
 
 impl NodeConfig {
@@ -105,6 +120,7 @@ impl NodeConfig {
             qos: QosConfig::default(),
             emulated_device: None,
             credit_save_period_ms: 1_000,
+            tls: None,
         }
     }
 }

@@ -16,7 +16,12 @@ pub mod global_pool;
 pub mod scheduler;
 pub mod server;
 pub mod session;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod volume_qos;
 
-pub use config::{Limits, NodeConfig, StoreBackend};
+pub use config::{Limits, NodeConfig, StoreBackend, TlsConfig};
+
+/// Whether this build can serve TLS (the `tls` cargo feature).
+pub const TLS_SUPPORTED: bool = cfg!(feature = "tls");
 pub use server::{Node, NodeError, RunningNode};

@@ -42,6 +42,13 @@ pub enum NodeError {
     Qos(String),
     #[error("saving credit balances: {0}")]
     Credits(StoreError),
+    #[error(
+        "TLS is configured, but this server was built without TLS; rebuild with --features tls"
+    )]
+    TlsUnavailable,
+    #[cfg(feature = "tls")]
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// Entry point.
@@ -64,6 +71,11 @@ pub struct RunningNode {
 impl Node {
     /// Opens the store and starts both listeners.
     pub async fn start(config: NodeConfig) -> Result<RunningNode, NodeError> {
+        // Credentials first: a typo in a key file must not leave a half-started node.
+        let tls = match &config.tls {
+            None => None,
+            Some(tls) => Some(Arc::new(tls_acceptor(tls)?)),
+        };
         let store = match &config.backend {
             StoreBackend::Files {
                 data_dir,
@@ -149,6 +161,8 @@ impl Node {
             limits: config.limits.clone(),
             io,
             scheduler: scheduler.clone(),
+            tls,
+            tls_required: config.tls.as_ref().is_some_and(|tls| tls.required),
         });
         let accept_task = tokio::spawn(accept_loop(
             nbd_listener,
@@ -175,6 +189,16 @@ impl Node {
             saver,
         })
     }
+}
+
+#[cfg(feature = "tls")]
+fn tls_acceptor(config: &crate::config::TlsConfig) -> Result<crate::session::Tls, NodeError> {
+    Ok(crate::tls::TlsAcceptor::new(config)?)
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_acceptor(_config: &crate::config::TlsConfig) -> Result<crate::session::Tls, NodeError> {
+    Err(NodeError::TlsUnavailable)
 }
 
 fn local_addr(listener: &TcpListener, requested: SocketAddr) -> Result<SocketAddr, NodeError> {

@@ -7,16 +7,16 @@
 //! until its reply is on the wire, so a client that pipelines without reading replies stalls only
 //! itself: its reader stops pulling from the socket, TCP pushes back, and memory stays bounded.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use headroom_nbd as nbd;
 use headroom_nbd::consts;
 use headroom_qos::OpKind;
 use headroom_store::{Store, StoreError, Volume};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::buffers::{BufferPool, PooledBuffer};
@@ -41,7 +41,21 @@ pub struct SessionContext {
     pub io: Arc<IoRuntime>,
     /// The QoS scheduler; `None` with `--policy off` (requests run as they arrive).
     pub scheduler: Option<Arc<Scheduler<IoJob>>>,
+    /// TLS credentials; `None`: NOTLS mode (STARTTLS is answered `NBD_REP_ERR_UNSUP`).
+    pub tls: Option<Arc<Tls>>,
+    /// FORCEDTLS: refuse every option but STARTTLS and ABORT until TLS is up.
+    pub tls_required: bool,
 }
+
+/// What upgrades a session to TLS.
+#[cfg(feature = "tls")]
+pub type Tls = crate::tls::TlsAcceptor;
+
+/// What upgrades a session to TLS: nothing in a build without the `tls` feature (the type has
+/// no values, so `SessionContext::tls` is always `None` there).
+#[cfg(not(feature = "tls"))]
+#[derive(Debug)]
+pub enum Tls {}
 
 /// Where and how block I/O runs once it may run.
 #[derive(Debug)]
@@ -74,6 +88,12 @@ pub enum SessionError {
     OptionTooLarge(u32),
     #[error("transmission: {0}")]
     Transmission(#[from] nbd::TransmissionError),
+    #[error(
+        "client asked for export {0:?} with NBD_OPT_EXPORT_NAME before starting the TLS this server requires"
+    )]
+    TlsRequired(String),
+    #[error("{0}")]
+    TlsHandshake(String),
 }
 
 /// The outcome of negotiation when the client moves to transmission.
@@ -89,42 +109,122 @@ pub async fn serve_connection(
     ctx: Arc<SessionContext>,
 ) -> Result<(), SessionError> {
     stream.set_nodelay(true)?;
-    let deadline = Duration::from_millis(ctx.limits.handshake_timeout_ms);
-    let negotiated = match tokio::time::timeout(deadline, negotiate(&mut stream, &ctx)).await {
-        Ok(Ok(Some(negotiated))) => negotiated,
-        Ok(Ok(None)) => return Ok(()),
+    // One deadline for the whole negotiation, TLS handshake included.
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(ctx.limits.handshake_timeout_ms);
+    let mut state = match tokio::time::timeout_at(deadline, greet(&mut stream)).await {
+        Ok(Ok(flags)) => Haggling::new(flags),
         Ok(Err(err)) => return Err(err),
         Err(_) => return Err(SessionError::HandshakeTimeout),
     };
-    transmit(stream, ctx, negotiated).await
+    let outcome =
+        match tokio::time::timeout_at(deadline, negotiate(&mut stream, &ctx, &mut state)).await {
+            Ok(outcome) => outcome?,
+            Err(_) => return Err(SessionError::HandshakeTimeout),
+        };
+    match outcome {
+        Outcome::End => Ok(()),
+        Outcome::Transmit(negotiated) => {
+            let (reader, writer) = stream.into_split();
+            transmit(reader, writer, ctx, negotiated).await
+        }
+        Outcome::StartTls(tls) => {
+            let upgraded = match tokio::time::timeout_at(deadline, start_tls(&tls, stream)).await {
+                Ok(upgraded) => upgraded?,
+                Err(_) => return Err(SessionError::HandshakeTimeout),
+            };
+            serve_tls(upgraded, ctx, state, deadline).await
+        }
+    }
+}
+
+/// Sends the greeting and reads the client flags.
+async fn greet(stream: &mut TcpStream) -> Result<nbd::ClientFlags, SessionError> {
+    let mut out = Vec::with_capacity(32);
+    nbd::encode_server_greeting(&mut out);
+    stream.write_all(&out).await?;
+    let mut flags_buf = [0u8; 4];
+    stream.read_exact(&mut flags_buf).await?;
+    Ok(nbd::decode_client_flags(u32::from_be_bytes(flags_buf))?)
+}
+
+#[cfg(feature = "tls")]
+type TlsStream = tokio_openssl::SslStream<TcpStream>;
+#[cfg(not(feature = "tls"))]
+type TlsStream = TcpStream;
+
+/// The TLS handshake that follows our `NBD_REP_ACK` to `NBD_OPT_STARTTLS`.
+#[cfg(feature = "tls")]
+async fn start_tls(tls: &Tls, stream: TcpStream) -> Result<TlsStream, SessionError> {
+    let (stream, peer) = tls
+        .accept(stream)
+        .await
+        .map_err(|err| SessionError::TlsHandshake(err.to_string()))?;
+    tracing::debug!("TLS session up, peer {peer:?}");
+    Ok(stream)
+}
+
+#[cfg(not(feature = "tls"))]
+async fn start_tls(tls: &Tls, _stream: TcpStream) -> Result<TlsStream, SessionError> {
+    match *tls {}
+}
+
+/// Negotiation (again, from scratch but for the client flags) and transmission over TLS.
+async fn serve_tls(
+    mut stream: TlsStream,
+    ctx: Arc<SessionContext>,
+    plaintext: Haggling,
+    deadline: tokio::time::Instant,
+) -> Result<(), SessionError> {
+    // Nothing settled in plaintext survives the upgrade: a man in the middle could have
+    // chosen it.
+    let mut state = Haggling::new(plaintext.client_flags);
+    state.tls_active = true;
+    let outcome =
+        match tokio::time::timeout_at(deadline, negotiate(&mut stream, &ctx, &mut state)).await {
+            Ok(outcome) => outcome?,
+            Err(_) => return Err(SessionError::HandshakeTimeout),
+        };
+    match outcome {
+        Outcome::Transmit(negotiated) => {
+            let (reader, writer) = tokio::io::split(stream);
+            transmit(reader, writer, ctx, negotiated).await
+        }
+        // ABORT or EOF: close TLS politely (the client may already be gone).
+        Outcome::End => {
+            let _ = stream.shutdown().await;
+            Ok(())
+        }
+        // `answer` refuses a second STARTTLS.
+        Outcome::StartTls(_) => Ok(()),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Negotiation
 
-/// Runs option haggling. `Ok(None)` means the client ended it cleanly (ABORT or EOF).
-async fn negotiate(
-    stream: &mut TcpStream,
+/// How option haggling ended.
+enum Outcome {
+    /// The client ended it cleanly (ABORT or EOF).
+    End,
+    Transmit(Negotiated),
+    /// We acknowledged `NBD_OPT_STARTTLS`: the TLS handshake comes next.
+    StartTls(Arc<Tls>),
+}
+
+/// Runs option haggling on `stream` until the client enters transmission, starts TLS, or
+/// leaves.
+async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     ctx: &SessionContext,
-) -> Result<Option<Negotiated>, SessionError> {
+    state: &mut Haggling,
+) -> Result<Outcome, SessionError> {
     let mut out = Vec::with_capacity(256);
-    nbd::encode_server_greeting(&mut out);
-    stream.write_all(&out).await?;
-
-    let mut flags_buf = [0u8; 4];
-    stream.read_exact(&mut flags_buf).await?;
-    let client_flags = nbd::decode_client_flags(u32::from_be_bytes(flags_buf))?;
-    let mut state = Haggling {
-        no_zeroes: client_flags.no_zeroes,
-        structured: false,
-        meta_selection: None,
-    };
-
     loop {
         let mut header_buf = [0u8; 16];
         match stream.read_exact(&mut header_buf).await {
             Ok(_) => {}
-            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(Outcome::End),
             Err(err) => return Err(err.into()),
         }
         let header = nbd::decode_option_header(&header_buf)?;
@@ -173,12 +273,18 @@ async fn negotiate(
             Step::Continue => stream.write_all(&out).await?,
             Step::Transmit(negotiated) => {
                 stream.write_all(&out).await?;
-                return Ok(Some(negotiated));
+                return Ok(Outcome::Transmit(negotiated));
+            }
+            Step::StartTls(tls) => {
+                // The ACK is the last plaintext byte; the client starts the handshake.
+                stream.write_all(&out).await?;
+                stream.flush().await?;
+                return Ok(Outcome::StartTls(tls));
             }
             Step::End => {
                 // The client may close without reading a final ack; that is fine.
                 let _ = stream.write_all(&out).await;
-                return Ok(None);
+                return Ok(Outcome::End);
             }
         }
     }
@@ -186,20 +292,60 @@ async fn negotiate(
 
 /// What negotiation has settled so far.
 struct Haggling {
+    client_flags: nbd::ClientFlags,
     no_zeroes: bool,
     structured: bool,
     /// (export name, base:allocation selected) from the last SET_META_CONTEXT.
     meta_selection: Option<(String, bool)>,
+    /// The session runs over TLS.
+    tls_active: bool,
 }
 
 /// What follows an option's reply.
 enum Step {
     Continue,
     Transmit(Negotiated),
+    StartTls(Arc<Tls>),
     End,
 }
 
 impl Haggling {
+    fn new(client_flags: nbd::ClientFlags) -> Haggling {
+        Haggling {
+            client_flags,
+            no_zeroes: client_flags.no_zeroes,
+            structured: false,
+            meta_selection: None,
+            tls_active: false,
+        }
+    }
+
+    /// FORCEDTLS before the upgrade: "If the server receives any other option, it MUST reply
+    /// with NBD_REP_ERR_TLS_REQD if TLS has not been initiated"; EXPORT_NAME cannot be
+    /// refused, so "it MUST terminate the session". `None`: the option goes on to `answer`.
+    fn refuse_without_tls(
+        &self,
+        ctx: &SessionContext,
+        option_number: u32,
+        option: &nbd::ClientOption,
+        out: &mut Vec<u8>,
+    ) -> Option<Result<Step, SessionError>> {
+        if self.tls_active || !ctx.tls_required {
+            return None;
+        }
+        match option {
+            nbd::ClientOption::StartTls | nbd::ClientOption::Abort => None,
+            nbd::ClientOption::ExportName(name) => {
+                Some(Err(SessionError::TlsRequired(name.clone())))
+            }
+            _ => {
+                let message = "this server requires TLS: send NBD_OPT_STARTTLS first";
+                nbd::encode_option_error(out, option_number, consts::NBD_REP_ERR_TLS_REQD, message);
+                Some(Ok(Step::Continue))
+            }
+        }
+    }
+
     /// Appends the reply to one decoded option to `out` and says what comes next.
     fn answer(
         &mut self,
@@ -216,6 +362,9 @@ impl Haggling {
         let ack = |out: &mut Vec<u8>| {
             nbd::encode_option_reply(out, option_number, consts::NBD_REP_ACK, &[]);
         };
+        if let Some(step) = self.refuse_without_tls(ctx, option_number, &option, out) {
+            return step;
+        }
         match option {
             nbd::ClientOption::ExportName(name) => {
                 // The spec leaves no way to refuse EXPORT_NAME but closing.
@@ -323,7 +472,8 @@ impl Haggling {
                 }
                 Ok(Step::Continue)
             }
-            nbd::ClientOption::StartTls | nbd::ClientOption::ExtendedHeaders => {
+            nbd::ClientOption::StartTls => Ok(self.start_tls(ctx, option_number, out)),
+            nbd::ClientOption::ExtendedHeaders => {
                 let message = "not supported by this server";
                 nbd::encode_option_error(out, option_number, consts::NBD_REP_ERR_UNSUP, message);
                 Ok(Step::Continue)
@@ -334,6 +484,39 @@ impl Haggling {
                 Ok(Step::Continue)
             }
         }
+    }
+
+    /// The answer to `NBD_OPT_STARTTLS` (spec, "TLS support").
+    fn start_tls(&self, ctx: &SessionContext, option_number: u32, out: &mut Vec<u8>) -> Step {
+        let refuse = |out: &mut Vec<u8>, reply_type: u32, message: &str| {
+            nbd::encode_option_error(out, option_number, reply_type, message);
+            Step::Continue
+        };
+        let Some(tls) = &ctx.tls else {
+            // NOTLS: "MUST respond with NBD_REP_ERR_POLICY ... [or] NBD_REP_ERR_UNSUP (if it
+            // does not support the NBD_OPT_STARTTLS option at all)".
+            return refuse(
+                out,
+                consts::NBD_REP_ERR_UNSUP,
+                "TLS is not configured on this server",
+            );
+        };
+        if self.tls_active {
+            // "If the server receives NBD_OPT_STARTTLS when TLS has already been negotiated, it
+            // MUST reply with NBD_REP_ERR_INVALID."
+            return refuse(out, consts::NBD_REP_ERR_INVALID, "TLS is already running");
+        }
+        if !self.client_flags.fixed_newstyle {
+            // "The server MUST operate in NOTLS mode unless ... the client replied with
+            // NBD_FLAG_C_FIXED_NEWSTYLE".
+            return refuse(
+                out,
+                consts::NBD_REP_ERR_POLICY,
+                "TLS needs fixed newstyle negotiation",
+            );
+        }
+        nbd::encode_option_reply(out, option_number, consts::NBD_REP_ACK, &[]);
+        Step::StartTls(Arc::clone(tls))
     }
 
     fn selected_for(&self, export: &str) -> bool {
@@ -386,12 +569,18 @@ struct Reply {
 
 type ReplySender = mpsc::UnboundedSender<Reply>;
 
-async fn transmit(
-    stream: TcpStream,
+/// Runs transmission on a connection's two halves: plain TCP halves (no lock between them) or
+/// the halves of a TLS stream. Generic, so the plaintext path pays nothing for TLS.
+async fn transmit<R, W>(
+    read_half: R,
+    write_half: W,
     ctx: Arc<SessionContext>,
     negotiated: Negotiated,
-) -> Result<(), SessionError> {
-    let (read_half, write_half) = stream.into_split();
+) -> Result<(), SessionError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let mut reader = BufReader::with_capacity(128 << 10, read_half);
     let (reply_tx, reply_rx) = mpsc::unbounded_channel::<Reply>();
     let writer = tokio::spawn(write_replies(
@@ -498,31 +687,54 @@ async fn transmit(
                 break Err(err.into());
             }
         }
-        let job = IoJob {
+        let mut submit = |job: IoJob| {
+            let io = job.desc();
+            match (&ctx.scheduler, &handle) {
+                (Some(scheduler), Some(handle)) => {
+                    scheduler.submit(handle, io, job, &mut ready);
+                    if !ready.is_empty() {
+                        run_ready(&ctx.io, Some(scheduler), std::mem::take(&mut ready));
+                    }
+                }
+                _ => {
+                    let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
+                    let sequential =
+                        headroom_qos::model::is_sequential(last_end_bytes, io.offset_bytes);
+                    last_end_bytes = end;
+                    if let Some(released) = run_job(&ctx.io, None, job, Unscheduled(sequential)) {
+                        debug_assert!(released.is_empty());
+                    }
+                }
+            }
+        };
+        let piece_bytes = ctx.limits.max_request_bytes.max(MIN_PIECE_BYTES);
+        if needs_split(&request, piece_bytes) {
+            // One reply for the request, sent when its last piece completes; each piece is
+            // scheduled, charged and run as a request of its own.
+            let pieces = pieces(&request, piece_bytes);
+            let split = SplitRequest::new(&request, pieces.len(), permits, reply_tx.clone());
+            for (index, piece) in pieces.into_iter().enumerate() {
+                submit(IoJob {
+                    volume: Arc::clone(&volume),
+                    request: piece,
+                    write_payload: None,
+                    answer: Answer::Piece {
+                        split: Arc::clone(&split),
+                        index,
+                    },
+                });
+            }
+            continue;
+        }
+        submit(IoJob {
             volume: Arc::clone(&volume),
             request,
             write_payload,
-            permits,
-            reply_tx: reply_tx.clone(),
-        };
-        let io = job.desc();
-        match (&ctx.scheduler, &handle) {
-            (Some(scheduler), Some(handle)) => {
-                scheduler.submit(handle, io, job, &mut ready);
-                if !ready.is_empty() {
-                    run_ready(&ctx.io, Some(scheduler), std::mem::take(&mut ready));
-                }
-            }
-            _ => {
-                let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
-                let sequential =
-                    headroom_qos::model::is_sequential(last_end_bytes, io.offset_bytes);
-                last_end_bytes = end;
-                if let Some(released) = run_job(&ctx.io, None, job, Unscheduled(sequential)) {
-                    debug_assert!(released.is_empty());
-                }
-            }
-        }
+            answer: Answer::Whole {
+                permits,
+                reply_tx: reply_tx.clone(),
+            },
+        });
     };
     drop(reply_tx);
     // Replies for everything already accepted are still delivered (NBD_CMD_DISC semantics).
@@ -544,14 +756,155 @@ fn scheduler_handle(scheduler: &Scheduler<IoJob>, volume: &Volume) -> Arc<Volume
     scheduler.add_volume(volume.id(), &qos)
 }
 
-/// One validated request with everything needed to run it and answer it.
+// ---------------------------------------------------------------------------------------------
+// Requests larger than one backend operation
+
+/// Smallest piece a split request is cut into, whatever `max_request_bytes` says (a tiny
+/// configured maximum must not turn a 4 GiB TRIM into millions of pieces).
+const MIN_PIECE_BYTES: u32 = 1 << 20;
+
+/// Whether `request` is run as several pieces of at most `piece_bytes`. WRITE_ZEROES, TRIM and
+/// CACHE carry no payload, so validation accepts them up to the export size (4 GiB - 1 on the
+/// wire); cutting them at the maximum block size keeps every backend operation (a zero-filled
+/// write, a punch, a readahead) and every scheduler charge bounded, and lets other volumes'
+/// requests run between the pieces. BLOCK_STATUS is not split: it only reads the in-memory
+/// extent map, at most one entry per 2 MiB of its (32-bit) length, and its reply must describe
+/// one contiguous run of extents.
+fn needs_split(request: &nbd::ValidRequest, piece_bytes: u32) -> bool {
+    matches!(
+        request.command,
+        nbd::Command::WriteZeroes | nbd::Command::Trim | nbd::Command::Cache
+    ) && request.length > piece_bytes
+}
+
+/// Cuts `request` at multiples of `piece_bytes` (absolute offsets, so that pieces cover whole
+/// extents except at the request's ends).
+fn pieces(request: &nbd::ValidRequest, piece_bytes: u32) -> Vec<nbd::ValidRequest> {
+    let piece_bytes = u64::from(piece_bytes.max(1));
+    let end = request.offset.saturating_add(u64::from(request.length));
+    let mut out = Vec::with_capacity(
+        usize::try_from(u64::from(request.length) / piece_bytes + 2).unwrap_or(0),
+    );
+    let mut offset = request.offset;
+    while offset < end {
+        let boundary = (offset / piece_bytes)
+            .saturating_add(1)
+            .saturating_mul(piece_bytes);
+        let piece_end = boundary.min(end);
+        // piece_end - offset <= piece_bytes <= u32::MAX.
+        let length = u32::try_from(piece_end - offset).unwrap_or(u32::MAX);
+        out.push(nbd::ValidRequest {
+            offset,
+            length,
+            ..*request
+        });
+        offset = piece_end;
+    }
+    out
+}
+
+/// The shared state of a request split into pieces: the last piece to complete sends the one
+/// reply, with the first failure (by offset) if any piece failed, and releases the permits.
+#[derive(Debug)]
+struct SplitRequest {
+    cookie: u64,
+    remaining: AtomicUsize,
+    state: Mutex<SplitState>,
+    reply_tx: ReplySender,
+}
+
+#[derive(Debug)]
+struct SplitState {
+    /// (piece index, errno, message) of the lowest failed piece.
+    failure: Option<(usize, nbd::Errno, &'static str)>,
+    permits: Option<Permits>,
+}
+
+impl SplitRequest {
+    fn new(
+        request: &nbd::ValidRequest,
+        pieces: usize,
+        permits: Permits,
+        reply_tx: ReplySender,
+    ) -> Arc<SplitRequest> {
+        Arc::new(SplitRequest {
+            cookie: request.cookie,
+            remaining: AtomicUsize::new(pieces),
+            state: Mutex::new(SplitState {
+                failure: None,
+                permits: Some(permits),
+            }),
+            reply_tx,
+        })
+    }
+
+    /// Records one piece's outcome; answers the request when it was the last.
+    fn piece_done(&self, index: usize, body: ReplyBody) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let ReplyBody::Error(errno, message) = body
+            && state.failure.is_none_or(|(first, _, _)| index < first)
+        {
+            state.failure = Some((index, errno, message));
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let Some(permits) = state.permits.take() else {
+            return;
+        };
+        let body = match state.failure {
+            Some((_, errno, message)) => ReplyBody::Error(errno, message),
+            None => ReplyBody::Done,
+        };
+        drop(state);
+        // If the writer is gone the client is gone; dropping the reply releases the permits.
+        let _ = self.reply_tx.send(Reply {
+            cookie: self.cookie,
+            body,
+            _permits: permits,
+        });
+    }
+}
+
+/// How a job's outcome reaches the client.
+#[derive(Debug)]
+enum Answer {
+    /// The job is the whole request: its reply goes out when it completes.
+    Whole {
+        permits: Permits,
+        reply_tx: ReplySender,
+    },
+    /// The job is piece `index` of a split request.
+    Piece {
+        split: Arc<SplitRequest>,
+        index: usize,
+    },
+}
+
+impl Answer {
+    fn deliver(self, cookie: u64, body: ReplyBody) {
+        match self {
+            Answer::Whole { permits, reply_tx } => {
+                // If the writer is gone the client is gone; dropping the reply releases its
+                // permits.
+                let _ = reply_tx.send(Reply {
+                    cookie,
+                    body,
+                    _permits: permits,
+                });
+            }
+            Answer::Piece { split, index } => split.piece_done(index, body),
+        }
+    }
+}
+
+/// One validated request (or piece of one) with everything needed to run it and answer it.
 #[derive(Debug)]
 pub struct IoJob {
     volume: Arc<Volume>,
     request: nbd::ValidRequest,
     write_payload: Option<PooledBuffer>,
-    permits: Permits,
-    reply_tx: ReplySender,
+    answer: Answer,
 }
 
 impl IoJob {
@@ -580,6 +933,8 @@ impl IoJob {
     fn runs_on_executor(&self, io: &IoRuntime) -> bool {
         let moved = match self.request.command {
             nbd::Command::Read | nbd::Command::Write => self.request.length,
+            // Zeroing without punching writes the whole range.
+            nbd::Command::WriteZeroes if self.request.no_hole => self.request.length,
             _ => 0,
         };
         matches!(self.request.command, nbd::Command::Flush)
@@ -676,18 +1031,12 @@ fn execute_and_finish(
         volume,
         request,
         write_payload,
-        permits,
-        reply_tx,
+        answer,
     } = job;
     let body = execute(&io.buffers, &volume, &request, write_payload);
-    let reply = Reply {
-        cookie: request.cookie,
-        body,
-        _permits: permits,
-    };
+    let cookie = request.cookie;
     let finish = move |scheduler: Option<&Arc<Scheduler<IoJob>>>| {
-        // If the writer is gone the client is gone; dropping the reply releases its permits.
-        let _ = reply_tx.send(reply);
+        answer.deliver(cookie, body);
         let mut released = Vec::new();
         if let (Some(scheduler), Scheduled(ticket)) = (scheduler, admission) {
             scheduler.complete(ticket, &mut released);
@@ -812,8 +1161,8 @@ fn store_errno(err: &StoreError) -> (nbd::Errno, &'static str) {
 }
 
 /// Encodes replies as they complete, batching what is ready into one write.
-async fn write_replies(
-    mut writer: OwnedWriteHalf,
+async fn write_replies<W: AsyncWrite + Unpin>(
+    mut writer: W,
     mut replies: mpsc::UnboundedReceiver<Reply>,
     structured: bool,
     buffers: Arc<BufferPool>,
@@ -844,12 +1193,13 @@ async fn write_replies(
             }
         }
     }
-    writer.flush().await?;
+    // Flushes, then ends the stream (TLS: close_notify first, as the spec asks).
+    writer.shutdown().await?;
     Ok(())
 }
 
-async fn write_all_vectored(
-    writer: &mut OwnedWriteHalf,
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    writer: &mut W,
     head: &[u8],
     payload: &[u8],
 ) -> std::io::Result<()> {

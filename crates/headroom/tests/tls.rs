@@ -1,0 +1,510 @@
+//! TLS on the NBD port (issue 11, item 1), driven by the real clients: qemu-img (GnuTLS, PSK
+//! and X.509 credentials objects) and libnbd's nbdinfo/nbdcopy (`nbds://` URIs). Credentials
+//! are generated here with the openssl CLI into a temporary directory. A build without the
+//! `tls` feature checks instead that the TLS flags fail with a clear message.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
+
+mod common;
+
+#[cfg(not(feature = "tls"))]
+#[test]
+fn tls_flags_without_the_feature_say_how_to_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    for flags in [
+        vec!["--tls-psk-file", "keys.psk"],
+        vec!["--tls-cert-dir", "certs"],
+        vec!["--tls-required"],
+    ] {
+        let out = std::process::Command::new(common::BIN)
+            .args(["serve", "--memory", "1GiB"])
+            .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+            .args(&flags)
+            .current_dir(dir.path())
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let text = common::text(&out);
+        assert!(!out.status.success(), "{flags:?}: {text}");
+        assert!(
+            text.contains("built without TLS; rebuild with --features tls"),
+            "{flags:?}: {text}"
+        );
+    }
+}
+
+#[cfg(feature = "tls")]
+mod with_tls {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    use super::common::raw::*;
+    use super::common::{Server, have_tool, random_file, run_ok, text};
+
+    const REP_ERR_TLS_REQD: u32 = 0x8000_0005;
+    const OPT_STARTTLS: u32 = 5;
+
+    fn openssl(dir: &Path, args: &[&str]) {
+        run_ok(Command::new("openssl").args(args).current_dir(dir));
+    }
+
+    /// A CA, and a certificate signed by it for `cn` (`server`: for 127.0.0.1 and localhost).
+    fn ca(dir: &Path, name: &str) {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &format!("{name}-key.pem"),
+                "-out",
+                &format!("{name}-cert.pem"),
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        );
+    }
+
+    fn signed(dir: &Path, ca_name: &str, name: &str, cn: &str, server: bool) {
+        let ext = if server {
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n\
+             keyUsage=digitalSignature\nbasicConstraints=CA:FALSE\n"
+        } else {
+            "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature\nbasicConstraints=CA:FALSE\n"
+        };
+        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &format!("{name}-key.pem"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={cn}"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                &format!("{ca_name}-cert.pem"),
+                "-CAkey",
+                &format!("{ca_name}-key.pem"),
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}-cert.pem"),
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+            ],
+        );
+    }
+
+    /// Directories in qemu's layout: `server/` for headroom, `client/` (trusted client
+    /// certificate), `rogue/` (a client certificate from another CA), `nocert/` (CA only).
+    struct Certs {
+        server: PathBuf,
+        client: PathBuf,
+        rogue: PathBuf,
+        nocert: PathBuf,
+    }
+
+    fn make_certs(root: &Path) -> Certs {
+        let work = root.join("pki");
+        std::fs::create_dir_all(&work).unwrap();
+        ca(&work, "ca");
+        ca(&work, "otherca");
+        signed(&work, "ca", "server", "localhost", true);
+        signed(&work, "ca", "client", "tenant-a", false);
+        signed(&work, "otherca", "rogue", "tenant-a", false);
+        let layout = |dir: &str, files: &[(&str, &str)]| {
+            let path = root.join(dir);
+            std::fs::create_dir_all(&path).unwrap();
+            for (from, to) in files {
+                std::fs::copy(work.join(from), path.join(to)).unwrap();
+            }
+            path
+        };
+        Certs {
+            server: layout(
+                "server",
+                &[
+                    ("ca-cert.pem", "ca-cert.pem"),
+                    ("server-cert.pem", "server-cert.pem"),
+                    ("server-key.pem", "server-key.pem"),
+                ],
+            ),
+            client: layout(
+                "client",
+                &[
+                    ("ca-cert.pem", "ca-cert.pem"),
+                    ("client-cert.pem", "client-cert.pem"),
+                    ("client-key.pem", "client-key.pem"),
+                ],
+            ),
+            rogue: layout(
+                "rogue",
+                &[
+                    ("ca-cert.pem", "ca-cert.pem"),
+                    ("rogue-cert.pem", "client-cert.pem"),
+                    ("rogue-key.pem", "client-key.pem"),
+                ],
+            ),
+            nocert: layout("nocert", &[("ca-cert.pem", "ca-cert.pem")]),
+        }
+    }
+
+    /// qemu's PSK directory: `keys.psk` with `identity:hexkey`.
+    fn psk_dir(root: &Path, name: &str, line: &str) -> PathBuf {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("keys.psk"), format!("{line}\n")).unwrap();
+        dir
+    }
+
+    const KEY_A: &str = "7d1f4c0b9e3a2f68a1c5e9d0b4f7a3c26e8d1b5f9a0c4e7d2b6f8a1c3e5d7f90";
+    const KEY_WRONG: &str = "0000000000000000000000000000000000000000000000000000000000000001";
+
+    fn tools() -> bool {
+        have_tool("openssl")
+            && have_tool("qemu-img")
+            && have_tool("nbdinfo")
+            && have_tool("nbdcopy")
+    }
+
+    fn qemu_img(args: &[&str], object: &str, server: &Server, export: &str) -> Output {
+        let image = format!(
+            "driver=nbd,host=127.0.0.1,port={},export={export},tls-creds=tls0",
+            server.nbd.port()
+        );
+        Command::new("timeout")
+            .arg("60")
+            .arg("qemu-img")
+            .args(args)
+            .args(["--object", object, "--image-opts", &image])
+            .output()
+            .unwrap()
+    }
+
+    fn qemu_img_convert_in(source: &Path, object: &str, server: &Server, export: &str) -> Output {
+        let image = format!(
+            "driver=nbd,host=127.0.0.1,port={},export={export},tls-creds=tls0",
+            server.nbd.port()
+        );
+        Command::new("timeout")
+            .arg("60")
+            .args(["qemu-img", "convert", "-n", "-f", "raw", "--object", object])
+            .arg(source)
+            .args(["--target-image-opts", &image])
+            .output()
+            .unwrap()
+    }
+
+    fn nbds(server: &Server, export: &str, user: Option<&str>, query: &str) -> String {
+        let user = user.map(|u| format!("{u}@")).unwrap_or_default();
+        format!("nbds://{user}{}/{export}?{query}", server.nbd)
+    }
+
+    fn nbdinfo(uri: &str) -> Output {
+        Command::new("timeout")
+            .args(["60", "nbdinfo", uri])
+            .output()
+            .unwrap()
+    }
+
+    /// `TLSv1.x` versions the server logged for finished handshakes.
+    fn handshake_versions(server: &Server) -> Vec<String> {
+        server
+            .log()
+            .lines()
+            .filter_map(|line| line.split("TLS handshake done: ").nth(1))
+            .map(|rest| rest.split_whitespace().next().unwrap_or("").to_string())
+            .collect()
+    }
+
+    #[test]
+    fn psk_qemu_writes_and_libnbd_reads_back_over_tls_1_3_and_1_2() {
+        if !tools() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let psk = psk_dir(root, "psk", &format!("alice:{KEY_A}"));
+        let keys = psk.join("keys.psk");
+        let server = Server::start_with(
+            &root.join("mem"),
+            &[
+                "--memory",
+                "1GiB",
+                "--tls-psk-file",
+                keys.to_str().unwrap(),
+                "--tls-required",
+            ],
+        );
+        server.create_volume("v", "16MiB");
+
+        let object = format!(
+            "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice",
+            psk.display()
+        );
+        let info = qemu_img(&["info"], &object, &server, "v");
+        assert!(
+            info.status.success(),
+            "qemu-img info over PSK: {}",
+            text(&info)
+        );
+        assert!(
+            String::from_utf8_lossy(&info.stdout).contains("16 MiB"),
+            "{}",
+            text(&info)
+        );
+
+        let source = root.join("source.raw");
+        random_file(&source, 16 << 20, 11);
+        let convert = qemu_img_convert_in(&source, &object, &server, "v");
+        assert!(
+            convert.status.success(),
+            "qemu-img convert over PSK: {}",
+            text(&convert)
+        );
+
+        let query = format!("tls-psk-file={}", keys.display());
+        let uri = nbds(&server, "v", Some("alice"), &query);
+        let copy = root.join("copy.raw");
+        run_ok(
+            Command::new("timeout")
+                .args(["60", "nbdcopy", &uri])
+                .arg(&copy),
+        );
+        assert!(
+            std::fs::read(&copy).unwrap() == std::fs::read(&source).unwrap(),
+            "data read back over TLS differs from what qemu-img wrote"
+        );
+        let versions = handshake_versions(&server);
+        assert!(
+            versions.len() >= 3 && versions.iter().all(|v| v == "TLSv1.3"),
+            "GnuTLS clients negotiate TLS 1.3 PSK by default: {versions:?}"
+        );
+
+        // TLS 1.2 PSK, as a GnuTLS whose system policy disables TLS 1.3 negotiates it.
+        let policy = root.join("gnutls-no-tls13.conf");
+        std::fs::write(&policy, "[overrides]\ndisabled-version = tls1.3\n").unwrap();
+        let info12 = Command::new("timeout")
+            .args(["60", "nbdinfo", &uri])
+            .env("GNUTLS_SYSTEM_PRIORITY_FILE", &policy)
+            .output()
+            .unwrap();
+        assert!(
+            info12.status.success(),
+            "nbdinfo over TLS 1.2 PSK: {}",
+            text(&info12)
+        );
+        let last = handshake_versions(&server).pop();
+        assert_eq!(
+            last.as_deref(),
+            Some("TLSv1.2"),
+            "the policy file forces TLS 1.2"
+        );
+        server.stop();
+    }
+
+    #[test]
+    fn wrong_psk_and_untrusted_certificates_fail_cleanly_and_spare_other_sessions() {
+        if !tools() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let certs = make_certs(root);
+        let good = psk_dir(root, "psk", &format!("alice:{KEY_A}"));
+        let wrong = psk_dir(root, "wrong", &format!("alice:{KEY_WRONG}"));
+        let stranger = psk_dir(root, "stranger", &format!("mallory:{KEY_A}"));
+        // SELECTIVETLS (TLS not required), so a plaintext session can watch.
+        let server = Server::start_with(
+            &root.join("mem"),
+            &[
+                "--memory",
+                "1GiB",
+                "--tls-psk-file",
+                good.join("keys.psk").to_str().unwrap(),
+                "--tls-cert-dir",
+                certs.server.to_str().unwrap(),
+            ],
+        );
+        server.create_volume("v", "16MiB");
+        let mut watcher = Client::open(server.nbd, "v");
+        assert_eq!(watcher.write(1, 0, &[0xa5; 4096], 0), 0);
+
+        // Wrong key for a known identity, and an unknown identity.
+        for (dir, user) in [(&wrong, "alice"), (&stranger, "mallory")] {
+            let query = format!("tls-psk-file={}", dir.join("keys.psk").display());
+            let out = nbdinfo(&nbds(&server, "v", Some(user), &query));
+            assert!(
+                !out.status.success(),
+                "{user} with a bad key got in: {}",
+                text(&out)
+            );
+            let object = format!(
+                "tls-creds-psk,id=tls0,endpoint=client,dir={},username={user}",
+                dir.display()
+            );
+            let out = qemu_img(&["info"], &object, &server, "v");
+            assert!(
+                !out.status.success(),
+                "qemu-img {user} with a bad key: {}",
+                text(&out)
+            );
+        }
+        // A client certificate from another CA, and no client certificate at all.
+        for bad in [&certs.rogue, &certs.nocert] {
+            let query = format!("tls-certificates={}", bad.display());
+            let out = nbdinfo(&nbds(&server, "v", None, &query));
+            assert!(
+                !out.status.success(),
+                "{} got in: {}",
+                bad.display(),
+                text(&out)
+            );
+            let object = format!(
+                "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+                bad.display()
+            );
+            let out = qemu_img(&["info"], &object, &server, "v");
+            assert!(
+                !out.status.success(),
+                "qemu-img {}: {}",
+                bad.display(),
+                text(&out)
+            );
+        }
+        assert!(
+            server.log().contains("TLS handshake"),
+            "the failures are logged as TLS handshake errors"
+        );
+
+        // The plaintext session never noticed, and good credentials still work.
+        assert_eq!(watcher.read(2, 0, 4096).unwrap(), vec![0xa5; 4096]);
+        let query = format!("tls-certificates={}", certs.client.display());
+        let out = nbdinfo(&nbds(&server, "v", None, &query));
+        assert!(
+            out.status.success(),
+            "trusted client certificate: {}",
+            text(&out)
+        );
+        let object = format!(
+            "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+            certs.client.display()
+        );
+        let out = qemu_img(&["info"], &object, &server, "v");
+        assert!(out.status.success(), "qemu-img x509: {}", text(&out));
+        let query = format!("tls-psk-file={}", good.join("keys.psk").display());
+        let out = nbdinfo(&nbds(&server, "v", Some("alice"), &query));
+        assert!(out.status.success(), "good PSK: {}", text(&out));
+        assert!(
+            server.log().contains("peer CertificateCn(\"tenant-a\")")
+                && server.log().contains("peer PskIdentity(\"alice\")"),
+            "the server knows who connected"
+        );
+        watcher.disconnect();
+        server.stop();
+    }
+
+    #[test]
+    fn tls_required_refuses_plaintext_clients() {
+        if !tools() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let certs = make_certs(root);
+        let server = Server::start_with(
+            &root.join("mem"),
+            &[
+                "--memory",
+                "1GiB",
+                "--tls-cert-dir",
+                certs.server.to_str().unwrap(),
+                "--tls-required",
+            ],
+        );
+        server.create_volume("v", "16MiB");
+
+        // Real plaintext clients fail.
+        let out = nbdinfo(&server.uri("v"));
+        assert!(
+            !out.status.success(),
+            "plaintext nbdinfo got in: {}",
+            text(&out)
+        );
+        let out = Command::new("timeout")
+            .args(["60", "qemu-img", "info", &server.uri("v")])
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "plaintext qemu-img got in: {}",
+            text(&out)
+        );
+
+        // Byte level: every option but STARTTLS and ABORT gets NBD_REP_ERR_TLS_REQD.
+        let mut stream = connect(server.nbd);
+        greet(&mut stream);
+        for (option, data) in [
+            (OPT_STRUCTURED_REPLY, Vec::new()),
+            (OPT_LIST, Vec::new()),
+            (OPT_INFO, go_payload("v")),
+            (OPT_GO, go_payload("v")),
+            (OPT_GO, go_payload("missing")),
+        ] {
+            send_option(&mut stream, option, &data);
+            let reply = read_option_reply(&mut stream);
+            assert_eq!(
+                (reply.option, reply.reply_type),
+                (option, REP_ERR_TLS_REQD),
+                "option {option}"
+            );
+        }
+        send_option(&mut stream, OPT_STARTTLS, &[]);
+        let reply = read_option_reply(&mut stream);
+        assert_eq!(reply.reply_type, REP_ACK, "STARTTLS is acknowledged");
+        drop(stream);
+
+        // EXPORT_NAME cannot be refused with an error: the server closes.
+        let mut stream = connect(server.nbd);
+        greet(&mut stream);
+        send_option(&mut stream, OPT_EXPORT_NAME, b"v");
+        let mut byte = [0u8; 1];
+        let closed = matches!(std::io::Read::read(&mut stream, &mut byte), Ok(0) | Err(_));
+        assert!(closed, "EXPORT_NAME before TLS must close the connection");
+
+        // With TLS, both clients get in.
+        let query = format!("tls-certificates={}", certs.client.display());
+        let out = nbdinfo(&nbds(&server, "v", None, &query));
+        assert!(out.status.success(), "nbdinfo x509: {}", text(&out));
+        let object = format!(
+            "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+            certs.client.display()
+        );
+        let out = qemu_img(&["info"], &object, &server, "v");
+        assert!(out.status.success(), "qemu-img x509: {}", text(&out));
+        server.stop();
+    }
+}
