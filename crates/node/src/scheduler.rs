@@ -26,8 +26,9 @@
 //!
 //! - *Protected* requests, the baseline requests of volumes that are not bursting, never wait.
 //! - *Bursting* requests are the burst requests (phases burst-credit and burst-spare) and the
-//!   baseline requests of a volume that is bursting, i.e. has burst requests waiting at the
-//!   gate or in flight. One starts only while fewer than `P − 1` bursting requests are in
+//!   baseline requests of a volume that is bursting, i.e. has bursting requests waiting at
+//!   the gate or in flight (so a run of baseline-phase requests amid a burst keeps it
+//!   bursting: they would otherwise pass as protected and fill the device). One starts only while fewer than `P − 1` bursting requests are in
 //!   flight (one channel is kept for baseline work) and fewer than `P` requests of both kinds
 //!   (burst work never makes the device queue). Otherwise it waits for completions, baseline
 //!   requests of bursting volumes ahead of burst requests, each in dispatch order.
@@ -90,7 +91,7 @@ pub struct Ticket {
     held: bool,
     /// How the burst gate counts it in flight (released at completion).
     gate_slot: GateSlot,
-    /// Counted in its volume's burst requests at the gate (released at completion).
+    /// Counted in its volume's bursting requests at the gate (released at completion).
     gate_burst: bool,
     /// Never dispatched by the policy: its volume was removed while it was queued.
     orphan: bool,
@@ -189,9 +190,10 @@ pub struct VolumeHandle {
     spray: AtomicUsize,
     pub counters: PhaseCounters,
     qos: Mutex<VolumeQos>,
-    /// Burst requests of this volume waiting at the burst gate or in flight: while there are
-    /// any, the volume is bursting and its baseline requests take the gate too. Changed only
-    /// under the gate's lock.
+    /// Bursting requests of this volume (burst requests, and baseline requests admitted while
+    /// it was bursting) waiting at the burst gate or in flight: while there are any, the
+    /// volume is bursting and its baseline requests take the gate too. Changed only under the
+    /// gate's lock.
     gate_burst_requests: AtomicUsize,
 }
 
@@ -889,21 +891,22 @@ impl<J> BurstGate<J> {
         let dispatched = ready.split_off(from);
         for mut item in dispatched {
             let volume = &item.ticket.volume;
-            if item.ticket.phase != Phase::Baseline {
-                volume.gate_burst_requests.fetch_add(1, Ordering::Relaxed);
-                item.ticket.gate_burst = true;
-                if gate.waiting_baseline.is_empty()
-                    && gate.waiting.is_empty()
-                    && gate.bursting_fits(self.limit)
-                {
-                    gate.start(item, GateSlot::Bursting, ready);
-                } else {
-                    gate.waiting.push_back(item);
-                }
-            } else if volume.gate_burst_requests.load(Ordering::Relaxed) == 0 {
+            let burst = item.ticket.phase != Phase::Baseline;
+            if !burst && volume.gate_burst_requests.load(Ordering::Relaxed) == 0 {
                 gate.start(item, GateSlot::Protected, ready);
-            } else if gate.waiting_baseline.is_empty() && gate.bursting_fits(self.limit) {
+                continue;
+            }
+            volume.gate_burst_requests.fetch_add(1, Ordering::Relaxed);
+            item.ticket.gate_burst = true;
+            let queue_empty = if burst {
+                gate.waiting_baseline.is_empty() && gate.waiting.is_empty()
+            } else {
+                gate.waiting_baseline.is_empty()
+            };
+            if queue_empty && gate.bursting_fits(self.limit) {
                 gate.start(item, GateSlot::Bursting, ready);
+            } else if burst {
+                gate.waiting.push_back(item);
             } else {
                 gate.waiting_baseline.push_back(item);
             }
@@ -1263,6 +1266,32 @@ mod tests {
             held.push(admit_one(&gate, item).expect("not bursting: no wait"));
         }
         assert_eq!(lock(&gate.state).protected, 3);
+    }
+
+    #[test]
+    fn a_bursting_volume_stays_bursting_while_its_gated_baseline_requests_run() {
+        let gate = gate_of_two();
+        let burster = volume(1);
+        let a1 = admit_one(&gate, dispatched_in(&burster, Phase::BurstSpare, 1)).expect("room");
+        let b2 = admit_one(&gate, dispatched_in(&burster, Phase::Baseline, 2)).expect("room");
+        assert_eq!(b2.ticket.gate_slot, GateSlot::Bursting);
+        gate.release(&a1.ticket, &mut Vec::new());
+        // Its burst request is done, but its baseline request admitted amid the burst is
+        // still in flight: the next baseline request is bursting work too, and the gate
+        // (one bursting request in flight of two) still has room for exactly one.
+        let b3 = admit_one(&gate, dispatched_in(&burster, Phase::Baseline, 3)).expect("room");
+        assert_eq!(b3.ticket.gate_slot, GateSlot::Bursting);
+        assert!(admit_one(&gate, dispatched_in(&burster, Phase::Baseline, 4)).is_none());
+        let mut released = Vec::new();
+        gate.release(&b2.ticket, &mut released);
+        assert_eq!(released.iter().map(|r| r.job).collect::<Vec<_>>(), vec![4]);
+        gate.release(&b3.ticket, &mut released);
+        for r in released {
+            gate.release(&r.ticket, &mut Vec::new());
+        }
+        // Nothing of it left at the gate: within its baseline again.
+        let b5 = admit_one(&gate, dispatched_in(&burster, Phase::Baseline, 5)).expect("room");
+        assert_eq!(b5.ticket.gate_slot, GateSlot::Protected);
     }
 
     #[test]
