@@ -40,33 +40,28 @@ impl Api {
         self.url(&format!("/v1/volumes/{name}"))
     }
 
-    /// `POST /v1/volumes`; `qos` absent: unlimited.
-    pub fn create(&self, name: &str, size_bytes: u64, qos: Option<QosSpec>) -> Result<VolumeView> {
-        let body = CreateVolume {
-            name: name.to_string(),
-            size_bytes,
-            qos,
-        };
+    /// `POST /v1/volumes` (`qos` absent: unlimited; `tenant` absent: no tenant).
+    pub fn create(&self, body: &CreateVolume) -> Result<VolumeView> {
         let response = self
             .agent
             .post(self.url("/v1/volumes"))
-            .send_json(&body)
+            .send_json(body)
             .with_context(|| self.unreachable())?;
         decode(response)
     }
 
-    /// `GET /v1/volumes`, as the API answered it.
-    pub fn list_json(&self) -> Result<Value> {
-        let response = self
-            .agent
-            .get(self.url("/v1/volumes"))
-            .call()
-            .with_context(|| self.unreachable())?;
+    /// `GET /v1/volumes` (`?tenant=` when given: that tenant's volumes), as the API answered.
+    pub fn list_json(&self, tenant: Option<&str>) -> Result<Value> {
+        let mut request = self.agent.get(self.url("/v1/volumes"));
+        if let Some(tenant) = tenant {
+            request = request.query("tenant", tenant);
+        }
+        let response = request.call().with_context(|| self.unreachable())?;
         decode(response)
     }
 
-    pub fn list(&self) -> Result<Vec<VolumeView>> {
-        parse(self.list_json()?)
+    pub fn list(&self, tenant: Option<&str>) -> Result<Vec<VolumeView>> {
+        parse(self.list_json(tenant)?)
     }
 
     /// `GET /v1/volumes/{name}`, as the API answered it.

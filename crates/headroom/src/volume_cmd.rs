@@ -1,5 +1,6 @@
 //! `headroom volume ...`: create, list, show, resize and delete volumes, and set their QoS,
-//! through a running server's management API (see client.rs).
+//! through a running server's management API (see client.rs). A volume's tenant and access
+//! mode (`--tenant`, `--read-only`) are given at creation.
 //!
 //! QoS flags build a [`QosSpec`]: `--qos PRESET` names a class the way `qos preview --preset`
 //! spells it, and the other flags refine it (or, alone, make a custom class). The server
@@ -7,7 +8,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
-use headroom_node::api::VolumeView;
+use headroom_node::api::{CreateVolume, VolumeView};
 use headroom_node::volume_qos::{CreditsView, QosView, RateView};
 use headroom_qos::{BurstKind, QosSpec};
 use serde_json::Value;
@@ -24,6 +25,14 @@ pub enum VolumeCommand {
         /// Size: 512MiB, 1GiB, 4k (binary), 2GB (decimal), or bytes.
         #[arg(long, value_parser = parse_size)]
         size: u64,
+        /// The tenant it belongs to: only NBD clients whose TLS PSK identity or certificate
+        /// CN is this id see it (1-128 printable ASCII characters). Without it, the volume
+        /// is served to clients without an identity only. Fixed for the volume's life.
+        #[arg(long, value_name = "ID")]
+        tenant: Option<String>,
+        /// Export it read-only: writes, trims and zeroing are refused (EPERM).
+        #[arg(long)]
+        read_only: bool,
         #[command(flatten)]
         qos: QosArgs,
         #[command(flatten)]
@@ -31,6 +40,9 @@ pub enum VolumeCommand {
     },
     /// List volumes.
     List {
+        /// Only this tenant's volumes.
+        #[arg(long, value_name = "ID")]
+        tenant: Option<String>,
         /// Print the API's JSON (`[VolumeView]`).
         #[arg(long)]
         json: bool,
@@ -160,23 +172,40 @@ fn execute(command: VolumeCommand) -> Result<()> {
         VolumeCommand::Create {
             name,
             size,
+            tenant,
+            read_only,
             qos,
             api,
         } => {
-            let view = Api::new(&api.url).create(&name, size, qos.spec())?;
+            let body = CreateVolume {
+                name,
+                size_bytes: size,
+                qos: qos.spec(),
+                tenant,
+                read_only,
+            };
+            let view = Api::new(&api.url).create(&body)?;
+            let mut access = String::new();
+            if let Some(tenant) = &view.info.tenant {
+                access.push_str(&format!(", tenant {tenant}"));
+            }
+            if view.info.read_only {
+                access.push_str(", read-only");
+            }
             println!(
-                "created {} ({}), {}",
+                "created {} ({}{access}), {}",
                 view.info.name,
                 format_size(view.info.size_bytes),
                 qos_summary(view.qos_class.as_ref(), &view.credits)
             );
         }
-        VolumeCommand::List { json, api } => {
+        VolumeCommand::List { tenant, json, api } => {
             let api = Api::new(&api.url);
+            let tenant = tenant.as_deref();
             if json {
-                println!("{}", serde_json::to_string_pretty(&api.list_json()?)?);
+                println!("{}", serde_json::to_string_pretty(&api.list_json(tenant)?)?);
             } else {
-                print_list(&api.list()?);
+                print_list(&api.list(tenant)?);
             }
         }
         VolumeCommand::Show { name, json, api } => {
@@ -216,11 +245,13 @@ fn execute(command: VolumeCommand) -> Result<()> {
 }
 
 fn print_list(volumes: &[VolumeView]) {
-    let rows: Vec<[String; 5]> = volumes
+    let rows: Vec<[String; 7]> = volumes
         .iter()
         .map(|view| {
             [
                 view.info.name.clone(),
+                view.info.tenant.clone().unwrap_or_else(|| "-".to_string()),
+                access_column(view.info.read_only).to_string(),
                 format_size(view.info.size_bytes),
                 human_bytes(view.info.allocated_bytes),
                 qos_column(view.qos_class.as_ref()),
@@ -228,20 +259,29 @@ fn print_list(volumes: &[VolumeView]) {
             ]
         })
         .collect();
-    let name_w = rows
-        .iter()
-        .map(|row| row[0].chars().count())
-        .chain(["NAME".len()])
-        .max()
-        .unwrap_or(0);
+    let width = |column: usize, header: &str| {
+        rows.iter()
+            .map(|row| row[column].chars().count())
+            .chain([header.len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let name_w = width(0, "NAME");
+    let tenant_w = width(1, "TENANT");
     // QOS last: a QEMU preset spelled out is long.
     println!(
-        "{:<name_w$}  {:>10}  {:>10}  {:>12}  QOS",
-        "NAME", "SIZE", "ALLOCATED", "CREDITS"
+        "{:<name_w$}  {:<tenant_w$}  {:<6}  {:>10}  {:>10}  {:>12}  QOS",
+        "NAME", "TENANT", "ACCESS", "SIZE", "ALLOCATED", "CREDITS"
     );
-    for [name, size, allocated, qos, credits] in rows {
-        println!("{name:<name_w$}  {size:>10}  {allocated:>10}  {credits:>12}  {qos}");
+    for [name, tenant, access, size, allocated, qos, credits] in rows {
+        println!(
+            "{name:<name_w$}  {tenant:<tenant_w$}  {access:<6}  {size:>10}  {allocated:>10}  {credits:>12}  {qos}"
+        );
     }
+}
+
+fn access_column(read_only: bool) -> &'static str {
+    if read_only { "ro" } else { "rw" }
 }
 
 /// The preset (with `+` when refined), `custom` without one, `-` for an unlimited volume.
@@ -281,6 +321,18 @@ fn print_volume(view: &VolumeView) {
         info.allocated_bytes
     );
     println!("created:     {} (unix seconds)", info.created_unix_s);
+    match &info.tenant {
+        Some(tenant) => println!("tenant:      {tenant}"),
+        None => println!("tenant:      - (served to NBD clients without a TLS identity)"),
+    }
+    println!(
+        "access:      {}",
+        if info.read_only {
+            "read-only"
+        } else {
+            "read-write"
+        }
+    );
     println!("policy:      {}", view.policy);
     match &view.qos_class {
         None => println!("qos:         unlimited (no baseline promise, no ceiling)"),

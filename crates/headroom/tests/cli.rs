@@ -44,9 +44,15 @@ fn volume_commands_follow_the_contract() {
     assert!(
         listing.contains("v2")
             && listing.lines().next().is_some_and(|header| {
-                header
-                    .split_whitespace()
-                    .eq(["NAME", "SIZE", "ALLOCATED", "CREDITS", "QOS"])
+                header.split_whitespace().eq([
+                    "NAME",
+                    "TENANT",
+                    "ACCESS",
+                    "SIZE",
+                    "ALLOCATED",
+                    "CREDITS",
+                    "QOS",
+                ])
             }),
         "{}",
         text(&out)

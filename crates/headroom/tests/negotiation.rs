@@ -102,18 +102,6 @@ fn list_info_and_repeated_options() {
     assert_eq!(stream.read(&mut byte).unwrap(), 0);
 }
 
-fn meta_payload(export: &str, queries: &[&str]) -> Vec<u8> {
-    let mut data = Vec::new();
-    data.extend_from_slice(&(export.len() as u32).to_be_bytes());
-    data.extend_from_slice(export.as_bytes());
-    data.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-    for query in queries {
-        data.extend_from_slice(&(query.len() as u32).to_be_bytes());
-        data.extend_from_slice(query.as_bytes());
-    }
-    data
-}
-
 struct Chunk {
     flags: u16,
     chunk_type: u16,

@@ -180,13 +180,21 @@ fn burst_none_fixes_the_ceiling_at_the_baseline_and_no_qos_is_unlimited() {
     };
     assert_eq!(
         row("NAME"),
-        ["NAME", "SIZE", "ALLOCATED", "CREDITS", "QOS"],
+        [
+            "NAME",
+            "TENANT",
+            "ACCESS",
+            "SIZE",
+            "ALLOCATED",
+            "CREDITS",
+            "QOS"
+        ],
         "{human}"
     );
-    assert_eq!(row("free")[3..], ["-", "-"], "{human}");
-    assert_eq!(row("fixed")[3..], ["-", "custom"], "{human}");
-    assert_eq!(row("g")[4], "gp2", "{human}");
-    assert!(row("g")[3].starts_with("5"), "{human}");
+    assert_eq!(row("free")[5..], ["-", "-"], "{human}");
+    assert_eq!(row("fixed")[5..], ["-", "custom"], "{human}");
+    assert_eq!(row("g")[6], "gp2", "{human}");
+    assert!(row("g")[5].starts_with("5"), "{human}");
     server.stop();
 }
 

@@ -2,6 +2,10 @@
 //! and X.509 credentials objects) and libnbd's nbdinfo/nbdcopy (`nbds://` URIs). Credentials
 //! are generated here with the openssl CLI into a temporary directory. A build without the
 //! `tls` feature checks instead that the TLS flags fail with a clear message.
+//!
+//! Tenants (issue 11, item 2): the PSK identity or the client certificate's CN is the
+//! session's tenant; it lists and opens only its tenant's volumes, and anything else is
+//! answered as a missing volume is (the plaintext side is in `tenants.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
 
 mod common;
@@ -36,6 +40,8 @@ fn tls_flags_without_the_feature_say_how_to_rebuild() {
 mod with_tls {
     use std::path::{Path, PathBuf};
     use std::process::{Command, Output};
+
+    use serde_json::Value;
 
     use super::common::raw::*;
     use super::common::{Server, have_tool, random_file, run_ok, text};
@@ -181,6 +187,7 @@ mod with_tls {
     }
 
     const KEY_A: &str = "7d1f4c0b9e3a2f68a1c5e9d0b4f7a3c26e8d1b5f9a0c4e7d2b6f8a1c3e5d7f90";
+    const KEY_B: &str = "3b9e0d7c5a1f8e2d4c6b0a9f7e5d3c1b2a4f6e8d0c9b7a5f3e1d2c4b6a8f0e9d";
     const KEY_WRONG: &str = "0000000000000000000000000000000000000000000000000000000000000001";
 
     fn tools() -> bool {
@@ -259,7 +266,7 @@ mod with_tls {
                 "--tls-required",
             ],
         );
-        server.create_volume("v", "16MiB");
+        server.create_volume_with("v", "16MiB", &["--tenant", "alice"]);
 
         let object = format!(
             "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice",
@@ -349,7 +356,10 @@ mod with_tls {
                 certs.server.to_str().unwrap(),
             ],
         );
+        // `v` has no tenant (the plaintext watcher's); the good clients open their own.
         server.create_volume("v", "16MiB");
+        server.create_volume_with("va", "16MiB", &["--tenant", "alice"]);
+        server.create_volume_with("vt", "16MiB", &["--tenant", "tenant-a"]);
         let mut watcher = Client::open(server.nbd, "v");
         assert_eq!(watcher.write(1, 0, &[0xa5; 4096], 0), 0);
 
@@ -403,7 +413,7 @@ mod with_tls {
         // The plaintext session never noticed, and good credentials still work.
         assert_eq!(watcher.read(2, 0, 4096).unwrap(), vec![0xa5; 4096]);
         let query = format!("tls-certificates={}", certs.client.display());
-        let out = nbdinfo(&nbds(&server, "v", None, &query));
+        let out = nbdinfo(&nbds(&server, "vt", None, &query));
         assert!(
             out.status.success(),
             "trusted client certificate: {}",
@@ -413,10 +423,10 @@ mod with_tls {
             "tls-creds-x509,id=tls0,endpoint=client,dir={}",
             certs.client.display()
         );
-        let out = qemu_img(&["info"], &object, &server, "v");
+        let out = qemu_img(&["info"], &object, &server, "vt");
         assert!(out.status.success(), "qemu-img x509: {}", text(&out));
         let query = format!("tls-psk-file={}", good.join("keys.psk").display());
-        let out = nbdinfo(&nbds(&server, "v", Some("alice"), &query));
+        let out = nbdinfo(&nbds(&server, "va", Some("alice"), &query));
         assert!(out.status.success(), "good PSK: {}", text(&out));
         assert!(
             server.log().contains("peer CertificateCn(\"tenant-a\")")
@@ -445,7 +455,7 @@ mod with_tls {
                 "--tls-required",
             ],
         );
-        server.create_volume("v", "16MiB");
+        server.create_volume_with("v", "16MiB", &["--tenant", "tenant-a"]);
 
         // Real plaintext clients fail.
         let out = nbdinfo(&server.uri("v"));
@@ -505,6 +515,200 @@ mod with_tls {
         );
         let out = qemu_img(&["info"], &object, &server, "v");
         assert!(out.status.success(), "qemu-img x509: {}", text(&out));
+        server.stop();
+    }
+
+    /// The export names `nbdinfo --list` finds at `uri`, sorted.
+    fn listed(uri: &str) -> Vec<String> {
+        let out = Command::new("timeout")
+            .args(["60", "nbdinfo", "--list", "--json", uri])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "nbdinfo --list {uri}: {}", text(&out));
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut names: Vec<String> = json["exports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|export| export["export-name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// (status, stdout, stderr) of a client run, to compare two runs exactly.
+    fn outcome(out: &Output) -> (Option<i32>, String, String) {
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    #[test]
+    fn psk_tenants_list_and_open_only_their_own_volumes() {
+        if !tools() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        // One file for the server and both clients (a client takes its identity's line).
+        let psk = psk_dir(root, "psk", &format!("alice:{KEY_A}\nbob:{KEY_B}"));
+        let keys = psk.join("keys.psk");
+        // SELECTIVETLS: plaintext clients are served too.
+        let server = Server::start_with(
+            &root.join("mem"),
+            &["--memory", "1GiB", "--tls-psk-file", keys.to_str().unwrap()],
+        );
+        server.create_volume_with("a1", "16MiB", &["--tenant", "alice"]);
+        server.create_volume_with("a2", "8MiB", &["--tenant", "alice"]);
+        server.create_volume_with("b1", "16MiB", &["--tenant", "bob", "--read-only"]);
+        server.create_volume("shared", "8MiB");
+        let query = format!("tls-psk-file={}", keys.display());
+        let as_user = |user: &str, export: &str| nbds(&server, export, Some(user), &query);
+        let object = |user: &str| {
+            format!(
+                "tls-creds-psk,id=tls0,endpoint=client,dir={},username={user}",
+                psk.display()
+            )
+        };
+
+        // NBD_OPT_LIST (and the INFO nbdinfo sends for each name): own volumes only.
+        assert_eq!(listed(&as_user("alice", "")), ["a1", "a2"]);
+        assert_eq!(listed(&as_user("bob", "")), ["b1"]);
+        assert_eq!(listed(&server.uri("")), ["shared"], "plaintext");
+
+        // Each tenant opens its own; bob's is read-only.
+        let source = root.join("source.raw");
+        random_file(&source, 1 << 20, 5);
+        let out = qemu_img_convert_in(&source, &object("alice"), &server, "a1");
+        assert!(out.status.success(), "alice writes a1: {}", text(&out));
+        let out = qemu_img_convert_in(&source, &object("bob"), &server, "b1");
+        assert!(
+            !out.status.success(),
+            "bob wrote to his read-only volume: {}",
+            text(&out)
+        );
+        let out = Command::new("timeout")
+            .args(["60", "nbdinfo", "--json", &as_user("bob", "b1")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "bob opens b1: {}", text(&out));
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["exports"][0]["is_read_only"], Value::Bool(true));
+
+        // Another tenant's volume, and one without a tenant, fail for alice (NBD_OPT_GO from
+        // nbdinfo and qemu-img) and bob exactly as they do once no volume has the name.
+        let probe = || {
+            let mut seen = Vec::new();
+            for export in ["b1", "shared"] {
+                seen.push(outcome(&nbdinfo(&as_user("alice", export))));
+                seen.push(outcome(&qemu_img(
+                    &["info"],
+                    &object("alice"),
+                    &server,
+                    export,
+                )));
+            }
+            seen.push(outcome(&nbdinfo(&as_user("bob", "a2"))));
+            seen
+        };
+        let foreign = probe();
+        for (status, _, stderr) in &foreign {
+            assert_ne!(
+                *status,
+                Some(0),
+                "a tenant opened a volume not its own: {stderr}"
+            );
+        }
+        for name in ["b1", "shared", "a2"] {
+            let out = server.cli(&["volume", "delete", name]);
+            assert!(out.status.success(), "{}", text(&out));
+        }
+        assert_eq!(
+            foreign,
+            probe(),
+            "foreign volumes look exactly like missing ones"
+        );
+        server.stop();
+    }
+
+    #[test]
+    fn certificate_cn_is_the_tenant_and_anonymous_tls_sees_only_volumes_without_one() {
+        if !tools() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let certs = make_certs(root);
+        let server = Server::start_with(
+            &root.join("mem"),
+            &[
+                "--memory",
+                "1GiB",
+                "--tls-cert-dir",
+                certs.server.to_str().unwrap(),
+                "--tls-required",
+            ],
+        );
+        server.create_volume_with("ta", "16MiB", &["--tenant", "tenant-a"]);
+        server.create_volume_with("tb", "16MiB", &["--tenant", "tenant-b"]);
+        server.create_volume("shared", "16MiB");
+        let query = format!("tls-certificates={}", certs.client.display());
+        assert_eq!(listed(&nbds(&server, "", None, &query)), ["ta"]);
+        let out = nbdinfo(&nbds(&server, "tb", None, &query));
+        assert!(
+            !out.status.success(),
+            "CN tenant-a opened tb: {}",
+            text(&out)
+        );
+        let object = format!(
+            "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+            certs.client.display()
+        );
+        let out = qemu_img(&["info"], &object, &server, "shared");
+        assert!(
+            !out.status.success(),
+            "CN tenant-a opened a volume without a tenant: {}",
+            text(&out)
+        );
+        let out = qemu_img(&["info"], &object, &server, "ta");
+        assert!(out.status.success(), "CN tenant-a opens ta: {}", text(&out));
+        server.stop();
+
+        // Without ca-cert.pem the server asks for no client certificate: every TLS client is
+        // anonymous (even one holding a certificate) and sees the volumes without a tenant,
+        // with --tls-required too.
+        let noca = root.join("server-noca");
+        std::fs::create_dir_all(&noca).unwrap();
+        for file in ["server-cert.pem", "server-key.pem"] {
+            std::fs::copy(certs.server.join(file), noca.join(file)).unwrap();
+        }
+        let server = Server::start_with(
+            &root.join("mem2"),
+            &[
+                "--memory",
+                "1GiB",
+                "--tls-cert-dir",
+                noca.to_str().unwrap(),
+                "--tls-required",
+            ],
+        );
+        server.create_volume_with("ta", "16MiB", &["--tenant", "tenant-a"]);
+        server.create_volume("shared", "16MiB");
+        for client in [&certs.nocert, &certs.client] {
+            let query = format!("tls-certificates={}", client.display());
+            assert_eq!(
+                listed(&nbds(&server, "", None, &query)),
+                ["shared"],
+                "{}",
+                client.display()
+            );
+        }
+        assert!(
+            server.log().contains("peer Anonymous"),
+            "the sessions were anonymous"
+        );
         server.stop();
     }
 }

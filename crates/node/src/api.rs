@@ -2,22 +2,27 @@
 //!
 //! It is the one way to change the node's state besides NBD traffic; the CLI is a thin client
 //! of it. Errors come back as `{"error": "...", "kind": "..."}` with a status that says whose
-//! fault it was (400 bad input or bad QoS, 404 unknown volume, 409 name taken, 507 pool full).
+//! fault it was (400 bad input, bad QoS or bad tenant id, 404 unknown volume, 409 name taken,
+//! 507 pool full).
 //!
 //! A volume's QoS is set at creation (`qos` in `POST /v1/volumes`) and changed live
 //! (`qos` in `PATCH /v1/volumes/{name}`): the change reaches the scheduler at once, without
 //! reconnecting clients and without refilling credit buckets. A bad QoS changes nothing.
+//!
+//! A volume's tenant (`tenant`) and access mode (`read_only`) are set at creation and fixed
+//! for its life; `GET /v1/volumes?tenant=ID` lists one tenant's volumes (see `session` for
+//! what a tenant's NBD client may see).
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use headroom_qos::QosSpec;
-use headroom_store::{Store, StoreError, VolumeInfo};
+use headroom_store::{NewVolume, Store, StoreError, VolumeInfo};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -34,6 +39,21 @@ pub struct CreateVolume {
     /// QoS class; absent: unlimited (no baseline promise, no ceiling).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos: Option<QosSpec>,
+    /// The tenant the volume belongs to: only TLS clients whose PSK identity or certificate
+    /// CN is this id see it. Absent: no tenant (served to clients without an identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Export it read-only (`NBD_FLAG_READ_ONLY`; writes, trims and zeroing get EPERM).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+/// Query of `GET /v1/volumes`.
+#[derive(Debug, Default, Deserialize, Serialize)]
+pub struct ListQuery {
+    /// Only this tenant's volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// Body of `PATCH /v1/volumes/{name}`.
@@ -70,6 +90,11 @@ pub struct VolumeSummary {
     pub size_bytes: u64,
     pub allocated_bytes: u64,
     pub created_unix_s: u64,
+    /// `null`: no tenant.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 impl From<&VolumeInfo> for VolumeSummary {
@@ -80,6 +105,8 @@ impl From<&VolumeInfo> for VolumeSummary {
             size_bytes: info.size_bytes,
             allocated_bytes: info.allocated_bytes,
             created_unix_s: info.created_unix_s,
+            tenant: info.tenant.clone(),
+            read_only: info.read_only,
         }
     }
 }
@@ -123,6 +150,7 @@ impl IntoResponse for ApiError {
             StoreError::AlreadyExists(_) => (StatusCode::CONFLICT, "already_exists"),
             StoreError::InvalidName { .. } => (StatusCode::BAD_REQUEST, "invalid_name"),
             StoreError::InvalidSize { .. } => (StatusCode::BAD_REQUEST, "invalid_size"),
+            StoreError::InvalidTenant { .. } => (StatusCode::BAD_REQUEST, "invalid_tenant"),
             StoreError::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
@@ -181,14 +209,21 @@ async fn pool(State(state): State<ApiState>) -> Json<serde_json::Value> {
     Json(serde_json::to_value(state.store.pool_info()).unwrap_or(serde_json::Value::Null))
 }
 
-async fn list_volumes(State(state): State<ApiState>) -> Json<Vec<VolumeView>> {
+async fn list_volumes(
+    State(state): State<ApiState>,
+    Query(query): Query<ListQuery>,
+) -> ApiResult<Json<Vec<VolumeView>>> {
+    if let Some(tenant) = &query.tenant {
+        headroom_store::validate_tenant_id(tenant)?;
+    }
     let views = state
         .store
         .list_volumes()
         .iter()
+        .filter(|info| query.tenant.is_none() || info.tenant == query.tenant)
         .map(|info| view(&state, info))
         .collect();
-    Json(views)
+    Ok(Json(views))
 }
 
 /// Parses a stored QoS record (absent or unreadable: none).
@@ -238,9 +273,13 @@ async fn create_volume(
         _ => None,
     };
     let store = Arc::clone(&state.store);
-    let record = stored.as_ref().map(StoredQos::to_json);
+    let options = NewVolume {
+        qos: stored.as_ref().map(StoredQos::to_json),
+        tenant: body.tenant,
+        read_only: body.read_only,
+    };
     let info =
-        blocking(move || store.create_volume_with_qos(&body.name, body.size_bytes, record)).await?;
+        blocking(move || store.create_volume_with(&body.name, body.size_bytes, options)).await?;
     if let Some(scheduler) = &state.scheduler {
         let qos = stored.map_or_else(headroom_qos::VolumeQos::default, |s| s.qos);
         scheduler.add_volume(info.id, &qos);

@@ -1,5 +1,9 @@
 //! One NBD connection, from the greeting to the last reply.
 //!
+//! Negotiation shows a session only the volumes of its tenant: the identity its TLS handshake
+//! proved, or none (plaintext, anonymous TLS), which sees only volumes without a tenant. Any
+//! other volume is answered exactly as a name no volume has (`Haggling::visible_export`).
+//!
 //! Negotiation runs on the whole socket under a deadline. Transmission splits it: this task
 //! reads and validates requests (and write payloads) and hands each one to the executor, and a
 //! writer task encodes replies in completion order, batching whatever is ready into one write.
@@ -129,11 +133,12 @@ pub async fn serve_connection(
             transmit(reader, writer, ctx, negotiated).await
         }
         Outcome::StartTls(tls) => {
-            let upgraded = match tokio::time::timeout_at(deadline, start_tls(&tls, stream)).await {
-                Ok(upgraded) => upgraded?,
-                Err(_) => return Err(SessionError::HandshakeTimeout),
-            };
-            serve_tls(upgraded, ctx, state, deadline).await
+            let (upgraded, tenant) =
+                match tokio::time::timeout_at(deadline, start_tls(&tls, stream)).await {
+                    Ok(upgraded) => upgraded?,
+                    Err(_) => return Err(SessionError::HandshakeTimeout),
+                };
+            serve_tls(upgraded, tenant, ctx, state, deadline).await
         }
     }
 }
@@ -153,25 +158,34 @@ type TlsStream = tokio_openssl::SslStream<TcpStream>;
 #[cfg(not(feature = "tls"))]
 type TlsStream = TcpStream;
 
-/// The TLS handshake that follows our `NBD_REP_ACK` to `NBD_OPT_STARTTLS`.
+/// The TLS handshake that follows our `NBD_REP_ACK` to `NBD_OPT_STARTTLS`; returns the
+/// stream and the client's tenant (its PSK identity or certificate CN, `None` if anonymous).
 #[cfg(feature = "tls")]
-async fn start_tls(tls: &Tls, stream: TcpStream) -> Result<TlsStream, SessionError> {
+async fn start_tls(
+    tls: &Tls,
+    stream: TcpStream,
+) -> Result<(TlsStream, Option<String>), SessionError> {
     let (stream, peer) = tls
         .accept(stream)
         .await
         .map_err(|err| SessionError::TlsHandshake(err.to_string()))?;
     tracing::debug!("TLS session up, peer {peer:?}");
-    Ok(stream)
+    Ok((stream, peer.into_tenant()))
 }
 
 #[cfg(not(feature = "tls"))]
-async fn start_tls(tls: &Tls, _stream: TcpStream) -> Result<TlsStream, SessionError> {
+async fn start_tls(
+    tls: &Tls,
+    _stream: TcpStream,
+) -> Result<(TlsStream, Option<String>), SessionError> {
     match *tls {}
 }
 
-/// Negotiation (again, from scratch but for the client flags) and transmission over TLS.
+/// Negotiation (again, from scratch but for the client flags) and transmission over TLS, for
+/// `tenant`.
 async fn serve_tls(
     mut stream: TlsStream,
+    tenant: Option<String>,
     ctx: Arc<SessionContext>,
     plaintext: Haggling,
     deadline: tokio::time::Instant,
@@ -180,6 +194,7 @@ async fn serve_tls(
     // chosen it.
     let mut state = Haggling::new(plaintext.client_flags);
     state.tls_active = true;
+    state.tenant = tenant;
     let outcome =
         match tokio::time::timeout_at(deadline, negotiate(&mut stream, &ctx, &mut state)).await {
             Ok(outcome) => outcome?,
@@ -299,6 +314,9 @@ struct Haggling {
     meta_selection: Option<(String, bool)>,
     /// The session runs over TLS.
     tls_active: bool,
+    /// Whose volumes this session may see: the TLS client's identity, `None` before TLS and
+    /// for an anonymous TLS client (see `visible_export`).
+    tenant: Option<String>,
 }
 
 /// What follows an option's reply.
@@ -317,7 +335,26 @@ impl Haggling {
             structured: false,
             meta_selection: None,
             tls_active: false,
+            tenant: None,
         }
+    }
+
+    /// The volume `name` if this session may see it, else `None`, the answer for a name no
+    /// volume has: the callers answer both the same way, so a client cannot tell another
+    /// tenant's volume from a missing one. A session with a tenant sees that tenant's volumes
+    /// only; a session without one (plaintext, or TLS without a client identity) sees only
+    /// volumes without a tenant.
+    fn visible_export(&self, ctx: &SessionContext, name: &str) -> Option<Arc<Volume>> {
+        let volume = ctx.store.open_volume(name).ok()?;
+        if volume.tenant() == self.tenant.as_deref() {
+            return Some(volume);
+        }
+        tracing::debug!(
+            "session of tenant {:?} asked for {name:?}, a volume of tenant {:?}: answered as unknown",
+            self.tenant,
+            volume.tenant()
+        );
+        None
     }
 
     /// FORCEDTLS before the upgrade: "If the server receives any other option, it MUST reply
@@ -368,10 +405,10 @@ impl Haggling {
         match option {
             nbd::ClientOption::ExportName(name) => {
                 // The spec leaves no way to refuse EXPORT_NAME but closing.
-                let Ok(volume) = ctx.store.open_volume(&name) else {
+                let Some(volume) = self.visible_export(ctx, &name) else {
                     return Err(SessionError::UnknownExport(name));
                 };
-                let flags = transmission_flags(self.structured);
+                let flags = transmission_flags(&volume, self.structured);
                 nbd::encode_export_name_reply(out, volume.size_bytes(), flags, self.no_zeroes);
                 let allocation_context = self.structured && self.selected_for(&name);
                 Ok(Step::Transmit(Negotiated {
@@ -381,10 +418,10 @@ impl Haggling {
                 }))
             }
             nbd::ClientOption::Info(request) | nbd::ClientOption::Go(request) => {
-                let Ok(volume) = ctx.store.open_volume(&request.export_name) else {
+                let Some(volume) = self.visible_export(ctx, &request.export_name) else {
                     return Ok(unknown(out, &request.export_name));
                 };
-                let flags = transmission_flags(self.structured);
+                let flags = transmission_flags(&volume, self.structured);
                 nbd::encode_info_export(out, option_number, volume.size_bytes(), flags);
                 for info in &request.info_types {
                     match *info {
@@ -417,7 +454,13 @@ impl Haggling {
                 }))
             }
             nbd::ClientOption::List => {
-                for info in ctx.store.list_volumes() {
+                // Only the volumes this session could open (`visible_export`).
+                let visible = ctx
+                    .store
+                    .list_volumes()
+                    .into_iter()
+                    .filter(|info| info.tenant == self.tenant);
+                for info in visible {
                     let description = format!("{} bytes", info.size_bytes);
                     nbd::encode_rep_server(out, option_number, &info.name, &description);
                 }
@@ -454,7 +497,7 @@ impl Haggling {
                     );
                     return Ok(Step::Continue);
                 }
-                if ctx.store.volume_info(&request.export_name).is_err() {
+                if self.visible_export(ctx, &request.export_name).is_none() {
                     return Ok(unknown(out, &request.export_name));
                 }
                 let matches = nbd::allocation_context_matches(&request.queries, is_set);
@@ -528,9 +571,9 @@ fn describe(volume: &Volume) -> String {
     format!("headroom volume {}", volume.name())
 }
 
-/// Flags we advertise for every export (all volumes are writable for now).
-fn transmission_flags(structured: bool) -> u16 {
-    nbd::transmission_flags(false, structured)
+/// Flags we advertise for `volume` (`NBD_FLAG_READ_ONLY` for a read-only volume).
+fn transmission_flags(volume: &Volume, structured: bool) -> u16 {
+    nbd::transmission_flags(volume.read_only(), structured)
 }
 
 async fn discard<R: tokio::io::AsyncRead + Unpin>(
@@ -621,7 +664,7 @@ where
         };
         let limits = nbd::ExportLimits {
             size_bytes: volume.size_bytes(),
-            read_only: false,
+            read_only: volume.read_only(),
             max_payload_bytes: ctx.limits.max_request_bytes,
             structured_replies: negotiated.structured,
             allocation_context_id: negotiated

@@ -81,6 +81,18 @@ pub enum Peer {
     Anonymous,
 }
 
+impl Peer {
+    /// The tenant this client acts for: its PSK identity or certificate CN as it is (an
+    /// identity no tenant id can equal, say one with a control character, sees no volume),
+    /// `None` for an anonymous client.
+    pub fn into_tenant(self) -> Option<String> {
+        match self {
+            Peer::PskIdentity(identity) | Peer::CertificateCn(identity) => Some(identity),
+            Peer::Anonymous => None,
+        }
+    }
+}
+
 /// Accepts TLS on sessions that asked for it with `NBD_OPT_STARTTLS`.
 pub struct TlsAcceptor {
     context: SslContext,
@@ -326,6 +338,21 @@ mod tests {
         }
         let long = format!("a:{}", "00".repeat(MAX_PSK_BYTES + 1));
         assert!(parse_psk_file(&long).is_err());
+    }
+
+    #[test]
+    fn the_tenant_is_the_identity_or_none() {
+        assert_eq!(
+            Peer::PskIdentity("alice".into()).into_tenant().as_deref(),
+            Some("alice")
+        );
+        assert_eq!(
+            Peer::CertificateCn("tenant-a".into())
+                .into_tenant()
+                .as_deref(),
+            Some("tenant-a")
+        );
+        assert_eq!(Peer::Anonymous.into_tenant(), None);
     }
 
     #[test]

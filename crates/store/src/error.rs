@@ -28,6 +28,13 @@ pub enum StoreError {
     /// The name breaks the naming rule (1-64 chars of `[A-Za-z0-9._-]`, not starting with `.` or `-`).
     #[error("invalid volume name {name:?}: {reason}")]
     InvalidName { name: String, reason: &'static str },
+    /// The tenant id breaks the tenant rule (1-128 printable ASCII characters, no surrounding
+    /// spaces).
+    #[error("invalid tenant id {tenant:?}: {reason}")]
+    InvalidTenant {
+        tenant: String,
+        reason: &'static str,
+    },
     /// A volume size is zero, too large, or not a multiple of 512 bytes.
     #[error("invalid volume size {size_bytes}: {reason}")]
     InvalidSize {

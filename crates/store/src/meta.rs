@@ -17,9 +17,12 @@
 //!   `volumes` so that a save rewrites small rows and never the volume records, and a row goes
 //!   away in the same transaction as its volume.
 //!
-//! Both additions are backward compatible, so `FORMAT_VERSION` stays 1: a record without
-//! `qos` loads as `None`, a missing `credits` table reads as empty, and a record without QoS
-//! is written exactly as before.
+//! The additions are backward compatible, so `FORMAT_VERSION` stays 1: a record without
+//! `qos`, `tenant` or `read_only` loads as no QoS, no tenant and writable, a missing `credits`
+//! table reads as empty, and a record without them is written exactly as before (so an older
+//! build still reads it). An older build reading a record *with* `tenant` or `read_only`
+//! ignores them (serde skips unknown fields) and would serve the volume to everyone,
+//! writable: do not downgrade a node that has tenant volumes.
 
 use std::path::Path;
 
@@ -62,6 +65,13 @@ pub(crate) struct VolumeRecord {
     /// Opaque QoS settings (JSON owned by the node layer); absent in records of older builds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos: Option<String>,
+    /// The tenant the volume belongs to (a TLS client's PSK identity or certificate CN);
+    /// absent in records of older builds and for volumes of no tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Exported read-only; absent (false) in records of older builds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 /// Everything stored, as loaded at open.
@@ -321,6 +331,8 @@ mod tests {
             size_bytes: 4096,
             created_unix_s: 7,
             qos: Some(r#"{"iops":100}"#.into()),
+            tenant: Some("alice".into()),
+            read_only: true,
         };
         let p = PhysExtent {
             device: 0,
@@ -396,8 +408,35 @@ mod tests {
             size_bytes: 4096,
             created_unix_s: 7,
             qos: None,
+            tenant: None,
+            read_only: false,
         };
         assert_eq!(l.volumes, vec![(3, rec.clone())]);
         assert_eq!(serde_json::to_string(&rec).unwrap(), old_json);
+    }
+
+    #[test]
+    fn volume_record_tenant_and_read_only_round_trip_and_old_records_have_neither() {
+        // A record of the build that added QoS, before tenants: no tenant, writable.
+        let qos_only = r#"{"name":"v","size_bytes":4096,"created_unix_s":7,"qos":"{}"}"#;
+        let rec: VolumeRecord = serde_json::from_str(qos_only).unwrap();
+        assert_eq!(rec.tenant, None);
+        assert!(!rec.read_only);
+        assert_eq!(serde_json::to_string(&rec).unwrap(), qos_only);
+        // With both fields, through redb and back.
+        let rec = VolumeRecord {
+            tenant: Some("Tenant A".into()),
+            read_only: true,
+            ..rec
+        };
+        let json = serde_json::to_string(&rec).unwrap();
+        assert!(
+            json.contains(r#""tenant":"Tenant A""#) && json.contains(r#""read_only":true"#),
+            "{json}"
+        );
+        let m = Meta::open_memory().unwrap();
+        m.commit(&[], &[MetaOp::Init, MetaOp::PutVolume(5, rec.clone())])
+            .unwrap();
+        assert_eq!(m.load().unwrap().unwrap().volumes, vec![(5, rec)]);
     }
 }

@@ -29,7 +29,7 @@ use crate::layout::{
     EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, PhysExtent, VOLUME_SIZE_ALIGN_BYTES, extent_count,
 };
 use crate::meta::{DeviceRecord, ExtentChange, Meta, MetaOp, VolumeRecord};
-use crate::name::validate_volume_name;
+use crate::name::{validate_tenant_id, validate_volume_name};
 use crate::sync::{lock, read, write};
 use crate::volume::{Volume, VolumeInfo};
 
@@ -233,6 +233,17 @@ pub struct DeviceInfo {
     pub free_extents: u64,
     /// Real space used (file blocks or RAM); `None` for block devices.
     pub physical_used_bytes: Option<u64>,
+}
+
+/// What a new volume is created with besides its name and size.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NewVolume {
+    /// Opaque QoS settings (the node layer's JSON; the store does not interpret it).
+    pub qos: Option<String>,
+    /// The tenant it belongs to (checked with `validate_tenant_id`); `None`: no tenant.
+    pub tenant: Option<String>,
+    /// Export it read-only.
+    pub read_only: bool,
 }
 
 /// A pool of devices and the volumes on it. `Send + Sync`; share it behind an `Arc`.
@@ -548,8 +559,27 @@ impl Store {
         size_bytes: u64,
         qos: Option<String>,
     ) -> Result<VolumeInfo, StoreError> {
+        let options = NewVolume {
+            qos,
+            ..NewVolume::default()
+        };
+        self.create_volume_with(name, size_bytes, options)
+    }
+
+    /// Creates an empty (fully unallocated) volume with QoS settings, a tenant and an access
+    /// mode (`NewVolume`); everything is durable in one commit before this returns. The
+    /// tenant and the access mode are fixed for the volume's life.
+    pub fn create_volume_with(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        options: NewVolume,
+    ) -> Result<VolumeInfo, StoreError> {
         validate_volume_name(name)?;
         validate_size(size_bytes)?;
+        if let Some(tenant) = &options.tenant {
+            validate_tenant_id(tenant)?;
+        }
         let mut next_volume_id = lock(&self.management);
         if read(&self.volumes).contains_key(name) {
             return Err(StoreError::AlreadyExists(name.to_string()));
@@ -559,7 +589,9 @@ impl Store {
             name: name.to_string(),
             size_bytes,
             created_unix_s: now_unix_s(),
-            qos,
+            qos: options.qos,
+            tenant: options.tenant,
+            read_only: options.read_only,
         };
         self.shared.commit(
             &[
@@ -578,7 +610,14 @@ impl Store {
         );
         let info = vol.info();
         write(&self.volumes).insert(name.to_string(), vol);
-        tracing::info!(volume = name, id, size_bytes, "volume created");
+        tracing::info!(
+            volume = name,
+            id,
+            size_bytes,
+            tenant = info.tenant.as_deref().unwrap_or("-"),
+            read_only = info.read_only,
+            "volume created"
+        );
         Ok(info)
     }
 
@@ -732,6 +771,13 @@ fn rebuild(
     for (id, rec) in &loaded.volumes {
         if validate_volume_name(&rec.name).is_err() || validate_size(rec.size_bytes).is_err() {
             return Err(corrupt(format!("volume {id} has an invalid name or size")));
+        }
+        // A tenant id the rule refuses cannot match a client; the volume is still served to
+        // nobody but its (impossible) tenant, so load it and say so rather than refuse the pool.
+        if let Some(tenant) = &rec.tenant
+            && let Err(err) = validate_tenant_id(tenant)
+        {
+            tracing::warn!(volume = rec.name.as_str(), "stored tenant: {err}");
         }
         volumes.insert(
             *id,

@@ -35,6 +35,12 @@ pub struct VolumeInfo {
     /// clients and servers of different versions keep understanding each other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos: Option<String>,
+    /// The tenant the volume belongs to; `None`: no tenant. Absent from the JSON when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Exported read-only. Absent from the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 /// One run of a BLOCK_STATUS answer (`base:allocation`).
@@ -71,6 +77,10 @@ pub struct Volume {
     /// Opaque QoS settings; changed only under the store's management mutex, after the commit
     /// that made the change durable.
     qos: Mutex<Option<String>>,
+    /// Fixed at creation.
+    tenant: Option<String>,
+    /// Fixed at creation.
+    read_only: bool,
     shared: Arc<Shared>,
     me: Weak<Volume>,
     state: RwLock<VolumeState>,
@@ -188,6 +198,8 @@ impl Volume {
             name: record.name,
             created_unix_s: record.created_unix_s,
             qos: Mutex::new(record.qos),
+            tenant: record.tenant,
+            read_only: record.read_only,
             shared,
             me: me.clone(),
             size_bytes: AtomicU64::new(record.size_bytes),
@@ -221,6 +233,16 @@ impl Volume {
         lock(&self.qos).clone()
     }
 
+    /// The tenant the volume belongs to (`None`: no tenant).
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    /// Whether the volume is exported read-only.
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
     pub fn is_deleted(&self) -> bool {
         self.deleted.load(Ordering::Acquire)
     }
@@ -233,6 +255,8 @@ impl Volume {
             allocated_bytes: self.allocated_bytes(),
             created_unix_s: self.created_unix_s,
             qos: self.qos(),
+            tenant: self.tenant.clone(),
+            read_only: self.read_only,
         }
     }
 
@@ -243,6 +267,8 @@ impl Volume {
             size_bytes,
             created_unix_s: self.created_unix_s,
             qos,
+            tenant: self.tenant.clone(),
+            read_only: self.read_only,
         }
     }
 
@@ -784,11 +810,19 @@ mod tests {
             allocated_bytes: 0,
             created_unix_s: 7,
             qos: None,
+            tenant: None,
+            read_only: false,
         };
         let json = serde_json::to_string(&info).unwrap();
         assert!(!json.contains("qos"), "{json}");
+        assert!(
+            !json.contains("tenant") && !json.contains("read_only"),
+            "{json}"
+        );
         assert_eq!(serde_json::from_str::<VolumeInfo>(&json).unwrap(), info);
         info.qos = Some(r#"{"iops":100}"#.into());
+        info.tenant = Some("alice".into());
+        info.read_only = true;
         let json = serde_json::to_string(&info).unwrap();
         assert_eq!(serde_json::from_str::<VolumeInfo>(&json).unwrap(), info);
     }

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use headroom_store::{EXTENT_SIZE_BYTES, Extent, Store, StoreConfig, StoreError, Volume};
+use headroom_store::{
+    EXTENT_SIZE_BYTES, Extent, NewVolume, Store, StoreConfig, StoreError, Volume,
+};
 use tempfile::TempDir;
 
 const E: u64 = EXTENT_SIZE_BYTES;
@@ -681,6 +683,91 @@ fn qos_is_stored_with_the_volume_and_survives_reopen() {
     assert_eq!(qos("c"), None);
     assert_eq!(qos("d"), None);
     assert_eq!(store.volume_info("a").unwrap().size_bytes, 8 * MIB);
+}
+
+#[test]
+fn tenant_and_read_only_are_stored_with_the_volume_and_survive_reopen_and_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = file_config(&dir);
+    let infos = {
+        let store = Store::open(&cfg).unwrap();
+        let a = store
+            .create_volume_with(
+                "a",
+                4 * MIB,
+                NewVolume {
+                    qos: Some(QOS_A.into()),
+                    tenant: Some("alice".into()),
+                    read_only: false,
+                },
+            )
+            .unwrap();
+        assert_eq!((a.tenant.as_deref(), a.read_only), (Some("alice"), false));
+        let b = store
+            .create_volume_with(
+                "b",
+                4 * MIB,
+                NewVolume {
+                    tenant: Some("Tenant B".into()),
+                    read_only: true,
+                    ..NewVolume::default()
+                },
+            )
+            .unwrap();
+        assert_eq!((b.tenant.as_deref(), b.read_only), (Some("Tenant B"), true));
+        let c = store.create_volume("c", 4 * MIB).unwrap();
+        assert_eq!((c.tenant, c.read_only), (None, false));
+        let handle = store.open_volume("b").unwrap();
+        assert_eq!(
+            (handle.tenant(), handle.read_only()),
+            (Some("Tenant B"), true)
+        );
+        // Every later rewrite of the record (resize, QoS) keeps tenant and mode.
+        store.resize_volume("a", 8 * MIB).unwrap();
+        store.set_volume_qos("a", Some(QOS_B.into())).unwrap();
+        store.resize_volume("b", 2 * MIB).unwrap();
+        store.set_volume_qos("b", Some(QOS_A.into())).unwrap();
+        store.list_volumes()
+    };
+    let store = Store::open(&cfg).unwrap();
+    assert_eq!(store.list_volumes(), infos);
+    let a = store.volume_info("a").unwrap();
+    assert_eq!(
+        (a.tenant.as_deref(), a.read_only, a.qos.as_deref()),
+        (Some("alice"), false, Some(QOS_B))
+    );
+    let b = store.open_volume("b").unwrap();
+    assert_eq!((b.tenant(), b.read_only()), (Some("Tenant B"), true));
+    let c = store.open_volume("c").unwrap();
+    assert_eq!((c.tenant(), c.read_only()), (None, false));
+}
+
+#[test]
+fn invalid_tenant_ids_are_refused_and_create_nothing() {
+    each_backend(|fx| {
+        for bad in ["", " alice", "alice ", "a\nb", "é", &"t".repeat(129)] {
+            let options = NewVolume {
+                tenant: Some(bad.to_string()),
+                ..NewVolume::default()
+            };
+            assert!(
+                matches!(
+                    fx.store.create_volume_with("v", MIB, options),
+                    Err(StoreError::InvalidTenant { .. })
+                ),
+                "{bad:?}"
+            );
+            assert!(matches!(
+                fx.store.volume_info("v"),
+                Err(StoreError::NotFound(_))
+            ));
+        }
+        let options = NewVolume {
+            tenant: Some("t".repeat(128)),
+            ..NewVolume::default()
+        };
+        fx.store.create_volume_with("v", MIB, options).unwrap();
+    });
 }
 
 #[test]

@@ -118,7 +118,12 @@ impl Server {
     }
 
     pub fn create_volume(&self, name: &str, size: &str) {
-        let out = self.cli(&["volume", "create", name, "--size", size]);
+        self.create_volume_with(name, size, &[]);
+    }
+
+    /// `volume create NAME --size SIZE` with more flags (`--tenant ID`, `--read-only`, QoS).
+    pub fn create_volume_with(&self, name: &str, size: &str, flags: &[&str]) {
+        let out = self.cli(&[&["volume", "create", name, "--size", size], flags].concat());
         assert!(out.status.success(), "volume create failed: {}", text(&out));
     }
 

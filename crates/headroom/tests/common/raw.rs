@@ -127,6 +127,54 @@ pub fn go_payload(name: &str) -> Vec<u8> {
     data
 }
 
+/// LIST_META_CONTEXT / SET_META_CONTEXT payload for `export` with `queries`.
+pub fn meta_payload(export: &str, queries: &[&str]) -> Vec<u8> {
+    let mut data = Vec::new();
+    data.extend_from_slice(&(export.len() as u32).to_be_bytes());
+    data.extend_from_slice(export.as_bytes());
+    data.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for query in queries {
+        data.extend_from_slice(&(query.len() as u32).to_be_bytes());
+        data.extend_from_slice(query.as_bytes());
+    }
+    data
+}
+
+/// The replies to one option as (option, reply type, data): with the magic checked, that is
+/// every byte of them.
+pub type OptionReplies = Vec<(u32, u32, Vec<u8>)>;
+
+/// Reads the replies to one option up to and including the final one (ACK or an error).
+pub fn read_option_replies(stream: &mut TcpStream) -> OptionReplies {
+    let mut replies = Vec::new();
+    loop {
+        let reply = read_option_reply(stream);
+        let last = reply.reply_type == REP_ACK || reply.reply_type & 0x8000_0000 != 0;
+        replies.push((reply.option, reply.reply_type, reply.data));
+        if last {
+            return replies;
+        }
+    }
+}
+
+/// The names in an `NBD_OPT_LIST` answer (sent on `stream`), in the order given.
+pub fn list_exports(stream: &mut TcpStream) -> Vec<String> {
+    send_option(stream, OPT_LIST, &[]);
+    let mut names = Vec::new();
+    for (option, reply_type, data) in read_option_replies(stream) {
+        assert_eq!(option, OPT_LIST);
+        match reply_type {
+            REP_SERVER => {
+                let len = u32::from_be_bytes(data[0..4].try_into().unwrap()) as usize;
+                names.push(String::from_utf8(data[4..4 + len].to_vec()).unwrap());
+            }
+            REP_ACK => {}
+            other => panic!("LIST answered {other:#x}"),
+        }
+    }
+    names
+}
+
 /// Sends GO and reads replies until ACK; returns (size, flags) or the error reply type.
 pub fn go(stream: &mut TcpStream, name: &str) -> Result<(u64, u16), u32> {
     send_option(stream, OPT_GO, &go_payload(name));
