@@ -69,6 +69,11 @@ fn can_mount() -> bool {
         (Path::new("/dev/loop-control").exists(), "no loop devices"),
     ] {
         if !ok {
+            // Under scripts/test (CI) a test that cannot run fails: it never passes by not
+            // running.
+            if std::env::var_os("HEADROOM_REQUIRE_TOOLS").is_some() {
+                panic!("cannot mount a filesystem here: {why} (HEADROOM_REQUIRE_TOOLS is set)");
+            }
             eprintln!("SKIPPED: cannot mount a filesystem here: {why}");
             return false;
         }
