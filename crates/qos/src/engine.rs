@@ -85,6 +85,13 @@ pub(crate) trait Rules: Send + std::fmt::Debug {
     fn is_baseline_class(&self, _class: usize) -> bool {
         false
     }
+    /// Whether volume `idx`'s baseline requests may run inside the node pacer's allowance.
+    /// Burst: not while the volume is bursting. Its baseline requests then wait for the pacer
+    /// like its burst requests, so they cannot spend the allowance its neighbours' baseline
+    /// requests run in, and a blocked one does not hold back the baseline class behind it.
+    fn baseline_allowance(&self, _idx: u32) -> bool {
+        true
+    }
     /// The class a ring-front volume really belongs to now: promotions fire up to one wheel
     /// slot late, so a volume whose baseline meter refilled is treated as baseline at once.
     fn effective_class(
@@ -430,6 +437,10 @@ impl<R: Rules> Policy for Engine<R> {
         // Bounded: every iteration either dispatches, returns, or rotates a volume whose
         // rules guarantee it can run after one rotation.
         let mut rotations = 0usize;
+        // Bursting volumes' baseline heads passed over for the pacer, and when the first of
+        // them may run.
+        let mut passed_over = 0usize;
+        let mut blocked_until = u64::MAX;
         loop {
             let mut candidate = None;
             for class in 0..self.rules.classes() {
@@ -453,11 +464,22 @@ impl<R: Rules> Policy for Engine<R> {
             let charge = e.core.charge(head);
             let eff_class = self.rules.effective_class(now, class, &e.x, charge);
             let baseline_class = self.rules.is_baseline_class(eff_class);
+            let protected = baseline_class && self.rules.baseline_allowance(idx);
             let gate = self
                 .pacer
-                .ready_at(now, &cost, baseline_class)
+                .ready_at(now, &cost, protected)
                 .max(self.rules.class_gate(now, eff_class, &cost));
             if gate > now {
+                if baseline_class && !protected && passed_over <= self.vols.len() {
+                    // A bursting volume's baseline request waits for the pacer: let the
+                    // baseline requests behind it run inside the allowance meanwhile.
+                    passed_over += 1;
+                    blocked_until = blocked_until.min(gate);
+                    self.ready.pop_front(class);
+                    self.place(now, idx, false);
+                    continue;
+                }
+                let gate = gate.min(blocked_until);
                 let wake = self
                     .ready
                     .next_timer(&self.vols)
@@ -511,7 +533,7 @@ impl<R: Rules> Policy for Engine<R> {
                         continue;
                     };
                     self.pacer
-                        .take(now, &req.cost, baseline_class && phase == Phase::Baseline);
+                        .take(now, &req.cost, protected && phase == Phase::Baseline);
                     self.rules.charge(
                         &Ctx {
                             now_ns: now,
@@ -541,7 +563,12 @@ impl<R: Rules> Policy for Engine<R> {
         if self.tracker.queued == 0 {
             return Decision::Idle;
         }
-        Decision::WaitUntil(self.ready.next_timer(&self.vols).unwrap_or(u64::MAX))
+        Decision::WaitUntil(
+            self.ready
+                .next_timer(&self.vols)
+                .unwrap_or(u64::MAX)
+                .min(blocked_until),
+        )
     }
 
     fn complete(&mut self, now_ns: u64, req: &IoRequest, _observed: Observed) {

@@ -927,6 +927,12 @@ impl Rules for BurstRules {
         class == BASELINE
     }
 
+    fn baseline_allowance(&self, idx: u32) -> bool {
+        self.slots
+            .get(idx as usize)
+            .is_none_or(|st| !(st.burst_seen || st.last_bursting))
+    }
+
     fn effective_class(&self, now_ns: u64, class: usize, vol: &BurstVol, charge: Charge) -> usize {
         promote_within_baseline(class, BASELINE, &vol.meter, now_ns, charge)
     }
