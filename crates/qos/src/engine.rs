@@ -86,10 +86,10 @@ pub(crate) trait Rules: Send + std::fmt::Debug {
         false
     }
     /// Whether volume `idx`'s baseline requests may run inside the node pacer's allowance.
-    /// Burst: not while the volume is bursting. Its baseline requests then wait for the pacer
+    /// Burst and Credit: not while the volume is bursting. Its baseline requests then wait for the pacer
     /// like its burst requests, so they cannot spend the allowance its neighbours' baseline
     /// requests run in, and a blocked one does not hold back the baseline class behind it.
-    fn baseline_allowance(&self, _idx: u32) -> bool {
+    fn baseline_allowance(&self, _now_ns: u64, _idx: u32, _vol: &Self::Vol) -> bool {
         true
     }
     /// The class a ring-front volume really belongs to now: promotions fire up to one wheel
@@ -464,7 +464,7 @@ impl<R: Rules> Policy for Engine<R> {
             let charge = e.core.charge(head);
             let eff_class = self.rules.effective_class(now, class, &e.x, charge);
             let baseline_class = self.rules.is_baseline_class(eff_class);
-            let protected = baseline_class && self.rules.baseline_allowance(idx);
+            let protected = baseline_class && self.rules.baseline_allowance(now, idx, &e.x);
             let gate = self
                 .pacer
                 .ready_at(now, &cost, protected)

@@ -927,7 +927,7 @@ impl Rules for BurstRules {
         class == BASELINE
     }
 
-    fn baseline_allowance(&self, idx: u32) -> bool {
+    fn baseline_allowance(&self, _now_ns: u64, idx: u32, _vol: &BurstVol) -> bool {
         self.slots
             .get(idx as usize)
             .is_none_or(|st| !(st.burst_seen || st.last_bursting))

@@ -61,6 +61,8 @@ pub(crate) struct CreditVol {
     credits: SparseCredits,
     /// Its pool membership, if any (boxed: most volumes have none).
     pool: Option<Box<Membership>>,
+    /// When it last ran a request above its baseline (bursting while that is recent).
+    last_burst_ns: Option<u64>,
 }
 
 const BASELINE: usize = 0;
@@ -94,6 +96,7 @@ impl Rules for CreditRules {
             meter: RateLimiter::new(now_ns, qos.baseline, self.depth_ns),
             credits,
             pool,
+            last_burst_ns: None,
         }
     }
 
@@ -181,6 +184,13 @@ impl Rules for CreditRules {
         class == BASELINE
     }
 
+    fn baseline_allowance(&self, now_ns: u64, _idx: u32, vol: &CreditVol) -> bool {
+        // Bursting: a request above its baseline within the last two meter depths (Burst's
+        // "this window or the last" at the default 10 ms).
+        vol.last_burst_ns
+            .is_none_or(|t| now_ns.saturating_sub(t) > self.depth_ns.saturating_mul(2))
+    }
+
     fn effective_class(&self, now_ns: u64, class: usize, vol: &CreditVol, charge: Charge) -> usize {
         promote_within_baseline(class, BASELINE, &vol.meter, now_ns, charge)
     }
@@ -219,6 +229,8 @@ impl Rules for CreditRules {
         }
         if phase == Phase::Baseline {
             vol.meter.take(now_ns, charge);
+        } else {
+            vol.last_burst_ns = Some(now_ns);
         }
     }
 
