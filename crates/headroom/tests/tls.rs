@@ -190,6 +190,13 @@ mod with_tls {
     const KEY_B: &str = "3b9e0d7c5a1f8e2d4c6b0a9f7e5d3c1b2a4f6e8d0c9b7a5f3e1d2c4b6a8f0e9d";
     const KEY_WRONG: &str = "0000000000000000000000000000000000000000000000000000000000000001";
 
+    /// A server on a 1 GiB memory backend in `data_dir`, with these TLS flags.
+    fn tls_server(data_dir: &Path, tls_flags: &[&str]) -> Server {
+        let mut args = vec!["--memory", "1GiB"];
+        args.extend_from_slice(tls_flags);
+        Server::start_with(data_dir, &args)
+    }
+
     fn tools() -> bool {
         have_tool("openssl")
             && have_tool("qemu-img")
@@ -256,15 +263,9 @@ mod with_tls {
         let root = dir.path();
         let psk = psk_dir(root, "psk", &format!("alice:{KEY_A}"));
         let keys = psk.join("keys.psk");
-        let server = Server::start_with(
+        let server = tls_server(
             &root.join("mem"),
-            &[
-                "--memory",
-                "1GiB",
-                "--tls-psk-file",
-                keys.to_str().unwrap(),
-                "--tls-required",
-            ],
+            &["--tls-psk-file", keys.to_str().unwrap(), "--tls-required"],
         );
         server.create_volume_with("v", "16MiB", &["--tenant", "alice"]);
 
@@ -345,11 +346,9 @@ mod with_tls {
         let wrong = psk_dir(root, "wrong", &format!("alice:{KEY_WRONG}"));
         let stranger = psk_dir(root, "stranger", &format!("mallory:{KEY_A}"));
         // SELECTIVETLS (TLS not required), so a plaintext session can watch.
-        let server = Server::start_with(
+        let server = tls_server(
             &root.join("mem"),
             &[
-                "--memory",
-                "1GiB",
                 "--tls-psk-file",
                 good.join("keys.psk").to_str().unwrap(),
                 "--tls-cert-dir",
@@ -445,11 +444,9 @@ mod with_tls {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         let certs = make_certs(root);
-        let server = Server::start_with(
+        let server = tls_server(
             &root.join("mem"),
             &[
-                "--memory",
-                "1GiB",
                 "--tls-cert-dir",
                 certs.server.to_str().unwrap(),
                 "--tls-required",
@@ -556,9 +553,9 @@ mod with_tls {
         let psk = psk_dir(root, "psk", &format!("alice:{KEY_A}\nbob:{KEY_B}"));
         let keys = psk.join("keys.psk");
         // SELECTIVETLS: plaintext clients are served too.
-        let server = Server::start_with(
+        let server = tls_server(
             &root.join("mem"),
-            &["--memory", "1GiB", "--tls-psk-file", keys.to_str().unwrap()],
+            &["--tls-psk-file", keys.to_str().unwrap()],
         );
         server.create_volume_with("a1", "16MiB", &["--tenant", "alice"]);
         server.create_volume_with("a2", "8MiB", &["--tenant", "alice"]);
@@ -641,11 +638,9 @@ mod with_tls {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         let certs = make_certs(root);
-        let server = Server::start_with(
+        let server = tls_server(
             &root.join("mem"),
             &[
-                "--memory",
-                "1GiB",
                 "--tls-cert-dir",
                 certs.server.to_str().unwrap(),
                 "--tls-required",
@@ -684,15 +679,9 @@ mod with_tls {
         for file in ["server-cert.pem", "server-key.pem"] {
             std::fs::copy(certs.server.join(file), noca.join(file)).unwrap();
         }
-        let server = Server::start_with(
+        let server = tls_server(
             &root.join("mem2"),
-            &[
-                "--memory",
-                "1GiB",
-                "--tls-cert-dir",
-                noca.to_str().unwrap(),
-                "--tls-required",
-            ],
+            &["--tls-cert-dir", noca.to_str().unwrap(), "--tls-required"],
         );
         server.create_volume_with("ta", "16MiB", &["--tenant", "tenant-a"]);
         server.create_volume("shared", "16MiB");

@@ -1222,6 +1222,24 @@ mod tests {
         }
     }
 
+    /// A gate of two with burst requests 1 and 2 of volume 1 running and 3 waiting; volume 2
+    /// is a victim that has sent nothing yet.
+    #[allow(clippy::type_complexity)]
+    fn gate_full_of_burst_work() -> (
+        BurstGate<u32>,
+        Arc<VolumeHandle>,
+        Arc<VolumeHandle>,
+        Ready<u32>,
+        Ready<u32>,
+    ) {
+        let gate = gate_of_two();
+        let (burster, victim) = (volume(1), volume(2));
+        let a1 = admit_one(&gate, dispatched_in(&burster, Phase::BurstSpare, 1)).expect("room");
+        let a2 = admit_one(&gate, dispatched_in(&burster, Phase::BurstSpare, 2)).expect("room");
+        assert!(admit_one(&gate, dispatched_in(&burster, Phase::BurstSpare, 3)).is_none());
+        (gate, burster, victim, a1, a2)
+    }
+
     /// Passes one request through the gate; returns it if it may run now.
     fn admit_one(gate: &BurstGate<u32>, item: Ready<u32>) -> Option<Ready<u32>> {
         let mut ready = vec![item];
@@ -1231,11 +1249,7 @@ mod tests {
 
     #[test]
     fn a_bursting_volume_takes_the_gate_for_its_baseline_requests_too() {
-        let gate = gate_of_two();
-        let (burster, victim) = (volume(1), volume(2));
-        let a1 = admit_one(&gate, dispatched_in(&burster, Phase::BurstSpare, 1)).expect("room");
-        let a2 = admit_one(&gate, dispatched_in(&burster, Phase::BurstSpare, 2)).expect("room");
-        assert!(admit_one(&gate, dispatched_in(&burster, Phase::BurstSpare, 3)).is_none());
+        let (gate, burster, victim, a1, a2) = gate_full_of_burst_work();
         // The burster is bursting: its baseline request waits too, in its own queue.
         assert!(admit_one(&gate, dispatched_in(&burster, Phase::Baseline, 4)).is_none());
         // A volume within its baseline passes the full gate.
@@ -1297,11 +1311,7 @@ mod tests {
     #[test]
     fn baseline_work_in_flight_holds_burst_work_back_from_the_last_channel() {
         // Limit 2: a device of three channels, two of which burst work may take.
-        let gate = gate_of_two();
-        let (burster, victim) = (volume(1), volume(2));
-        let a1 = admit_one(&gate, dispatched_in(&burster, Phase::BurstSpare, 1)).expect("room");
-        let a2 = admit_one(&gate, dispatched_in(&burster, Phase::BurstSpare, 2)).expect("room");
-        assert!(admit_one(&gate, dispatched_in(&burster, Phase::BurstSpare, 3)).is_none());
+        let (gate, burster, victim, a1, a2) = gate_full_of_burst_work();
         let v1 = admit_one(&gate, dispatched_in(&victim, Phase::Baseline, 10)).expect("baseline");
         // Two bursting + one baseline in flight: the third channel is the victim's. A burst
         // completion lets the waiting burst request take its channel.
