@@ -297,6 +297,7 @@ pub struct ParamsSection {
     pub drr_quantum_device_units: Option<u64>,
     pub seed: Option<u64>,
     pub track_invariants: Option<bool>,
+    pub reorder_lookahead: Option<u32>,
 }
 
 impl ParamsSection {
@@ -318,6 +319,7 @@ impl ParamsSection {
                 .unwrap_or(d.drr_quantum_device_units),
             seed: self.seed.unwrap_or(d.seed),
             track_invariants: self.track_invariants.unwrap_or(d.track_invariants),
+            reorder_lookahead: self.reorder_lookahead.unwrap_or(d.reorder_lookahead),
         }
     }
 
@@ -337,6 +339,7 @@ impl ParamsSection {
                 .or(lower.drr_quantum_device_units),
             seed: self.seed.or(lower.seed),
             track_invariants: self.track_invariants.or(lower.track_invariants),
+            reorder_lookahead: self.reorder_lookahead.or(lower.reorder_lookahead),
         }
     }
 }
@@ -1077,6 +1080,7 @@ mod tests {
             drr_quantum_device_units = 5000
             seed = 42
             track_invariants = true
+            reorder_lookahead = 4
             [qos.cost]
             cpu = { read = { base_ns = 1000, per_kib_ps = 50000 }, write = { base_ns = 2000, per_kib_ps = 60000 }, other = { base_ns = 500, per_kib_ps = 0 } }
             device = { linear = { rbps = 1, rseqiops = 2, rrandiops = 3, wbps = 4, wseqiops = 5, wrandiops = 6 } }
@@ -1120,6 +1124,7 @@ mod tests {
                 drr_quantum_device_units: 5000,
                 seed: 42,
                 track_invariants: true,
+                reorder_lookahead: 4,
                 pacer_depth_ns: QosConfig::server_params().pacer_depth_ns,
             }
         );

@@ -110,6 +110,15 @@ impl CostVector {
         CostVector::new(d[0], d[1], d[2], d[3])
     }
 
+    /// A bit per dimension ([`Dimension::ALL`] order) whose component is not zero: the
+    /// dimensions a request of this cost needs.
+    pub const fn dims_mask(&self) -> u8 {
+        (self.cpu_ns > 0) as u8
+            | ((self.ingress_bytes > 0) as u8) << 1
+            | ((self.egress_bytes > 0) as u8) << 2
+            | ((self.device_units > 0) as u8) << 3
+    }
+
     /// The component of one dimension.
     pub fn get(&self, dim: Dimension) -> u64 {
         self.dims()[dim.index()]

@@ -19,6 +19,13 @@ use crate::vocab::{
     Decision, IoRate, IoRequest, NodeCapacity, Observed, Phase, VolumeId, VolumeQos,
 };
 
+/// How many volumes one [`Policy::next`] call sets aside (their head request waits for the
+/// pacer) looking for one that may run: bounds the call's cost with many waiting volumes.
+const MAX_PASSED_OVER: usize = 64;
+
+/// How many times one [`Policy::next`] call moves a request ahead of its volume's head.
+const MAX_REORDERS: usize = 16;
+
 /// Where a backlogged volume goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Place {
@@ -107,6 +114,11 @@ pub(crate) trait Rules: Send + std::fmt::Debug {
     fn class_gate(&self, now_ns: u64, _class: usize, _cost: &CostVector) -> u64 {
         now_ns
     }
+    /// The dimensions (a bit each, [`CostVector::dims_mask`] order) in which
+    /// [`Rules::class_gate`] holds back a request of `cost` in `class` at `now_ns`.
+    fn class_blocking_dims(&self, _now_ns: u64, _class: usize, _cost: &CostVector) -> u8 {
+        0
+    }
     /// Decides on the head request of a ring's front volume. `core.queue` still holds it.
     fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut Self::Vol) -> Verdict;
     /// Charges a dispatched request (`core.queue` no longer holds it).
@@ -187,6 +199,16 @@ pub(crate) struct Engine<R: Rules> {
     ready: Ready,
     pacer: Pacer,
     tracker: Tracker,
+    /// See [`crate::PolicyParams::reorder_lookahead`].
+    reorder_lookahead: usize,
+    /// The dimensions every request enqueued so far needed ([`CostVector::dims_mask`] bits,
+    /// all set before the first): a request waiting on one of them means no request could
+    /// run, so `next` does not look for one.
+    common_dims: u8,
+    /// Placements `(class, slot, generation)` that `next` took off the front of their rings
+    /// because their head request waits for the pacer; put back in front, in order, before
+    /// `next` returns (kept here to reuse the allocation).
+    passed_over: Vec<(usize, u32, u32)>,
 }
 
 impl<R: Rules> Engine<R> {
@@ -212,7 +234,18 @@ impl<R: Rules> Engine<R> {
                 depth_ns,
                 track_invariants,
             ),
+            reorder_lookahead: 0,
+            common_dims: u8::MAX,
+            passed_over: Vec::new(),
         }
+    }
+
+    /// Lets the engine run a request up to `lookahead` places behind a volume's head first
+    /// when the head waits for a dimension that request does not need (see
+    /// [`crate::PolicyParams::reorder_lookahead`]).
+    pub(crate) fn with_reorder_lookahead(mut self, lookahead: u32) -> Self {
+        self.reorder_lookahead = lookahead as usize;
+        self
     }
 
     /// Lets the node pacer save up `depth_ns` of unused capacity (see
@@ -324,122 +357,21 @@ impl<R: Rules> Engine<R> {
     fn pacer_idle(&self, now: u64) -> bool {
         self.pacer.idle_at(now)
     }
-}
 
-impl<R: Rules> Policy for Engine<R> {
-    fn name(&self) -> &'static str {
-        self.rules.name()
-    }
-
-    fn add_volume(&mut self, now_ns: u64, id: VolumeId, qos: &VolumeQos) {
-        let now = self.clock.at(now_ns);
-        if self.vols.lookup(id).is_some() {
-            self.update_qos(now, id, qos);
-            return;
-        }
-        self.insert_volume(now, id, qos);
-        self.tracker.idle_claim = false;
-    }
-
-    fn update_qos(&mut self, now_ns: u64, id: VolumeId, qos: &VolumeQos) {
-        let now = self.clock.at(now_ns);
-        let Some(idx) = self.vols.lookup(id) else {
-            self.add_volume(now, id, qos);
-            return;
-        };
-        let ceiling = self.rules.enforced_ceiling(qos);
-        if let Some(e) = self.vols.get_mut(idx) {
-            e.core.set_qos(*qos);
-            self.rules.reconfigure(now, idx, qos, &mut e.x);
-            self.tracker.on_qos_change(now, idx, &e.core, ceiling);
-        }
-        self.place(now, idx, false);
-    }
-
-    fn restore_credits(
-        &mut self,
-        now_ns: u64,
-        id: VolumeId,
-        iops_credits: Option<u64>,
-        bytes_credits: Option<u64>,
-    ) {
-        let now = self.clock.at(now_ns);
-        // Unlike a request, a restore does not register an unknown volume.
-        let Some(idx) = self.vols.lookup(id) else {
-            return;
-        };
-        let changed = self.vols.get_mut(idx).is_some_and(|e| {
-            self.rules
-                .restore_credits(now, &mut e.x, iops_credits, bytes_credits)
-        });
-        if changed {
-            // A volume waiting for credits may run now (or, restored lower, later).
-            self.place(now, idx, false);
-        }
-    }
-
-    fn remove_volume(&mut self, now_ns: u64, id: VolumeId) {
-        let now = self.clock.at(now_ns);
-        if let Some((idx, e)) = self.vols.remove(id) {
-            self.rules.removed(now, idx, &e.x);
-            self.tracker.on_remove(e.core.queue.len());
-        }
-    }
-
-    fn set_capacity(&mut self, now_ns: u64, capacity: NodeCapacity) {
-        let now = self.clock.at(now_ns);
-        if capacity.per_second == self.tracker.capacity {
-            return;
-        }
-        // Windows that began before the change close (and Burst's next allocation is made)
-        // with the capacity in effect when they began.
-        self.run_tick(now);
-        self.pacer.set_rate(now, capacity.per_second);
-        self.rules.set_capacity(now, capacity);
-        self.tracker.on_capacity_change(now, capacity.per_second);
-    }
-
-    fn enqueue(&mut self, now_ns: u64, req: IoRequest) {
-        let now = self.clock.at(now_ns);
-        self.run_tick(now);
-        let idx = self.ensure_volume(now, req.volume);
-        let Some(e) = self.vols.get_mut(idx) else {
-            return;
-        };
-        let was_empty = e.core.queue.is_empty();
-        let head = was_empty.then(|| (e.core.charge(&req), req.cost));
-        e.core.queue.push_back(req);
-        self.tracker.on_enqueue(now, idx, &e.core);
-        if let Some((charge, cost)) = head {
-            self.rules.became_backlogged(now, idx, &mut e.x);
-            self.place_head(now, idx, false, charge, &cost);
-        }
-    }
-
-    fn next(&mut self, now_ns: u64) -> Decision {
-        let now = self.clock.at(now_ns);
-        self.run_tick(now);
-        while let Some(idx) = self.ready.pop_due(now, &self.vols) {
-            self.place(now, idx, false);
-        }
-        while let Some((idx, at)) = self.ready.pop_due_promotion(now, &self.vols) {
-            let pending = self.vols.get_mut(idx).map(|e| {
-                let mine = e.promo_at_ns == at;
-                if mine {
-                    e.promo_at_ns = 0;
-                }
-                mine
-            });
-            if pending == Some(true) {
-                self.place(now, idx, false);
-            }
-        }
-        // Bounded: every iteration either dispatches, returns, or rotates a volume whose
-        // rules guarantee it can run after one rotation.
+    /// [`Policy::next`] after the due timers have fired: the first request that may run now,
+    /// else when to ask again. Volumes whose head request waits for the node pacer are set
+    /// aside in `passed_over` (the caller puts them back), so that the requests behind them,
+    /// in the same ring or in a later class, are not held back by a dimension they do not
+    /// need.
+    fn choose(&mut self, now: u64) -> Decision {
+        // Bounded: every iteration either dispatches, returns, rotates a volume whose rules
+        // guarantee it can run after one rotation, moves a request forward in a volume's
+        // queue (at most `MAX_REORDERS` times) or sets a volume aside (each at most once).
         let mut rotations = 0usize;
-        // Bursting volumes' baseline heads passed over for the pacer, and when the first of
-        // them may run.
-        let mut passed_over = 0usize;
+        let mut reorders = 0usize;
+        // The dimensions that held a head request back so far, and when the first request
+        // set aside may run.
+        let mut blocked_dims = 0u8;
         let mut blocked_until = u64::MAX;
         loop {
             let mut candidate = None;
@@ -470,13 +402,42 @@ impl<R: Rules> Policy for Engine<R> {
                 .ready_at(now, &cost, protected)
                 .max(self.rules.class_gate(now, eff_class, &cost));
             if gate > now {
-                if baseline_class && !protected && passed_over <= self.vols.len() {
-                    // A bursting volume's baseline request waits for the pacer: let the
-                    // baseline requests behind it run inside the allowance meanwhile.
-                    passed_over += 1;
+                let blocking = self.pacer.blocking_dims(now, &cost, protected)
+                    | self.rules.class_blocking_dims(now, eff_class, &cost);
+                blocked_dims |= blocking;
+                // Whether some request could avoid what holds this one back: not when every
+                // request needs a blocking dimension. A bursting volume's baseline request
+                // waits where the baseline requests behind it may still run inside the
+                // pacer's allowance.
+                let avoidable = blocking & self.common_dims == 0;
+                if (avoidable || (baseline_class && !protected))
+                    && self.passed_over.len() < MAX_PASSED_OVER
+                {
+                    // First a request of this volume that needs none of the dimensions seen
+                    // blocking: it runs ahead of the head.
+                    if avoidable && reorders < MAX_REORDERS {
+                        let found = e
+                            .core
+                            .queue
+                            .iter()
+                            .take(self.reorder_lookahead.saturating_add(1))
+                            .skip(1)
+                            .position(|r| r.cost.dims_mask() & blocked_dims == 0);
+                        if let Some(pos) = found
+                            && let Some(req) = e.core.queue.remove(pos + 1)
+                        {
+                            e.core.queue.push_front(req);
+                            reorders += 1;
+                            self.ready.pop_front(class);
+                            self.place(now, idx, true);
+                            continue;
+                        }
+                    }
+                    // Else the volume is set aside for this call, keeping its turn.
+                    if let Some((idx, generation)) = self.ready.pop_front(class) {
+                        self.passed_over.push((class, idx, generation));
+                    }
                     blocked_until = blocked_until.min(gate);
-                    self.ready.pop_front(class);
-                    self.place(now, idx, false);
                     continue;
                 }
                 let gate = gate.min(blocked_until);
@@ -569,6 +530,124 @@ impl<R: Rules> Policy for Engine<R> {
                 .unwrap_or(u64::MAX)
                 .min(blocked_until),
         )
+    }
+}
+
+impl<R: Rules> Policy for Engine<R> {
+    fn name(&self) -> &'static str {
+        self.rules.name()
+    }
+
+    fn add_volume(&mut self, now_ns: u64, id: VolumeId, qos: &VolumeQos) {
+        let now = self.clock.at(now_ns);
+        if self.vols.lookup(id).is_some() {
+            self.update_qos(now, id, qos);
+            return;
+        }
+        self.insert_volume(now, id, qos);
+        self.tracker.idle_claim = false;
+    }
+
+    fn update_qos(&mut self, now_ns: u64, id: VolumeId, qos: &VolumeQos) {
+        let now = self.clock.at(now_ns);
+        let Some(idx) = self.vols.lookup(id) else {
+            self.add_volume(now, id, qos);
+            return;
+        };
+        let ceiling = self.rules.enforced_ceiling(qos);
+        if let Some(e) = self.vols.get_mut(idx) {
+            e.core.set_qos(*qos);
+            self.rules.reconfigure(now, idx, qos, &mut e.x);
+            self.tracker.on_qos_change(now, idx, &e.core, ceiling);
+        }
+        self.place(now, idx, false);
+    }
+
+    fn restore_credits(
+        &mut self,
+        now_ns: u64,
+        id: VolumeId,
+        iops_credits: Option<u64>,
+        bytes_credits: Option<u64>,
+    ) {
+        let now = self.clock.at(now_ns);
+        // Unlike a request, a restore does not register an unknown volume.
+        let Some(idx) = self.vols.lookup(id) else {
+            return;
+        };
+        let changed = self.vols.get_mut(idx).is_some_and(|e| {
+            self.rules
+                .restore_credits(now, &mut e.x, iops_credits, bytes_credits)
+        });
+        if changed {
+            // A volume waiting for credits may run now (or, restored lower, later).
+            self.place(now, idx, false);
+        }
+    }
+
+    fn remove_volume(&mut self, now_ns: u64, id: VolumeId) {
+        let now = self.clock.at(now_ns);
+        if let Some((idx, e)) = self.vols.remove(id) {
+            self.rules.removed(now, idx, &e.x);
+            self.tracker.on_remove(e.core.queue.len());
+        }
+    }
+
+    fn set_capacity(&mut self, now_ns: u64, capacity: NodeCapacity) {
+        let now = self.clock.at(now_ns);
+        if capacity.per_second == self.tracker.capacity {
+            return;
+        }
+        // Windows that began before the change close (and Burst's next allocation is made)
+        // with the capacity in effect when they began.
+        self.run_tick(now);
+        self.pacer.set_rate(now, capacity.per_second);
+        self.rules.set_capacity(now, capacity);
+        self.tracker.on_capacity_change(now, capacity.per_second);
+    }
+
+    fn enqueue(&mut self, now_ns: u64, req: IoRequest) {
+        let now = self.clock.at(now_ns);
+        self.run_tick(now);
+        let idx = self.ensure_volume(now, req.volume);
+        let Some(e) = self.vols.get_mut(idx) else {
+            return;
+        };
+        let was_empty = e.core.queue.is_empty();
+        let head = was_empty.then(|| (e.core.charge(&req), req.cost));
+        self.common_dims &= req.cost.dims_mask();
+        e.core.queue.push_back(req);
+        self.tracker.on_enqueue(now, idx, &e.core);
+        if let Some((charge, cost)) = head {
+            self.rules.became_backlogged(now, idx, &mut e.x);
+            self.place_head(now, idx, false, charge, &cost);
+        }
+    }
+
+    fn next(&mut self, now_ns: u64) -> Decision {
+        let now = self.clock.at(now_ns);
+        self.run_tick(now);
+        while let Some(idx) = self.ready.pop_due(now, &self.vols) {
+            self.place(now, idx, false);
+        }
+        while let Some((idx, at)) = self.ready.pop_due_promotion(now, &self.vols) {
+            let pending = self.vols.get_mut(idx).map(|e| {
+                let mine = e.promo_at_ns == at;
+                if mine {
+                    e.promo_at_ns = 0;
+                }
+                mine
+            });
+            if pending == Some(true) {
+                self.place(now, idx, false);
+            }
+        }
+        let decision = self.choose(now);
+        // Volumes passed over keep their turn: back in front of their rings, in order.
+        while let Some((class, idx, generation)) = self.passed_over.pop() {
+            self.ready.push_front(class, idx, generation);
+        }
+        decision
     }
 
     fn complete(&mut self, now_ns: u64, req: &IoRequest, _observed: Observed) {

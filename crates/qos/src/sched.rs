@@ -290,10 +290,10 @@ impl Ready {
         self.rings[from] = moved;
     }
 
-    pub(crate) fn pop_front(&mut self, class: usize) {
-        if let Some(r) = self.rings.get_mut(class) {
-            r.pop_front();
-        }
+    /// Removes the front entry of a ring; returns it (`(slot, generation)`), so that a caller
+    /// that passes a volume over can put the same placement back with [`Ready::push_front`].
+    pub(crate) fn pop_front(&mut self, class: usize) -> Option<(u32, u32)> {
+        self.rings.get_mut(class)?.pop_front()
     }
 
     pub(crate) fn timer(&mut self, at_ns: u64, idx: u32, generation: u32) {
@@ -722,8 +722,8 @@ impl Tracker {
         self.queued = self.queued.saturating_sub(1);
 
         // Capacity per window (aligned windows; the largest capacity in effect during the
-        // window), plus one burst and one baseline request (see `Pacer`), plus one nanosecond
-        // of capacity (the pacer's rounding allowance).
+        // window), plus what the pacer saved up (one request, or its depth: see `Pacer`), one
+        // burst and one baseline request, plus one nanosecond of capacity (rounding).
         self.roll_window(now_ns);
         let w = self.window_idx;
         self.cost_in_window += req.cost;
@@ -731,12 +731,13 @@ impl Tracker {
         let cap_window = self
             .cap_per_window
             .saturating_add(self.max_cost_per_req)
+            .saturating_add(self.max_cost_per_req)
             .saturating_add(self.max_cost_per_req);
         if let Some(d) = self.cost_in_window.first_exceeding(&cap_window) {
             self.violate(
                 "capacity",
                 format!(
-                    "window {w}: dispatched {} {} > capacity per window + two requests {}",
+                    "window {w}: dispatched {} {} > capacity per window + three requests {}",
                     self.cost_in_window.get(d),
                     d.as_str(),
                     cap_window.get(d)

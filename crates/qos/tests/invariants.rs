@@ -211,6 +211,8 @@ fn params_strategy() -> impl Strategy<Value = PolicyParams> {
         any::<u64>(),
         // The server's node pacer saves up 1 ms; the simulator's none.
         prop_oneof![Just(0u64), Just(1_000_000u64)],
+        // Requests may run ahead of their volume's head (the default) or not.
+        prop_oneof![Just(0u32), Just(1u32), Just(16u32)],
     )
         .prop_map(
             |(
@@ -222,6 +224,7 @@ fn params_strategy() -> impl Strategy<Value = PolicyParams> {
                 reserve_permille,
                 seed,
                 pacer_depth_ns,
+                reorder_lookahead,
             )| {
                 PolicyParams {
                     window_ns,
@@ -234,6 +237,7 @@ fn params_strategy() -> impl Strategy<Value = PolicyParams> {
                     drr_quantum_device_units: 50_000,
                     seed,
                     track_invariants: true,
+                    reorder_lookahead,
                 }
             },
         )
@@ -299,9 +303,10 @@ fn run(kind: PolicyKind, capacity: NodeCapacity, params: PolicyParams, ops: Vec<
 /// Checks the log against the capacity in effect, independently of the policy's own tracker:
 /// in every aligned window, the cost dispatched is at most the largest capacity in effect
 /// during the window (per dimension) times the window (plus the pacer's depth and one ns),
-/// plus one burst and one baseline request; Burst's burst-phase cost also leaves the reserve
-/// alone (the burst pacer's rate, capacity × (1 − reserve), over the window plus its depth,
-/// plus one request).
+/// plus one request the pacer saved up (it is at least one request deep), one burst and one
+/// baseline request; Burst's burst-phase cost also leaves the reserve alone (the burst
+/// pacer's rate, capacity × (1 − reserve), over the window plus its depth, plus the request
+/// it saved up and one more).
 fn check_windows(
     kind: PolicyKind,
     params: &PolicyParams,
@@ -356,7 +361,7 @@ fn check_windows(
                 continue;
             }
             let cap =
-                bound(widest[d], w_ns + params.pacer_depth_ns + 1) + 2 * u128::from(max_cost[d]);
+                bound(widest[d], w_ns + params.pacer_depth_ns + 1) + 3 * u128::from(max_cost[d]);
             assert!(
                 total[d] <= cap,
                 "{kind}: window {w} dimension {d}: dispatched {} > {cap} (largest capacity in effect {})",
@@ -365,7 +370,7 @@ fn check_windows(
             );
             if kind == PolicyKind::Burst {
                 let rate = (u128::from(widest[d]) * (1000 - reserve) / 1000) as u64;
-                let cap = bound(rate, w_ns + burst_depth_ns + 1) + 1 + u128::from(max_cost[d]);
+                let cap = bound(rate, w_ns + burst_depth_ns + 1) + 1 + 2 * u128::from(max_cost[d]);
                 assert!(
                     burst[d] <= cap,
                     "{kind}: window {w} dimension {d}: burst phases dispatched {} > {cap}, into the reserve",

@@ -945,6 +945,14 @@ impl Rules for BurstRules {
         }
     }
 
+    fn class_blocking_dims(&self, now_ns: u64, class: usize, cost: &CostVector) -> u8 {
+        if class == BASELINE {
+            0
+        } else {
+            self.burst_pacer.blocking_dims(now_ns, cost, false)
+        }
+    }
+
     fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut BurstVol) -> Verdict {
         Verdict::Run {
             phase: credit_phase(ctx, &vol.meter, &vol.credits),
@@ -964,9 +972,17 @@ impl Rules for BurstRules {
         vol.ceiling.take(now_ns, charge);
         vol.credits.take(now_ns, charge);
         let cost = req.cost;
+        let bursting = self
+            .slots
+            .get(idx as usize)
+            .is_some_and(|st| st.burst_seen || st.last_bursting);
         if phase == Phase::Baseline {
             vol.meter.take(now_ns, charge);
-        } else {
+        }
+        // A bursting volume's baseline requests do not wait for the burst pacer, but they
+        // are charged to it: the bursting volumes together stay out of the reserve, which is
+        // what keeps the node's queues short for the volumes within their baseline.
+        if phase != Phase::Baseline || bursting {
             self.burst_pacer.take(now_ns, &cost, false);
         }
         let st = self.slot(idx);

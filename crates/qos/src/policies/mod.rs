@@ -130,14 +130,17 @@ pub(crate) fn build(
     let (w, depth_ns) = (params.window_ns, params.limiter_depth_ns);
     let track = params.track_invariants;
     let pacer_depth_ns = params.pacer_depth_ns;
+    let lookahead = params.reorder_lookahead;
     match kind {
         PolicyKind::Wild => Box::new(
             Engine::new(wild::WildRules { depth_ns }, capacity, w, depth_ns, track)
-                .with_pacer_depth(capacity, pacer_depth_ns),
+                .with_pacer_depth(capacity, pacer_depth_ns)
+                .with_reorder_lookahead(lookahead),
         ),
         PolicyKind::Base => Box::new(
             Engine::new(base::BaseRules { depth_ns }, capacity, w, depth_ns, track)
-                .with_pacer_depth(capacity, pacer_depth_ns),
+                .with_pacer_depth(capacity, pacer_depth_ns)
+                .with_reorder_lookahead(lookahead),
         ),
         PolicyKind::Credit => Box::new(
             Engine::new(
@@ -147,7 +150,8 @@ pub(crate) fn build(
                 depth_ns,
                 track,
             )
-            .with_pacer_depth(capacity, pacer_depth_ns),
+            .with_pacer_depth(capacity, pacer_depth_ns)
+            .with_reorder_lookahead(lookahead),
         ),
         PolicyKind::Burst => Box::new(
             Engine::new(
@@ -157,7 +161,8 @@ pub(crate) fn build(
                 depth_ns,
                 track,
             )
-            .with_pacer_depth(capacity, pacer_depth_ns),
+            .with_pacer_depth(capacity, pacer_depth_ns)
+            .with_reorder_lookahead(lookahead),
         ),
         PolicyKind::MClock => Box::new(
             mclock::MClock::new(capacity, w, depth_ns, track)
@@ -165,7 +170,8 @@ pub(crate) fn build(
         ),
         PolicyKind::DrrVop => Box::new(
             Engine::new(drr::DrrRules::new(params), capacity, w, depth_ns, track)
-                .with_pacer_depth(capacity, pacer_depth_ns),
+                .with_pacer_depth(capacity, pacer_depth_ns)
+                .with_reorder_lookahead(lookahead),
         ),
     }
 }

@@ -234,6 +234,56 @@ impl Driver {
         }
     }
 
+    /// Runs until `t_end` keeping `qd` requests of each volume in `vols` queued or in flight
+    /// (closed loop): each completion is replaced at once by the volume's next request, which
+    /// `next_request(vol, k)` shapes (`k` counts the volume's requests from 0).
+    pub fn run_closed_loop(
+        &mut self,
+        t_end: u64,
+        vols: &[VolumeId],
+        qd: usize,
+        mut next_request: impl FnMut(VolumeId, u64) -> (OpKind, u32, CostVector),
+    ) {
+        let mut issued: Vec<u64> = vec![0; vols.len()];
+        let outstanding = |d: &Driver, vol: VolumeId| {
+            d.inflight.iter().filter(|(_, r)| r.volume == vol).count()
+                + d.policy.snapshot(vol).map_or(0, |s| s.queued_requests)
+        };
+        loop {
+            for (i, &vol) in vols.iter().enumerate() {
+                for _ in outstanding(self, vol)..qd {
+                    let (op, len, cost) = next_request(vol, issued[i]);
+                    issued[i] += 1;
+                    let r = self.request(vol, op, len, cost);
+                    self.policy.enqueue(self.now, r);
+                    self.checked();
+                }
+            }
+            self.complete_due();
+            let wake = self.drain();
+            let next_completion = self.inflight.iter().map(|(t, _)| *t).min();
+            let next = [wake, next_completion]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(u64::MAX);
+            if next > t_end {
+                self.now = self.now.max(t_end);
+                return;
+            }
+            self.now = next;
+        }
+    }
+
+    /// Bytes of `op` dispatched in `[from, to)`, all volumes.
+    pub fn bytes(&self, op: OpKind, from: u64, to: u64) -> u64 {
+        self.log
+            .iter()
+            .filter(|d| d.req.op == op && d.at_ns >= from && d.at_ns < to)
+            .map(|d| u64::from(d.req.len_bytes))
+            .sum()
+    }
+
     /// Requests of `vol` dispatched in `[from, to)`.
     pub fn count(&self, vol: VolumeId, from: u64, to: u64) -> usize {
         self.log
