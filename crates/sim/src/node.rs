@@ -13,10 +13,9 @@
 //! for open-loop tenants. No per-event allocation: requests live in a slab recycled through a
 //! free list, and the event heap and rings keep their storage.
 
-use crate::cpu::CpuSpec;
 use crate::device::Device;
-use crate::engine::EventQueue;
 use crate::error::SimError;
+use crate::event_queue::EventQueue;
 use crate::fifo::Fifo;
 use crate::histogram::Histogram;
 use crate::link::Link;
@@ -26,6 +25,7 @@ use crate::scenario::{
     DispatchMode, InvariantMode, ReadRouting, RebuildSpec, RebuildTenantIo, ScenarioSpec,
 };
 use crate::trace::TraceRecord;
+use crate::worker_cpu::CpuSpec;
 use crate::workload::{Arrival, Mode, Pattern, Schedule, SizeMix};
 use headroom_qos::{
     BurstMode, CostModel, CostVector, Decision, IoRequest, NodeCapacity, Observed, OpKind, Phase,

@@ -1,5 +1,8 @@
 //! The event queue at the heart of the discrete-event simulation.
 //!
+//! (Named `event_queue` rather than `engine`: `headroom-qos` has an `engine` module, the ring
+//! scheduler its policies share, and this is nothing of the kind.)
+//!
 //! Events are ordered by `(time_ns, insertion order)`: two events at the same simulated
 //! nanosecond run in the order they were scheduled. That tie-break is what makes a run a pure
 //! function of its seed — no hash order, no pointer order, no wall clock.
