@@ -13,26 +13,26 @@
 //! for open-loop tenants. No per-event allocation: requests live in a slab recycled through a
 //! free list, and the event heap and rings keep their storage.
 
+mod build;
+
 use crate::device::Device;
 use crate::error::SimError;
 use crate::event_queue::EventQueue;
-use crate::fifo::Fifo;
 use crate::histogram::Histogram;
 use crate::link::Link;
 use crate::rebuild::{Rebuild, RebuildStats};
-use crate::rng::{STREAM_NODE, STREAM_POPULATION, STREAM_TENANT_BASE, SimRng};
+use crate::rng::SimRng;
 use crate::scenario::{
     DispatchMode, InvariantMode, ReadRouting, RebuildSpec, RebuildTenantIo, ScenarioSpec,
 };
 use crate::trace::TraceRecord;
 use crate::worker_cpu::CpuSpec;
-use crate::workload::{Arrival, Mode, Pattern, Schedule, SizeMix};
+use crate::workload::{Mode, Schedule, SizeMix};
 use headroom_qos::{
-    BurstMode, CostModel, CostVector, Decision, IoRequest, NodeCapacity, Observed, OpKind, Phase,
-    Policy, PolicyKind, PolicyParams, VolumeId, VolumeQos, build_policy,
+    BurstMode, CostModel, CostVector, Decision, IoRequest, Observed, OpKind, Phase, Policy,
+    PolicyKind, VolumeId, VolumeQos,
 };
 use std::collections::VecDeque;
-use std::path::Path;
 use std::str::FromStr;
 
 const NS_PER_S_F: f64 = 1e9;
@@ -388,307 +388,23 @@ struct Rebuilds {
     of_tenant: Vec<u32>,
 }
 
-impl<'a> Node<'a> {
-    pub(crate) fn build(
-        spec: &'a ScenarioSpec,
-        base_dir: &Path,
-        choice: PolicyChoice,
-        seed: u64,
-    ) -> Result<Node<'a>, SimError> {
-        let n = &spec.node;
-        let nworkers = n.workers as usize;
-        let mut devices = Vec::new();
-        for d in &n.devices {
-            let curve = d.curve()?;
-            for _ in 0..d.count {
-                devices.push(Device::new(d, curve.clone()));
-            }
-        }
-        let replicas = n.replication.map_or(1, |r| r.factor as usize);
-        if devices.len() % replicas != 0 {
-            return Err(SimError::Invalid(format!(
-                "{} devices cannot be split into replica sets of {replicas}",
-                devices.len()
-            )));
-        }
-        let device_sets = devices.len() / replicas;
-
-        // The estimator and the capacity per worker handed to the policies.
-        let cost_model = spec.cost.build(&n.cpu, &n.devices[0])?;
-        let c = &n.capacity;
-        let w = n.workers as f64;
-        let scaled = |v: f64| f64_to_cap(v * c.scale);
-        let per_device = cost_model.device.capacity_per_s();
-        let device_units_total = if per_device == u64::MAX {
-            f64::INFINITY
-        } else {
-            per_device as f64 * devices.len() as f64 / replicas as f64
-        };
-        let nic_cap = |rate: f64| {
-            if rate > 0.0 {
-                scaled(rate / w)
+impl Rebuilds {
+    /// No rebuild yet; `enabled` when some action rebuilds (then every one of `tenants`
+    /// tenants gets an entry in `of_tenant`).
+    fn new(enabled: bool, tenants: usize) -> Rebuilds {
+        Rebuilds {
+            roles: Vec::new(),
+            list: Vec::new(),
+            of_tenant: if enabled {
+                vec![NONE; tenants]
             } else {
-                u64::MAX
-            }
-        };
-        let capacity = NodeCapacity::new(CostVector::new(
-            c.cpu_ns_per_s
-                .map_or_else(|| scaled(NS_PER_S_F), f64_to_cap),
-            c.ingress_bytes_per_s
-                .map_or_else(|| nic_cap(n.nic.ingress_bytes_per_s), f64_to_cap),
-            c.egress_bytes_per_s
-                .map_or_else(|| nic_cap(n.nic.egress_bytes_per_s), f64_to_cap),
-            c.device_units_per_s
-                .map_or_else(|| scaled(device_units_total / w), f64_to_cap),
-        ));
-
-        let mut workers = Vec::with_capacity(nworkers);
-        for i in 0..nworkers {
-            let policy: Box<dyn Policy> = match choice {
-                PolicyChoice::Fifo => Box::new(Fifo::default()),
-                PolicyChoice::Qos(kind) => {
-                    let mut params: PolicyParams = spec.policy_params;
-                    params.seed = seed ^ (0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1));
-                    let uncapped = spec
-                        .uncapped_policies
-                        .iter()
-                        .any(|p| PolicyKind::from_str(p).ok() == Some(kind));
-                    let cap = if uncapped {
-                        NodeCapacity::UNLIMITED
-                    } else {
-                        capacity
-                    };
-                    build_policy(kind, cap, &params)
-                }
-            };
-            workers.push(Worker {
-                policy,
-                cost_model: cost_model.clone(),
-                busy: false,
-                idle: false,
-                wake_at_ns: u64::MAX,
-                wake_generation: 0,
-                ring: VecDeque::new(),
-                ops: 0,
-                busy_ns: 0,
-                steals: 0,
-                stolen: 0,
-                waits: 0,
-                idles: 0,
-                past_waits: 0,
-            });
+                Vec::new()
+            },
         }
-
-        let end_ns = secs_to_ns(spec.duration_s);
-        let warmup_ns = secs_to_ns(spec.warmup_s);
-        let timeline_ns = ((spec.timeline_ms * 1e6).round() as u64).max(1);
-        let buckets = end_ns.div_ceil(timeline_ns) as usize;
-
-        let mut groups = Vec::with_capacity(spec.groups.len());
-        let mut group_qos = Vec::with_capacity(spec.groups.len());
-        let mut tenants: Vec<Tenant> = Vec::new();
-        let mut pop_rng = SimRng::new(seed, STREAM_POPULATION);
-        let mut region_base = 0u64;
-        for (gi, g) in spec.groups.iter().enumerate() {
-            let sizes = SizeMix::from_spec(&g.workload.sizes)?;
-            let qos = g.qos.to_volume_qos(g.volume_bytes())?;
-            let from_ns = g.stats_from_s.map_or(warmup_ns, secs_to_ns);
-            let to_ns = g.stats_to_s.map_or(end_ns, secs_to_ns).min(end_ns);
-            let wl = &g.workload;
-            let volume_bytes = g.volume_bytes();
-            let traces: Vec<Vec<TraceRecord>> = match (&wl.mode, &wl.trace) {
-                (Mode::Trace, Some(t)) => {
-                    let path = base_dir.join(&t.path);
-                    let trace = crate::trace::load(&path, t.format)?;
-                    let mut devs: Vec<Vec<TraceRecord>> =
-                        trace.devices.into_iter().map(|d| d.records).collect();
-                    let limit = if t.max_devices > 0 {
-                        t.max_devices
-                    } else if g.tenants > 0 {
-                        g.tenants as usize
-                    } else {
-                        devs.len()
-                    };
-                    devs.truncate(limit);
-                    devs
-                }
-                _ => Vec::new(),
-            };
-            let count = if wl.mode == Mode::Trace {
-                traces.len()
-            } else {
-                g.tenants as usize
-            };
-            let mut traces = traces.into_iter();
-            for _ in 0..count {
-                let global_index = tenants.len() as u32;
-                let mut rng = SimRng::new(seed, STREAM_TENANT_BASE + u64::from(global_index));
-                // Rate and on/off schedule.
-                let mut rate = wl.rate_iops;
-                let mut cycle = wl.onoff;
-                if let Some(f) = wl.rate_of_baseline {
-                    rate = f * qos.baseline.iops as f64;
-                }
-                if let Some(p) = &wl.population {
-                    let load = p.draw(&mut pop_rng);
-                    let base = if qos.baseline.iops == 0 || qos.baseline.iops == u64::MAX {
-                        return Err(SimError::Invalid(format!(
-                            "group {}: a population needs a finite baseline_iops",
-                            g.name
-                        )));
-                    } else {
-                        qos.baseline.iops as f64
-                    };
-                    rate = load.level * base;
-                    cycle = if load.bursting {
-                        Some(p.tail_onoff)
-                    } else {
-                        None
-                    };
-                }
-                let windows_ns = wl
-                    .active
-                    .as_ref()
-                    .map(|ws| {
-                        let mut v: Vec<(u64, u64)> = ws
-                            .iter()
-                            .map(|w| (secs_to_ns(w[0]), secs_to_ns(w[1])))
-                            .collect();
-                        v.sort_unstable();
-                        v
-                    })
-                    .unwrap_or_default();
-                let cycle_ns = cycle.map(|c| {
-                    let on = secs_to_ns(c.on_s).max(1);
-                    let off = secs_to_ns(c.off_s);
-                    let phase = if c.random_phase {
-                        rng.below(on + off)
-                    } else {
-                        0
-                    };
-                    (on, off, phase)
-                });
-                let (trace, trace_speed) = match (&wl.trace, traces.next()) {
-                    (Some(t), Some(recs)) => (recs, t.speed.max(1e-9)),
-                    _ => (Vec::new(), 1.0),
-                };
-                tenants.push(Tenant {
-                    volume: global_index,
-                    group: gi as u32,
-                    global_index,
-                    mode: wl.mode,
-                    qd: wl.qd,
-                    gap_mean_ns: if rate > 0.0 {
-                        NS_PER_S_F / rate
-                    } else {
-                        f64::INFINITY
-                    },
-                    uniform_gaps: wl.arrival == Arrival::Uniform,
-                    read_fraction: wl.read_fraction,
-                    sequential: wl.pattern == Pattern::Sequential,
-                    cursor_bytes: 0,
-                    last_end_bytes: u64::MAX / 2,
-                    volume_bytes,
-                    region_base_bytes: region_base,
-                    schedule: Schedule {
-                        windows_ns,
-                        cycle_ns,
-                    },
-                    on: false,
-                    arrival_generation: 0,
-                    outstanding: 0,
-                    backlog: 0,
-                    rng,
-                    queues: g.queues,
-                    hot_share: g.hot_queue_share,
-                    spray: global_index,
-                    trace,
-                    trace_arrive: 0,
-                    trace_issue: 0,
-                    trace_speed,
-                    ops: 0,
-                    bytes: 0,
-                    lat_sum_ns: 0,
-                    issued: 0,
-                    dropped: 0,
-                    device_ns: 0.0,
-                });
-                region_base = region_base
-                    .saturating_add(volume_bytes.div_ceil(device_sets as u64) + (64 << 20));
-            }
-            groups.push(GroupRun {
-                name: g.name.clone(),
-                sizes,
-                from_ns,
-                to_ns,
-                hist: Histogram::new(),
-                ops: 0,
-                bytes: 0,
-                phase_ops: [0; 3],
-                timeline: vec![TimelineBucket::default(); buckets],
-                sched_wait_ns: 0,
-                downstream_wait_ns: 0,
-                volumes_created: count as u64,
-                provisioned_gib_s: count as f64 * g.volume_gib * spec.duration_s,
-                rebuild: spec
-                    .actions
-                    .iter()
-                    .any(|a| a.group == g.name && a.rebuild.is_some())
-                    .then(RebuildStats::default),
-            });
-            group_qos.push(qos);
-        }
-
-        let rebuild_enabled = spec.actions.iter().any(|a| a.rebuild.is_some());
-        let tenant_count = tenants.len();
-        let mut node = Node {
-            spec,
-            seed,
-            policy_name: choice.name(),
-            q: EventQueue::with_capacity(tenants.len() * 2 + 1024),
-            workers,
-            tenants,
-            groups,
-            group_qos,
-            slots: Vec::new(),
-            free_head: NONE,
-            ingress: Link::new(n.nic.ingress_bytes_per_s),
-            egress: Link::new(n.nic.egress_bytes_per_s),
-            devices,
-            sets_div: Divisor::new(device_sets as u64),
-            stripe_div: Divisor::new(n.stripe_kib.saturating_mul(1024).max(4096)),
-            replicas,
-            read_routing: n.replication.map_or(ReadRouting::Primary, |r| r.reads),
-            stripe_bytes: n.stripe_kib.saturating_mul(1024).max(4096),
-            cpu: n.cpu,
-            node_rng: SimRng::new(seed, STREAM_NODE),
-            dispatch: n.dispatch,
-            timeline_ns,
-            timeline_bucket: 0,
-            timeline_bucket_end_ns: timeline_ns,
-            phase_timeline: vec![[0; 3]; buckets],
-            end_ns,
-            warmup_ns,
-            completed: 0,
-            violations: 0,
-            first_violation: None,
-            next_volume: 0,
-            rebuild_enabled,
-            rb: Box::new(Rebuilds {
-                roles: Vec::new(),
-                list: Vec::new(),
-                of_tenant: if rebuild_enabled {
-                    vec![NONE; tenant_count]
-                } else {
-                    Vec::new()
-                },
-            }),
-        };
-        node.next_volume = node.tenants.len() as VolumeId;
-        node.register_volumes(0);
-        Ok(node)
     }
+}
 
+impl<'a> Node<'a> {
     /// Worker that owns queue `queue` of tenant `t` under pinned dispatch.
     fn home_worker(&self, t: &Tenant, queue: u32) -> usize {
         ((u64::from(t.global_index) * u64::from(t.queues) + u64::from(queue))
