@@ -25,7 +25,6 @@ pub mod histogram;
 pub mod link;
 pub mod node;
 pub mod plot;
-pub(crate) mod rebuild;
 pub mod report;
 pub mod rng;
 pub mod scenario;

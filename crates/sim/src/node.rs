@@ -12,19 +12,21 @@
 //! entry and each I/O costs exactly two events (CPU done, completion) plus one arrival event
 //! for open-loop tenants. No per-event allocation: requests live in a slab recycled through a
 //! free list, and the event heap and rings keep their storage.
+//!
+//! This file holds the node's state and its event handlers (the I/O path above). Building a
+//! node from a scenario is in `build`; mirror rebuilds of replaced volumes, their
+//! bookkeeping and their handlers, are in `rebuild`.
 
 mod build;
+mod rebuild;
 
 use crate::device::Device;
 use crate::error::SimError;
 use crate::event_queue::EventQueue;
 use crate::histogram::Histogram;
 use crate::link::Link;
-use crate::rebuild::{Rebuild, RebuildStats};
 use crate::rng::SimRng;
-use crate::scenario::{
-    DispatchMode, InvariantMode, ReadRouting, RebuildSpec, RebuildTenantIo, ScenarioSpec,
-};
+use crate::scenario::{DispatchMode, InvariantMode, ReadRouting, RebuildSpec, ScenarioSpec};
 use crate::trace::TraceRecord;
 use crate::worker_cpu::CpuSpec;
 use crate::workload::{Mode, Schedule, SizeMix};
@@ -32,6 +34,7 @@ use headroom_qos::{
     BurstMode, CostModel, CostVector, Decision, IoRequest, Observed, OpKind, Phase, Policy,
     PolicyKind, VolumeId, VolumeQos,
 };
+use rebuild::{RebuildStats, Rebuilds};
 use std::collections::VecDeque;
 use std::str::FromStr;
 
@@ -186,21 +189,6 @@ pub(crate) struct GroupRun {
     pub provisioned_gib_s: f64,
     /// Mirror rebuilds of replaced volumes (`None` when no action rebuilds this group).
     pub rebuild: Option<RebuildStats>,
-}
-
-/// What a request in flight is, when the run has mirror rebuilds (kept beside the slots, so
-/// that a run without them neither stores nor reads it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
-    /// The tenant's own request.
-    Tenant,
-    /// A copy read from the old volume of rebuild `rebuild`.
-    CopyRead { rebuild: u32 },
-    /// A copy write to the new volume of rebuild `rebuild`.
-    CopyWrite { rebuild: u32 },
-    /// One half of a tenant write sent to both volumes of a RAID-1 pair; the tenant hears of
-    /// it when the second half completes (the first one turns its partner into `Tenant`).
-    Mirror { partner: u32 },
 }
 
 /// A request's shape, as the tenant or a rebuild asks for it.
@@ -370,38 +358,10 @@ pub(crate) struct Node<'a> {
     violations: u64,
     first_violation: Option<String>,
     next_volume: VolumeId,
-    /// Some action rebuilds volumes: slots carry a [`Role`] and completions look at it.
+    /// Some action rebuilds volumes: slots carry a `rebuild::Role` and completions look at it.
     rebuild_enabled: bool,
     /// Rebuild state, behind one pointer so that it does not spread the hot fields.
     rb: Box<Rebuilds>,
-}
-
-/// The node's mirror rebuilds.
-#[derive(Default)]
-struct Rebuilds {
-    /// Role of each slot (indexed like `slots`; empty unless rebuilds are enabled).
-    roles: Vec<Role>,
-    /// Every rebuild of the run, in start order.
-    list: Vec<Rebuild>,
-    /// Per tenant, the index in `list` of the rebuild whose old volume is not released yet,
-    /// or `NONE`.
-    of_tenant: Vec<u32>,
-}
-
-impl Rebuilds {
-    /// No rebuild yet; `enabled` when some action rebuilds (then every one of `tenants`
-    /// tenants gets an entry in `of_tenant`).
-    fn new(enabled: bool, tenants: usize) -> Rebuilds {
-        Rebuilds {
-            roles: Vec::new(),
-            list: Vec::new(),
-            of_tenant: if enabled {
-                vec![NONE; tenants]
-            } else {
-                Vec::new()
-            },
-        }
-    }
 }
 
 impl<'a> Node<'a> {
@@ -1243,309 +1203,8 @@ impl<'a> Node<'a> {
         }
     }
 
-    /// A tenant request while rebuilds are on: under `raid1`, reads of data the new volume
-    /// does not have yet go to the old volume, and writes go to both.
-    #[cold]
-    #[inline(never)]
-    fn submit_tenant_during_rebuilds(
-        &mut self,
-        ti: usize,
-        worker: usize,
-        volume: VolumeId,
-        io: Io,
-        now: u64,
-    ) {
-        let r = self.rb.of_tenant[ti];
-        let raid1 = r != NONE && {
-            let rb = &self.rb.list[r as usize];
-            rb.tenant_io == RebuildTenantIo::Raid1 && !rb.copied()
-        };
-        if !raid1 {
-            let slot = self.submit(ti, worker, volume, io, now);
-            self.set_role(slot, Role::Tenant);
-            return;
-        }
-        let r = r as usize;
-        let group = self.tenants[ti].group as usize;
-        let old = self.rb.list[r].old;
-        match io.op {
-            OpKind::Read => {
-                let end = io.offset_bytes + u64::from(io.len_bytes);
-                let from_old = end > self.rb.list[r].in_sync_below_bytes();
-                let target = if from_old { old } else { volume };
-                let slot = self.submit(ti, worker, target, io, now);
-                self.set_role(slot, Role::Tenant);
-                if from_old {
-                    self.rb.list[r].old_requests += 1;
-                    if let Some(st) = self.groups[group].rebuild.as_mut() {
-                        st.tenant_reads_from_old += 1;
-                    }
-                }
-            }
-            _ => {
-                let a = self.submit(ti, worker, volume, io, now);
-                let b = self.submit(ti, worker, old, io, now);
-                self.set_role(a, Role::Mirror { partner: b });
-                self.set_role(b, Role::Mirror { partner: a });
-                self.rb.list[r].old_requests += 1;
-                if let Some(st) = self.groups[group].rebuild.as_mut() {
-                    st.tenant_writes_mirrored += 1;
-                }
-            }
-        }
-    }
-
-    fn set_role(&mut self, slot: u32, role: Role) {
-        let i = slot as usize;
-        if self.rb.roles.len() <= i {
-            self.rb.roles.resize(i + 1, Role::Tenant);
-        }
-        self.rb.roles[i] = role;
-    }
-
-    /// Whether tenant `ti` is still rebuilding onto its current volume, in which case a
-    /// replacement of it is skipped (and counted).
-    fn skip_while_rebuilding(&mut self, ti: usize) -> bool {
-        if self.rb.of_tenant.get(ti).is_none_or(|&r| r == NONE) {
-            return false;
-        }
-        let group = self.tenants[ti].group as usize;
-        if let Some(st) = self.groups[group].rebuild.as_mut() {
-            st.skipped += 1;
-        }
-        true
-    }
-
-    /// Replaces tenant `ti`'s volume by a fresh one with `qos` and starts copying the old one
-    /// onto it; the tenant's requests already issued stay on the old volume. A tenant whose
-    /// previous rebuild still holds its old volume keeps its volume (counted as skipped).
-    fn start_rebuild(
-        &mut self,
-        now: u64,
-        ti: usize,
-        qos: &VolumeQos,
-        spec: &RebuildSpec,
-        overlap_s: f64,
-    ) {
-        if self.skip_while_rebuilding(ti) {
-            return;
-        }
-        let group = self.tenants[ti].group as usize;
-        let old = self.tenants[ti].volume;
-        let new = self.next_volume;
-        self.next_volume += 1;
-        for (w, num, den) in self.shares(ti) {
-            let share = qos.scaled(num, den);
-            self.workers[w].policy.add_volume(now, new, &share);
-        }
-        self.tenants[ti].volume = new;
-        let old_requests = self
-            .slots
-            .iter()
-            .filter(|s| {
-                s.state != SlotState::Free && s.tenant as usize == ti && s.req.volume == old
-            })
-            .count() as u64;
-        let mut rb = Rebuild::new(
-            ti as u32,
-            old,
-            new,
-            self.tenants[ti].volume_bytes,
-            spec,
-            now,
-        );
-        rb.release_not_before_ns = now + secs_to_ns(overlap_s);
-        rb.old_requests = old_requests;
-        let r = self.rb.list.len();
-        self.rb.list.push(rb);
-        self.rb.of_tenant[ti] = r as u32;
-        let g = &mut self.groups[group];
-        g.volumes_created += 1;
-        if let Some(st) = g.rebuild.as_mut() {
-            st.started += 1;
-        }
-        while let Some((offset, len)) = self.rb.list[r].start_chunk() {
-            self.submit_copy(r, OpKind::Read, offset, len, now);
-        }
-    }
-
-    /// Sends one copy request of rebuild `r`: a read from the old volume or a write to the new.
-    fn submit_copy(&mut self, r: usize, op: OpKind, offset: u64, len: u32, now: u64) {
-        let ti = self.rb.list[r].tenant as usize;
-        let worker = match self.dispatch {
-            DispatchMode::OneToN => {
-                let rb = &mut self.rb.list[r];
-                let w = rb.spray as usize % self.workers.len();
-                rb.spray = rb.spray.wrapping_add(1);
-                w
-            }
-            DispatchMode::OneToOne | DispatchMode::Stealing => {
-                self.home_worker(&self.tenants[ti], 0)
-            }
-        };
-        let rb = &mut self.rb.list[r];
-        let (volume, role) = if op == OpKind::Read {
-            rb.old_requests += 1;
-            (rb.old, Role::CopyRead { rebuild: r as u32 })
-        } else {
-            (rb.new, Role::CopyWrite { rebuild: r as u32 })
-        };
-        let io = Io {
-            op,
-            offset_bytes: offset,
-            len_bytes: len,
-            sequential: true,
-        };
-        let slot = self.submit(ti, worker, volume, io, now);
-        self.set_role(slot, role);
-    }
-
-    /// The part of a completion that rebuilds change, before the usual one: keeps the count
-    /// of the old volume's requests, and completes copy requests and first halves of
-    /// mirrored writes (which the tenant does not see). Returns `true` when the completion is
-    /// fully handled here.
-    #[cold]
-    #[inline(never)]
-    fn on_rebuild_complete(&mut self, slot: u32, now: u64) -> bool {
-        let (w, ti, volume, offset, len, device_cost) = {
-            let s = &self.slots[slot as usize];
-            (
-                s.worker as usize,
-                s.tenant as usize,
-                s.req.volume,
-                s.req.offset_bytes,
-                s.req.len_bytes,
-                s.device_cost_ns,
-            )
-        };
-        let group = self.tenants[ti].group as usize;
-        let r = self.rb.of_tenant[ti];
-        let role = self
-            .rb
-            .roles
-            .get(slot as usize)
-            .copied()
-            .unwrap_or(Role::Tenant);
-        let on_old = r != NONE && self.rb.list[r as usize].old == volume;
-        if on_old {
-            self.rb.list[r as usize].old_requests -= 1;
-        }
-        if role == Role::Tenant {
-            if on_old {
-                // Looked at once the usual completion (the policy's included) is done.
-                self.schedule_release(r as usize, now);
-            }
-            return false;
-        }
-        let observed = {
-            let s = &self.slots[slot as usize];
-            Observed {
-                service_ns: s.service_ns,
-                queue_ns: s.wait_ns,
-            }
-        };
-        self.retire(w, slot, now, observed);
-        let mut st = self.groups[group].rebuild.unwrap_or_default();
-        match role {
-            Role::Tenant => {}
-            Role::Mirror { partner } => {
-                // The other half completes the tenant's write.
-                self.set_role(partner, Role::Tenant);
-                let g = &self.groups[group];
-                if now >= g.from_ns && now < g.to_ns {
-                    self.tenants[ti].device_ns += device_cost;
-                }
-            }
-            Role::CopyRead { rebuild } => {
-                st.copy_reads += 1;
-                self.submit_copy(rebuild as usize, OpKind::Write, offset, len, now);
-            }
-            Role::CopyWrite { rebuild } => {
-                let rc = rebuild as usize;
-                st.copy_writes += 1;
-                st.bytes_copied += u64::from(len);
-                let rb = &mut self.rb.list[rc];
-                rb.chunk_written(offset, len, now);
-                if rb.copied() {
-                    let took_ns = now - rb.started_ns;
-                    st.copied += 1;
-                    st.copy_ns_sum += took_ns;
-                    st.copy_ns_max = st.copy_ns_max.max(took_ns);
-                }
-                while let Some((o, l)) = self.rb.list[rc].start_chunk() {
-                    self.submit_copy(rc, OpKind::Read, o, l, now);
-                }
-            }
-        }
-        if let Some(g) = self.groups[group].rebuild.as_mut() {
-            *g = st;
-        }
-        if r != NONE {
-            self.maybe_release(r as usize, now);
-        }
-        self.kick(w, now);
-        true
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn on_release(&mut self, r: usize, now: u64) {
-        self.rb.list[r].release_scheduled = false;
-        self.maybe_release(r, now);
-    }
-
-    /// Asks for a release check of rebuild `r` at `now` (or when its `overlap_s` ends), if
-    /// one could succeed: the copy is done and no request uses the old volume.
-    fn schedule_release(&mut self, r: usize, now: u64) {
-        let rb = &mut self.rb.list[r];
-        if rb.released || rb.release_scheduled || !rb.copied() || rb.old_requests > 0 {
-            return;
-        }
-        rb.release_scheduled = true;
-        let at = rb.release_not_before_ns.max(now);
-        self.q.push(at, Ev::Release { rebuild: r as u32 });
-    }
-
-    /// Releases rebuild `r`'s old volume if its copy is done, no request uses it and its
-    /// `overlap_s` has passed (otherwise schedules a look when it will have).
-    fn maybe_release(&mut self, r: usize, now: u64) {
-        let rb = &mut self.rb.list[r];
-        if rb.released || !rb.copied() || rb.old_requests > 0 {
-            return;
-        }
-        if now < rb.release_not_before_ns {
-            self.schedule_release(r, now);
-            return;
-        }
-        rb.released = true;
-        let (ti, old, started_ns) = (rb.tenant as usize, rb.old, rb.started_ns);
-        for (w, _, _) in self.shares(ti) {
-            self.workers[w].policy.remove_volume(now, old);
-        }
-        self.rb.of_tenant[ti] = NONE;
-        self.bill_overlap(ti, now - started_ns);
-    }
-
-    /// Bills the old volume of tenant `ti` for `overlap_ns` beyond its replacement.
-    fn bill_overlap(&mut self, ti: usize, overlap_ns: u64) {
-        let group = self.tenants[ti].group as usize;
-        let gib = self.spec.groups[group].volume_gib;
-        let g = &mut self.groups[group];
-        g.provisioned_gib_s += gib * overlap_ns as f64 / NS_PER_S_F;
-        if let Some(st) = g.rebuild.as_mut() {
-            st.overlap_ns_sum += overlap_ns;
-        }
-    }
-
     fn finish(mut self) -> RunData {
-        // Old volumes still held at the end are billed up to the end.
-        for r in 0..self.rb.list.len() {
-            let rb = &self.rb.list[r];
-            if !rb.released {
-                let (ti, started_ns) = (rb.tenant as usize, rb.started_ns);
-                self.bill_overlap(ti, self.end_ns.saturating_sub(started_ns));
-            }
-        }
+        self.bill_unreleased();
         let dur = self.end_ns.saturating_sub(self.warmup_ns).max(1) as f64;
         let tenants = self
             .tenants

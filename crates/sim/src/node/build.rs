@@ -7,9 +7,10 @@
 //! phases) come in a fixed order, group by group and tenant by tenant, so that a seed still
 //! names exactly one run; keep that order when changing this file.
 
+use super::rebuild::{RebuildStats, Rebuilds};
 use super::{
-    Divisor, GroupRun, NONE, NS_PER_S_F, Node, PolicyChoice, Rebuilds, Tenant, TimelineBucket,
-    Worker, f64_to_cap, secs_to_ns,
+    Divisor, GroupRun, NONE, NS_PER_S_F, Node, PolicyChoice, Tenant, TimelineBucket, Worker,
+    f64_to_cap, secs_to_ns,
 };
 use crate::device::Device;
 use crate::error::SimError;
@@ -17,7 +18,6 @@ use crate::event_queue::EventQueue;
 use crate::fifo::Fifo;
 use crate::histogram::Histogram;
 use crate::link::Link;
-use crate::rebuild::RebuildStats;
 use crate::rng::{STREAM_NODE, STREAM_POPULATION, STREAM_TENANT_BASE, SimRng};
 use crate::scenario::{GroupSpec, NodeSpec, ReadRouting, ScenarioSpec};
 use crate::trace::TraceRecord;
