@@ -309,8 +309,8 @@ impl Divisor {
     }
 }
 
-fn secs_to_ns(s: f64) -> u64 {
-    (s * NS_PER_S_F).round().max(0.0) as u64
+fn secs_to_ns(secs: f64) -> u64 {
+    (secs * NS_PER_S_F).round().max(0.0) as u64
 }
 
 fn f64_to_cap(v: f64) -> u64 {
@@ -392,18 +392,18 @@ impl<'a> Node<'a> {
         }
     }
 
-    fn register_volumes(&mut self, now: u64) {
+    fn register_volumes(&mut self, now_ns: u64) {
         for ti in 0..self.tenants.len() {
             let qos = self.group_qos[self.tenants[ti].group as usize];
             let vol = self.tenants[ti].volume;
             for (w, num, den) in self.shares(ti) {
                 let share = qos.scaled(num, den);
-                self.workers[w].policy.add_volume(now, vol, &share);
+                self.workers[w].policy.add_volume(now_ns, vol, &share);
             }
         }
     }
 
-    fn update_group_qos(&mut self, now: u64, group: usize, qos: VolumeQos) {
+    fn update_group_qos(&mut self, now_ns: u64, group: usize, qos: VolumeQos) {
         self.group_qos[group] = qos;
         for ti in 0..self.tenants.len() {
             if self.tenants[ti].group as usize != group {
@@ -412,11 +412,11 @@ impl<'a> Node<'a> {
             let vol = self.tenants[ti].volume;
             for (w, num, den) in self.shares(ti) {
                 let share = qos.scaled(num, den);
-                self.workers[w].policy.update_qos(now, vol, &share);
+                self.workers[w].policy.update_qos(now_ns, vol, &share);
             }
         }
         for w in 0..self.workers.len() {
-            self.kick(w, now);
+            self.kick(w, now_ns);
         }
     }
 
@@ -472,38 +472,38 @@ impl<'a> Node<'a> {
             self.q.push(check_ns, Ev::Check);
         }
         let mut next_progress = 1u64 << 16;
-        while let Some((now, ev)) = self.q.pop() {
-            if now >= self.end_ns {
+        while let Some((now_ns, ev)) = self.q.pop() {
+            if now_ns >= self.end_ns {
                 break;
             }
             match ev {
                 Ev::Arrival { tenant, generation } => {
-                    self.on_arrival(tenant as usize, generation, now)
+                    self.on_arrival(tenant as usize, generation, now_ns)
                 }
-                Ev::Toggle { tenant } => self.on_toggle(tenant as usize, now),
-                Ev::CpuDone { worker, slot } => self.on_cpu_done(worker as usize, slot, now),
+                Ev::Toggle { tenant } => self.on_toggle(tenant as usize, now_ns),
+                Ev::CpuDone { worker, slot } => self.on_cpu_done(worker as usize, slot, now_ns),
                 Ev::StealDone { worker } => {
                     self.workers[worker as usize].busy = false;
-                    self.kick(worker as usize, now);
+                    self.kick(worker as usize, now_ns);
                 }
-                Ev::Complete { slot } => self.on_complete(slot, now),
+                Ev::Complete { slot } => self.on_complete(slot, now_ns),
                 Ev::Wake { worker, generation } => {
                     let w = &mut self.workers[worker as usize];
                     if w.wake_generation == generation {
                         w.wake_at_ns = u64::MAX;
-                        self.kick(worker as usize, now);
+                        self.kick(worker as usize, now_ns);
                     }
                 }
-                Ev::Action { index } => self.on_action(index as usize, now)?,
+                Ev::Action { index } => self.on_action(index as usize, now_ns)?,
                 Ev::Check => {
-                    self.check(now)?;
-                    self.q.push(now + check_ns, Ev::Check);
+                    self.check(now_ns)?;
+                    self.q.push(now_ns + check_ns, Ev::Check);
                 }
-                Ev::Release { rebuild } => self.on_release(rebuild as usize, now),
+                Ev::Release { rebuild } => self.on_release(rebuild as usize, now_ns),
             }
             if self.q.processed() >= next_progress {
                 next_progress += 1 << 16;
-                progress(now as f64 / self.end_ns as f64);
+                progress(now_ns as f64 / self.end_ns as f64);
             }
         }
         self.check(self.end_ns)?;
@@ -511,41 +511,41 @@ impl<'a> Node<'a> {
         Ok(self.finish())
     }
 
-    fn check(&mut self, now: u64) -> Result<(), SimError> {
+    fn check(&mut self, now_ns: u64) -> Result<(), SimError> {
         for (i, w) in self.workers.iter().enumerate() {
             if let Err(v) = w.policy.check_invariants() {
                 if self.spec.invariants == InvariantMode::Fail {
                     return Err(SimError::Invariant {
                         policy: self.policy_name.to_string(),
-                        at_ns: now,
+                        at_ns: now_ns,
                         seed: self.seed,
                         detail: format!("worker {i}: {v}"),
                     });
                 }
                 self.violations += 1;
                 if self.first_violation.is_none() {
-                    self.first_violation = Some(format!("t={now} ns worker {i}: {v}"));
+                    self.first_violation = Some(format!("t={now_ns} ns worker {i}: {v}"));
                 }
             }
         }
         Ok(())
     }
 
-    fn on_action(&mut self, index: usize, now: u64) -> Result<(), SimError> {
+    fn on_action(&mut self, index: usize, now_ns: u64) -> Result<(), SimError> {
         let a = &self.spec.actions[index];
         let Some(group) = self.spec.groups.iter().position(|g| g.name == a.group) else {
             return Err(SimError::Invalid(format!("unknown group {}", a.group)));
         };
         if let Some(q) = &a.set_qos {
             let qos = q.to_volume_qos(self.spec.groups[group].volume_bytes())?;
-            self.update_group_qos(now, group, qos);
+            self.update_group_qos(now_ns, group, qos);
         }
         if a.replace_volumes {
-            self.replace_volumes(now, group, a.start_full, a.overlap_s, a.rebuild);
+            self.replace_volumes(now_ns, group, a.start_full, a.overlap_s, a.rebuild);
         }
         if a.every_s > 0.0 {
             self.q.push(
-                now + secs_to_ns(a.every_s),
+                now_ns + secs_to_ns(a.every_s),
                 Ev::Action {
                     index: index as u32,
                 },
@@ -559,7 +559,7 @@ impl<'a> Node<'a> {
     /// old volume stays until its copy onto the new one is done (see [`Node::start_rebuild`]).
     fn replace_volumes(
         &mut self,
-        now: u64,
+        now_ns: u64,
         group: usize,
         start_full: Option<bool>,
         overlap_s: f64,
@@ -578,7 +578,7 @@ impl<'a> Node<'a> {
                 continue;
             }
             if let Some(spec) = &rebuild {
-                self.start_rebuild(now, ti, &qos, spec, overlap_s);
+                self.start_rebuild(now_ns, ti, &qos, spec, overlap_s);
                 continue;
             }
             if self.rebuild_enabled && self.skip_while_rebuilding(ti) {
@@ -600,8 +600,8 @@ impl<'a> Node<'a> {
             for (w, num, den) in self.shares(ti) {
                 let share = qos.scaled(num, den);
                 let p = &mut self.workers[w].policy;
-                p.add_volume(now, new, &share);
-                p.remove_volume(now, old);
+                p.add_volume(now_ns, new, &share);
+                p.remove_volume(now_ns, old);
             }
             self.tenants[ti].volume = new;
             for i in moved {
@@ -612,7 +612,7 @@ impl<'a> Node<'a> {
                     let req = s.req.clone();
                     let wk = &mut self.workers[w];
                     wk.idle = false;
-                    wk.policy.enqueue(now, req);
+                    wk.policy.enqueue(now_ns, req);
                 }
             }
             let g = &mut self.groups[group];
@@ -620,19 +620,19 @@ impl<'a> Node<'a> {
             g.provisioned_gib_s += gib * overlap_s;
         }
         for w in 0..self.workers.len() {
-            self.kick(w, now);
+            self.kick(w, now_ns);
         }
     }
 
-    fn on_toggle(&mut self, ti: usize, now: u64) {
+    fn on_toggle(&mut self, ti: usize, now_ns: u64) {
         let was_on = self.tenants[ti].on;
-        let on = self.tenants[ti].schedule.is_on(now);
+        let on = self.tenants[ti].schedule.is_on(now_ns);
         self.tenants[ti].on = on;
         if on && !was_on {
             match self.tenants[ti].mode {
                 Mode::Closed => {
                     while self.tenants[ti].outstanding < self.tenants[ti].qd {
-                        if self.issue(ti, now).is_none() {
+                        if self.issue(ti, now_ns).is_none() {
                             break;
                         }
                     }
@@ -644,7 +644,7 @@ impl<'a> Node<'a> {
                     if let Some(gap) = gap {
                         let generation = t.arrival_generation;
                         self.q.push(
-                            now + gap,
+                            now_ns + gap,
                             Ev::Arrival {
                                 tenant: ti as u32,
                                 generation,
@@ -655,10 +655,10 @@ impl<'a> Node<'a> {
                 Mode::Trace => {
                     let t = &mut self.tenants[ti];
                     t.arrival_generation = t.arrival_generation.wrapping_add(1);
-                    if let Some(at) = Self::trace_time(t) {
+                    if let Some(at) = Self::trace_time_ns(t) {
                         let generation = t.arrival_generation;
                         self.q.push(
-                            at.max(now),
+                            at.max(now_ns),
                             Ev::Arrival {
                                 tenant: ti as u32,
                                 generation,
@@ -672,7 +672,7 @@ impl<'a> Node<'a> {
             let t = &mut self.tenants[ti];
             t.arrival_generation = t.arrival_generation.wrapping_add(1);
         }
-        if let Some(next) = self.tenants[ti].schedule.next_change_ns(now) {
+        if let Some(next) = self.tenants[ti].schedule.next_change_ns(now_ns) {
             self.q.push(next, Ev::Toggle { tenant: ti as u32 });
         }
     }
@@ -690,13 +690,14 @@ impl<'a> Node<'a> {
         Some(crate::fastmath::round_u64(g).max(1))
     }
 
-    fn trace_time(t: &Tenant) -> Option<u64> {
+    /// When the tenant's next trace record arrives (its recorded time over the replay speed).
+    fn trace_time_ns(t: &Tenant) -> Option<u64> {
         t.trace
             .get(t.trace_arrive)
             .map(|r| (r.at_ns as f64 / t.trace_speed) as u64)
     }
 
-    fn on_arrival(&mut self, ti: usize, generation: u16, now: u64) {
+    fn on_arrival(&mut self, ti: usize, generation: u16, now_ns: u64) {
         let t = &mut self.tenants[ti];
         if t.arrival_generation != generation || !t.on {
             return;
@@ -705,9 +706,9 @@ impl<'a> Node<'a> {
         let next = match t.mode {
             Mode::Trace => {
                 t.trace_arrive += 1;
-                Self::trace_time(t).map(|at| at.max(now))
+                Self::trace_time_ns(t).map(|at| at.max(now_ns))
             }
-            _ => Self::gap_ns(t).map(|g| now + g),
+            _ => Self::gap_ns(t).map(|g| now_ns + g),
         };
         if !can_issue {
             if t.backlog < MAX_BACKLOG {
@@ -721,7 +722,7 @@ impl<'a> Node<'a> {
             }
         }
         if can_issue {
-            self.issue(ti, now);
+            self.issue(ti, now_ns);
         }
         if let Some(at) = next {
             self.q.push(
@@ -736,7 +737,7 @@ impl<'a> Node<'a> {
 
     /// Draws the tenant's next request and hands it to a worker; returns the worker it
     /// was handed to (and which was kicked), or `None` when the tenant had nothing to issue.
-    fn issue(&mut self, ti: usize, now: u64) -> Option<usize> {
+    fn issue(&mut self, ti: usize, now_ns: u64) -> Option<usize> {
         let nworkers = self.workers.len();
         let (op, offset, len, queue, sequential) = {
             let t = &mut self.tenants[ti];
@@ -808,9 +809,9 @@ impl<'a> Node<'a> {
             sequential,
         };
         if self.rebuild_enabled {
-            self.submit_tenant_during_rebuilds(ti, worker, volume, io, now);
+            self.submit_tenant_during_rebuilds(ti, worker, volume, io, now_ns);
         } else {
-            self.submit(ti, worker, volume, io, now);
+            self.submit(ti, worker, volume, io, now_ns);
         }
         Some(worker)
     }
@@ -818,7 +819,7 @@ impl<'a> Node<'a> {
     /// Hands one request to `worker`'s policy (or ring) and lets the worker dispatch; returns
     /// the request's slot.
     #[inline(always)]
-    fn submit(&mut self, ti: usize, worker: usize, volume: VolumeId, io: Io, now: u64) -> u32 {
+    fn submit(&mut self, ti: usize, worker: usize, volume: VolumeId, io: Io, now_ns: u64) -> u32 {
         let Io {
             op,
             offset_bytes: offset,
@@ -843,7 +844,7 @@ impl<'a> Node<'a> {
             r.offset_bytes = offset;
             r.len_bytes = len;
             r.cost = cost;
-            r.arrival_ns = now;
+            r.arrival_ns = now_ns;
             s.tenant = ti as u32;
             s.worker = worker as u32;
             s.sequential = sequential;
@@ -861,14 +862,14 @@ impl<'a> Node<'a> {
             if self.workers[worker].busy {
                 // A polling idle worker notices the backlog and steals.
                 if let Some(idle) = (0..nworkers).find(|w| !self.workers[*w].busy) {
-                    self.kick(idle, now);
+                    self.kick(idle, now_ns);
                 }
             }
         } else {
             let wk = &mut self.workers[worker];
             wk.idle = false;
             wk.policy.enqueue(
-                now,
+                now_ns,
                 IoRequest {
                     id: u64::from(slot),
                     volume,
@@ -876,42 +877,42 @@ impl<'a> Node<'a> {
                     offset_bytes: offset,
                     len_bytes: len,
                     cost,
-                    arrival_ns: now,
+                    arrival_ns: now_ns,
                 },
             );
         }
-        self.kick(worker, now);
+        self.kick(worker, now_ns);
         slot
     }
 
     /// Lets worker `w` dispatch if its CPU is free.
-    fn kick(&mut self, w: usize, now: u64) {
+    fn kick(&mut self, w: usize, now_ns: u64) {
         let wk = &self.workers[w];
         if wk.busy || wk.idle {
             return;
         }
         loop {
             if self.dispatch == DispatchMode::Stealing {
-                self.refill_from_ring(w, now);
+                self.refill_from_ring(w, now_ns);
             }
-            match self.workers[w].policy.next(now) {
+            match self.workers[w].policy.next(now_ns) {
                 Decision::Dispatch(req, phase) => {
-                    self.start(w, req, phase, now);
+                    self.start(w, req, phase, now_ns);
                     return;
                 }
-                Decision::WaitUntil(t) => {
+                Decision::WaitUntil(until_ns) => {
                     let wk = &mut self.workers[w];
                     wk.waits += 1;
-                    if t <= now {
+                    if until_ns <= now_ns {
                         wk.past_waits += 1;
                     }
-                    let t = t.max(now + 1);
-                    if t < wk.wake_at_ns {
-                        wk.wake_at_ns = t;
+                    let at_ns = until_ns.max(now_ns + 1);
+                    if at_ns < wk.wake_at_ns {
+                        wk.wake_at_ns = at_ns;
                         wk.wake_generation = wk.wake_generation.wrapping_add(1);
                         let generation = wk.wake_generation;
                         self.q.push(
-                            t,
+                            at_ns,
                             Ev::Wake {
                                 worker: w as u16,
                                 generation,
@@ -930,7 +931,7 @@ impl<'a> Node<'a> {
                         continue;
                     }
                     if self.dispatch == DispatchMode::Stealing {
-                        self.try_steal(w, now);
+                        self.try_steal(w, now_ns);
                     }
                     return;
                 }
@@ -938,7 +939,7 @@ impl<'a> Node<'a> {
         }
     }
 
-    fn refill_from_ring(&mut self, w: usize, now: u64) {
+    fn refill_from_ring(&mut self, w: usize, now_ns: u64) {
         let batch = self.spec.node.steal_batch as usize;
         while self.workers[w].policy.queued_requests() < batch {
             let Some(slot) = self.workers[w].ring.pop_front() else {
@@ -948,12 +949,12 @@ impl<'a> Node<'a> {
             s.state = SlotState::Queued;
             s.worker = w as u32;
             let req = s.req.clone();
-            self.workers[w].policy.enqueue(now, req);
+            self.workers[w].policy.enqueue(now_ns, req);
         }
     }
 
     /// An idle worker takes up to a batch from the longest other ring.
-    fn try_steal(&mut self, w: usize, now: u64) {
+    fn try_steal(&mut self, w: usize, now_ns: u64) {
         let mut victim = None;
         let mut longest = 0;
         for (i, other) in self.workers.iter().enumerate() {
@@ -977,17 +978,18 @@ impl<'a> Node<'a> {
         wk.stolen += take as u64;
         if cost > 0 {
             wk.busy = true;
-            if now >= self.warmup_ns {
+            if now_ns >= self.warmup_ns {
                 wk.busy_ns += cost;
             }
-            self.q.push(now + cost, Ev::StealDone { worker: w as u16 });
+            self.q
+                .push(now_ns + cost, Ev::StealDone { worker: w as u16 });
         } else {
-            self.q.push(now, Ev::StealDone { worker: w as u16 });
+            self.q.push(now_ns, Ev::StealDone { worker: w as u16 });
             wk.busy = true;
         }
     }
 
-    fn start(&mut self, w: usize, req: IoRequest, phase: Phase, now: u64) {
+    fn start(&mut self, w: usize, req: IoRequest, phase: Phase, now_ns: u64) {
         let slot = req.id as u32;
         let mut cpu_ns = self
             .cpu
@@ -1001,18 +1003,18 @@ impl<'a> Node<'a> {
         s.req = req;
         s.req.arrival_ns = issue_ns;
         s.phase = phase;
-        s.dispatch_ns = now;
+        s.dispatch_ns = now_ns;
         s.worker = w as u32;
         s.state = SlotState::Running;
         s.service_ns = cpu_ns;
         let wk = &mut self.workers[w];
         wk.busy = true;
-        if now >= self.warmup_ns {
+        if now_ns >= self.warmup_ns {
             wk.busy_ns += cpu_ns;
             wk.ops += 1;
         }
         self.q.push(
-            now + cpu_ns,
+            now_ns + cpu_ns,
             Ev::CpuDone {
                 worker: w as u16,
                 slot,
@@ -1020,7 +1022,7 @@ impl<'a> Node<'a> {
         );
     }
 
-    fn on_cpu_done(&mut self, w: usize, slot: u32, now: u64) {
+    fn on_cpu_done(&mut self, w: usize, slot: u32, now_ns: u64) {
         self.workers[w].busy = false;
         let (op, offset, len, ti, sequential) = {
             let s = &self.slots[slot as usize];
@@ -1034,15 +1036,15 @@ impl<'a> Node<'a> {
         };
         // NIC: writes arrive on ingress, reads leave on egress.
         let link_done = match op {
-            OpKind::Write => self.ingress.submit(now, u64::from(len)),
-            OpKind::Read => self.egress.submit(now, u64::from(len)),
-            _ => now,
+            OpKind::Write => self.ingress.submit(now_ns, u64::from(len)),
+            OpKind::Read => self.egress.submit(now_ns, u64::from(len)),
+            _ => now_ns,
         };
         let link_transfer = match op {
             OpKind::Read | OpKind::Write => self.link_time_ns(op, len),
             _ => 0,
         };
-        let link_time = link_done - now;
+        let link_time = link_done - now_ns;
         let link_wait = link_time.saturating_sub(link_transfer);
         // Devices.
         let t = &self.tenants[ti];
@@ -1098,7 +1100,7 @@ impl<'a> Node<'a> {
             wk.idle = true;
             return;
         }
-        self.kick(w, now);
+        self.kick(w, now_ns);
     }
 
     fn link_time_ns(&self, op: OpKind, len: u32) -> u64 {
@@ -1113,7 +1115,7 @@ impl<'a> Node<'a> {
     /// A request's last stage is done: its worker's cost model and policy learn how it went,
     /// and its slot is freed.
     #[inline]
-    fn retire(&mut self, w: usize, slot: u32, now: u64, observed: Observed) {
+    fn retire(&mut self, w: usize, slot: u32, now_ns: u64, observed: Observed) {
         {
             let s = &self.slots[slot as usize];
             let wk = &mut self.workers[w];
@@ -1124,14 +1126,14 @@ impl<'a> Node<'a> {
                 &s.req.cost,
                 observed,
             );
-            wk.policy.complete(now, &s.req, observed);
+            wk.policy.complete(now_ns, &s.req, observed);
         }
         self.free_slot(slot);
         self.completed += 1;
     }
 
-    fn on_complete(&mut self, slot: u32, now: u64) {
-        if self.rebuild_enabled && self.on_rebuild_complete(slot, now) {
+    fn on_complete(&mut self, slot: u32, now_ns: u64) {
+        if self.rebuild_enabled && self.on_rebuild_complete(slot, now_ns) {
             return;
         }
         let (w, ti, phase, len, issue_ns, dispatch_ns, backend_wait, device_cost, observed) = {
@@ -1151,12 +1153,12 @@ impl<'a> Node<'a> {
                 },
             )
         };
-        self.retire(w, slot, now, observed);
-        let lat = now - issue_ns;
+        self.retire(w, slot, now_ns, observed);
+        let lat = now_ns - issue_ns;
         let bytes = u64::from(len);
         let t = &mut self.tenants[ti];
         let g = &mut self.groups[t.group as usize];
-        if now >= g.from_ns && now < g.to_ns {
+        if now_ns >= g.from_ns && now_ns < g.to_ns {
             g.hist.record(lat);
             g.ops += 1;
             g.bytes += bytes;
@@ -1168,9 +1170,9 @@ impl<'a> Node<'a> {
             t.lat_sum_ns += lat;
             t.device_ns += device_cost;
         }
-        if now >= self.timeline_bucket_end_ns {
-            self.timeline_bucket = (now / self.timeline_ns) as usize;
-            self.timeline_bucket_end_ns = (now / self.timeline_ns + 1) * self.timeline_ns;
+        if now_ns >= self.timeline_bucket_end_ns {
+            self.timeline_bucket = (now_ns / self.timeline_ns) as usize;
+            self.timeline_bucket_end_ns = (now_ns / self.timeline_ns + 1) * self.timeline_ns;
         }
         let b = self.timeline_bucket;
         if let Some(tb) = g.timeline.get_mut(b) {
@@ -1195,11 +1197,15 @@ impl<'a> Node<'a> {
                 }
                 Mode::Idle => false,
             };
-        let kicked = if reissue { self.issue(ti, now) } else { None };
+        let kicked = if reissue {
+            self.issue(ti, now_ns)
+        } else {
+            None
+        };
         // `issue` already polled its worker after this completion and the new request; a
         // second poll of the same worker at the same instant would answer the same.
         if kicked != Some(w) {
-            self.kick(w, now);
+            self.kick(w, now_ns);
         }
     }
 

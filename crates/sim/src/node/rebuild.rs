@@ -143,13 +143,13 @@ impl Rebuild {
     }
 
     /// The chunk at `offset` of `len` bytes is on the new volume.
-    pub fn chunk_written(&mut self, offset: u64, len: u32, now: u64) {
+    pub fn chunk_written(&mut self, offset: u64, len: u32, now_ns: u64) {
         if let Some(i) = self.in_flight.iter().position(|&o| o == offset) {
             self.in_flight.swap_remove(i);
         }
         self.written_bytes += u64::from(len);
         if self.written_bytes >= self.size_bytes && self.in_flight.is_empty() {
-            self.copied_ns = Some(now);
+            self.copied_ns = Some(now_ns);
         }
     }
 

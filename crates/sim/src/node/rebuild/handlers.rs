@@ -24,7 +24,7 @@ impl Node<'_> {
         worker: usize,
         volume: VolumeId,
         io: Io,
-        now: u64,
+        now_ns: u64,
     ) {
         let r = self.rb.of_tenant[ti];
         let raid1 = r != NONE && {
@@ -32,7 +32,7 @@ impl Node<'_> {
             rb.tenant_io == RebuildTenantIo::Raid1 && !rb.copied()
         };
         if !raid1 {
-            let slot = self.submit(ti, worker, volume, io, now);
+            let slot = self.submit(ti, worker, volume, io, now_ns);
             self.set_role(slot, Role::Tenant);
             return;
         }
@@ -44,7 +44,7 @@ impl Node<'_> {
                 let end = io.offset_bytes + u64::from(io.len_bytes);
                 let from_old = end > self.rb.list[r].in_sync_below_bytes();
                 let target = if from_old { old } else { volume };
-                let slot = self.submit(ti, worker, target, io, now);
+                let slot = self.submit(ti, worker, target, io, now_ns);
                 self.set_role(slot, Role::Tenant);
                 if from_old {
                     self.rb.list[r].old_requests += 1;
@@ -54,8 +54,8 @@ impl Node<'_> {
                 }
             }
             _ => {
-                let a = self.submit(ti, worker, volume, io, now);
-                let b = self.submit(ti, worker, old, io, now);
+                let a = self.submit(ti, worker, volume, io, now_ns);
+                let b = self.submit(ti, worker, old, io, now_ns);
                 self.set_role(a, Role::Mirror { partner: b });
                 self.set_role(b, Role::Mirror { partner: a });
                 self.rb.list[r].old_requests += 1;
@@ -92,7 +92,7 @@ impl Node<'_> {
     /// previous rebuild still holds its old volume keeps its volume (counted as skipped).
     pub(in crate::node) fn start_rebuild(
         &mut self,
-        now: u64,
+        now_ns: u64,
         ti: usize,
         qos: &VolumeQos,
         spec: &RebuildSpec,
@@ -107,7 +107,7 @@ impl Node<'_> {
         self.next_volume += 1;
         for (w, num, den) in self.shares(ti) {
             let share = qos.scaled(num, den);
-            self.workers[w].policy.add_volume(now, new, &share);
+            self.workers[w].policy.add_volume(now_ns, new, &share);
         }
         self.tenants[ti].volume = new;
         let old_requests = self
@@ -123,9 +123,9 @@ impl Node<'_> {
             new,
             self.tenants[ti].volume_bytes,
             spec,
-            now,
+            now_ns,
         );
-        rb.release_not_before_ns = now + secs_to_ns(overlap_s);
+        rb.release_not_before_ns = now_ns + secs_to_ns(overlap_s);
         rb.old_requests = old_requests;
         let r = self.rb.list.len();
         self.rb.list.push(rb);
@@ -136,12 +136,12 @@ impl Node<'_> {
             st.started += 1;
         }
         while let Some((offset, len)) = self.rb.list[r].start_chunk() {
-            self.submit_copy(r, OpKind::Read, offset, len, now);
+            self.submit_copy(r, OpKind::Read, offset, len, now_ns);
         }
     }
 
     /// Sends one copy request of rebuild `r`: a read from the old volume or a write to the new.
-    fn submit_copy(&mut self, r: usize, op: OpKind, offset: u64, len: u32, now: u64) {
+    fn submit_copy(&mut self, r: usize, op: OpKind, offset: u64, len: u32, now_ns: u64) {
         let ti = self.rb.list[r].tenant as usize;
         let worker = match self.dispatch {
             DispatchMode::OneToN => {
@@ -167,7 +167,7 @@ impl Node<'_> {
             len_bytes: len,
             sequential: true,
         };
-        let slot = self.submit(ti, worker, volume, io, now);
+        let slot = self.submit(ti, worker, volume, io, now_ns);
         self.set_role(slot, role);
     }
 
@@ -177,7 +177,7 @@ impl Node<'_> {
     /// fully handled here.
     #[cold]
     #[inline(never)]
-    pub(in crate::node) fn on_rebuild_complete(&mut self, slot: u32, now: u64) -> bool {
+    pub(in crate::node) fn on_rebuild_complete(&mut self, slot: u32, now_ns: u64) -> bool {
         let (w, ti, volume, offset, len, device_cost) = {
             let s = &self.slots[slot as usize];
             (
@@ -204,7 +204,7 @@ impl Node<'_> {
         if role == Role::Tenant {
             if on_old {
                 // Looked at once the usual completion (the policy's included) is done.
-                self.schedule_release(r as usize, now);
+                self.schedule_release(r as usize, now_ns);
             }
             return false;
         }
@@ -215,7 +215,7 @@ impl Node<'_> {
                 queue_ns: s.wait_ns,
             }
         };
-        self.retire(w, slot, now, observed);
+        self.retire(w, slot, now_ns, observed);
         let mut st = self.groups[group].rebuild.unwrap_or_default();
         match role {
             Role::Tenant => {}
@@ -223,28 +223,28 @@ impl Node<'_> {
                 // The other half completes the tenant's write.
                 self.set_role(partner, Role::Tenant);
                 let g = &self.groups[group];
-                if now >= g.from_ns && now < g.to_ns {
+                if now_ns >= g.from_ns && now_ns < g.to_ns {
                     self.tenants[ti].device_ns += device_cost;
                 }
             }
             Role::CopyRead { rebuild } => {
                 st.copy_reads += 1;
-                self.submit_copy(rebuild as usize, OpKind::Write, offset, len, now);
+                self.submit_copy(rebuild as usize, OpKind::Write, offset, len, now_ns);
             }
             Role::CopyWrite { rebuild } => {
                 let rc = rebuild as usize;
                 st.copy_writes += 1;
                 st.bytes_copied += u64::from(len);
                 let rb = &mut self.rb.list[rc];
-                rb.chunk_written(offset, len, now);
+                rb.chunk_written(offset, len, now_ns);
                 if rb.copied() {
-                    let took_ns = now - rb.started_ns;
+                    let took_ns = now_ns - rb.started_ns;
                     st.copied += 1;
                     st.copy_ns_sum += took_ns;
                     st.copy_ns_max = st.copy_ns_max.max(took_ns);
                 }
                 while let Some((o, l)) = self.rb.list[rc].start_chunk() {
-                    self.submit_copy(rc, OpKind::Read, o, l, now);
+                    self.submit_copy(rc, OpKind::Read, o, l, now_ns);
                 }
             }
         }
@@ -252,49 +252,49 @@ impl Node<'_> {
             *g = st;
         }
         if r != NONE {
-            self.maybe_release(r as usize, now);
+            self.maybe_release(r as usize, now_ns);
         }
-        self.kick(w, now);
+        self.kick(w, now_ns);
         true
     }
 
     #[cold]
     #[inline(never)]
-    pub(in crate::node) fn on_release(&mut self, r: usize, now: u64) {
+    pub(in crate::node) fn on_release(&mut self, r: usize, now_ns: u64) {
         self.rb.list[r].release_scheduled = false;
-        self.maybe_release(r, now);
+        self.maybe_release(r, now_ns);
     }
 
-    /// Asks for a release check of rebuild `r` at `now` (or when its `overlap_s` ends), if
+    /// Asks for a release check of rebuild `r` at `now_ns` (or when its `overlap_s` ends), if
     /// one could succeed: the copy is done and no request uses the old volume.
-    fn schedule_release(&mut self, r: usize, now: u64) {
+    fn schedule_release(&mut self, r: usize, now_ns: u64) {
         let rb = &mut self.rb.list[r];
         if rb.released || rb.release_scheduled || !rb.copied() || rb.old_requests > 0 {
             return;
         }
         rb.release_scheduled = true;
-        let at = rb.release_not_before_ns.max(now);
+        let at = rb.release_not_before_ns.max(now_ns);
         self.q.push(at, Ev::Release { rebuild: r as u32 });
     }
 
     /// Releases rebuild `r`'s old volume if its copy is done, no request uses it and its
     /// `overlap_s` has passed (otherwise schedules a look when it will have).
-    fn maybe_release(&mut self, r: usize, now: u64) {
+    fn maybe_release(&mut self, r: usize, now_ns: u64) {
         let rb = &mut self.rb.list[r];
         if rb.released || !rb.copied() || rb.old_requests > 0 {
             return;
         }
-        if now < rb.release_not_before_ns {
-            self.schedule_release(r, now);
+        if now_ns < rb.release_not_before_ns {
+            self.schedule_release(r, now_ns);
             return;
         }
         rb.released = true;
         let (ti, old, started_ns) = (rb.tenant as usize, rb.old, rb.started_ns);
         for (w, _, _) in self.shares(ti) {
-            self.workers[w].policy.remove_volume(now, old);
+            self.workers[w].policy.remove_volume(now_ns, old);
         }
         self.rb.of_tenant[ti] = NONE;
-        self.bill_overlap(ti, now - started_ns);
+        self.bill_overlap(ti, now_ns - started_ns);
     }
 
     /// Bills the old volume of tenant `ti` for `overlap_ns` beyond its replacement.
