@@ -105,6 +105,7 @@ struct Backend {
 }
 
 impl Backend {
+    /// Every device of every kind, `count` times each, in scenario order.
     fn build(n: &NodeSpec) -> Result<Backend, SimError> {
         let mut devices = Vec::new();
         for d in &n.devices {
@@ -239,6 +240,7 @@ struct RunClock {
 }
 
 impl RunClock {
+    /// The frame of `spec`: `duration_s`, `warmup_s` and buckets of `timeline_ms`.
     fn of(spec: &ScenarioSpec) -> RunClock {
         let end_ns = secs_to_ns(spec.duration_s);
         let timeline_ns = ((spec.timeline_ms * 1e6).round() as u64).max(1);
@@ -260,6 +262,8 @@ struct Population {
 }
 
 impl Population {
+    /// The tenants of `spec`'s groups; each tenant's data gets its own region on every
+    /// device set (`device_sets` of them).
     fn build(
         spec: &ScenarioSpec,
         base_dir: &Path,
