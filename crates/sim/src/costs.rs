@@ -8,9 +8,9 @@
 //! the same; cost proportional to size), or scale the CPU estimate to study mis-estimation and
 //! the online corrections.
 
-use crate::cpu::CpuSpec;
 use crate::device::{CostCurve, DeviceSpec, IoCostProfile};
 use crate::error::SimError;
+use crate::worker_cpu::CpuSpec;
 use headroom_qos::model::{CpuModel, DeviceModel, IoCostModel, LinearCpu, VopCurve};
 use headroom_qos::{CostModel, OpKind};
 use serde::{Deserialize, Serialize};

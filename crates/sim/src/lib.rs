@@ -16,21 +16,20 @@
 //! ```
 
 pub mod costs;
-pub mod cpu;
 pub mod device;
-pub mod engine;
 pub mod error;
+pub mod event_queue;
 pub mod fastmath;
 pub mod fifo;
 pub mod histogram;
 pub mod link;
 pub mod node;
 pub mod plot;
-pub(crate) mod rebuild;
 pub mod report;
 pub mod rng;
 pub mod scenario;
 pub mod trace;
+pub mod worker_cpu;
 pub mod workload;
 
 pub use error::SimError;

@@ -12,27 +12,30 @@
 //! entry and each I/O costs exactly two events (CPU done, completion) plus one arrival event
 //! for open-loop tenants. No per-event allocation: requests live in a slab recycled through a
 //! free list, and the event heap and rings keep their storage.
+//!
+//! This file holds the node's state and its event handlers (the I/O path above). Building a
+//! node from a scenario is in `build`; mirror rebuilds of replaced volumes, their
+//! bookkeeping and their handlers, are in `rebuild`.
 
-use crate::cpu::CpuSpec;
+mod build;
+mod rebuild;
+
 use crate::device::Device;
-use crate::engine::EventQueue;
 use crate::error::SimError;
-use crate::fifo::Fifo;
+use crate::event_queue::EventQueue;
 use crate::histogram::Histogram;
 use crate::link::Link;
-use crate::rebuild::{Rebuild, RebuildStats};
-use crate::rng::{STREAM_NODE, STREAM_POPULATION, STREAM_TENANT_BASE, SimRng};
-use crate::scenario::{
-    DispatchMode, InvariantMode, ReadRouting, RebuildSpec, RebuildTenantIo, ScenarioSpec,
-};
+use crate::rng::SimRng;
+use crate::scenario::{DispatchMode, InvariantMode, ReadRouting, RebuildSpec, ScenarioSpec};
 use crate::trace::TraceRecord;
-use crate::workload::{Arrival, Mode, Pattern, Schedule, SizeMix};
+use crate::worker_cpu::CpuSpec;
+use crate::workload::{Mode, Schedule, SizeMix};
 use headroom_qos::{
-    BurstMode, CostModel, CostVector, Decision, IoRequest, NodeCapacity, Observed, OpKind, Phase,
-    Policy, PolicyKind, PolicyParams, VolumeId, VolumeQos, build_policy,
+    BurstMode, CostModel, CostVector, Decision, IoRequest, Observed, OpKind, Phase, Policy,
+    PolicyKind, VolumeId, VolumeQos,
 };
+use rebuild::{RebuildStats, Rebuilds};
 use std::collections::VecDeque;
-use std::path::Path;
 use std::str::FromStr;
 
 const NS_PER_S_F: f64 = 1e9;
@@ -188,21 +191,6 @@ pub(crate) struct GroupRun {
     pub rebuild: Option<RebuildStats>,
 }
 
-/// What a request in flight is, when the run has mirror rebuilds (kept beside the slots, so
-/// that a run without them neither stores nor reads it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
-    /// The tenant's own request.
-    Tenant,
-    /// A copy read from the old volume of rebuild `rebuild`.
-    CopyRead { rebuild: u32 },
-    /// A copy write to the new volume of rebuild `rebuild`.
-    CopyWrite { rebuild: u32 },
-    /// One half of a tenant write sent to both volumes of a RAID-1 pair; the tenant hears of
-    /// it when the second half completes (the first one turns its partner into `Tenant`).
-    Mirror { partner: u32 },
-}
-
 /// A request's shape, as the tenant or a rebuild asks for it.
 #[derive(Clone, Copy)]
 struct Io {
@@ -321,8 +309,8 @@ impl Divisor {
     }
 }
 
-fn secs_to_ns(s: f64) -> u64 {
-    (s * NS_PER_S_F).round().max(0.0) as u64
+fn secs_to_ns(secs: f64) -> u64 {
+    (secs * NS_PER_S_F).round().max(0.0) as u64
 }
 
 fn f64_to_cap(v: f64) -> u64 {
@@ -370,325 +358,13 @@ pub(crate) struct Node<'a> {
     violations: u64,
     first_violation: Option<String>,
     next_volume: VolumeId,
-    /// Some action rebuilds volumes: slots carry a [`Role`] and completions look at it.
+    /// Some action rebuilds volumes: slots carry a `rebuild::Role` and completions look at it.
     rebuild_enabled: bool,
     /// Rebuild state, behind one pointer so that it does not spread the hot fields.
     rb: Box<Rebuilds>,
 }
 
-/// The node's mirror rebuilds.
-#[derive(Default)]
-struct Rebuilds {
-    /// Role of each slot (indexed like `slots`; empty unless rebuilds are enabled).
-    roles: Vec<Role>,
-    /// Every rebuild of the run, in start order.
-    list: Vec<Rebuild>,
-    /// Per tenant, the index in `list` of the rebuild whose old volume is not released yet,
-    /// or `NONE`.
-    of_tenant: Vec<u32>,
-}
-
 impl<'a> Node<'a> {
-    pub(crate) fn build(
-        spec: &'a ScenarioSpec,
-        base_dir: &Path,
-        choice: PolicyChoice,
-        seed: u64,
-    ) -> Result<Node<'a>, SimError> {
-        let n = &spec.node;
-        let nworkers = n.workers as usize;
-        let mut devices = Vec::new();
-        for d in &n.devices {
-            let curve = d.curve()?;
-            for _ in 0..d.count {
-                devices.push(Device::new(d, curve.clone()));
-            }
-        }
-        let replicas = n.replication.map_or(1, |r| r.factor as usize);
-        if devices.len() % replicas != 0 {
-            return Err(SimError::Invalid(format!(
-                "{} devices cannot be split into replica sets of {replicas}",
-                devices.len()
-            )));
-        }
-        let device_sets = devices.len() / replicas;
-
-        // The estimator and the capacity per worker handed to the policies.
-        let cost_model = spec.cost.build(&n.cpu, &n.devices[0])?;
-        let c = &n.capacity;
-        let w = n.workers as f64;
-        let scaled = |v: f64| f64_to_cap(v * c.scale);
-        let per_device = cost_model.device.capacity_per_s();
-        let device_units_total = if per_device == u64::MAX {
-            f64::INFINITY
-        } else {
-            per_device as f64 * devices.len() as f64 / replicas as f64
-        };
-        let nic_cap = |rate: f64| {
-            if rate > 0.0 {
-                scaled(rate / w)
-            } else {
-                u64::MAX
-            }
-        };
-        let capacity = NodeCapacity::new(CostVector::new(
-            c.cpu_ns_per_s
-                .map_or_else(|| scaled(NS_PER_S_F), f64_to_cap),
-            c.ingress_bytes_per_s
-                .map_or_else(|| nic_cap(n.nic.ingress_bytes_per_s), f64_to_cap),
-            c.egress_bytes_per_s
-                .map_or_else(|| nic_cap(n.nic.egress_bytes_per_s), f64_to_cap),
-            c.device_units_per_s
-                .map_or_else(|| scaled(device_units_total / w), f64_to_cap),
-        ));
-
-        let mut workers = Vec::with_capacity(nworkers);
-        for i in 0..nworkers {
-            let policy: Box<dyn Policy> = match choice {
-                PolicyChoice::Fifo => Box::new(Fifo::default()),
-                PolicyChoice::Qos(kind) => {
-                    let mut params: PolicyParams = spec.policy_params;
-                    params.seed = seed ^ (0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1));
-                    let uncapped = spec
-                        .uncapped_policies
-                        .iter()
-                        .any(|p| PolicyKind::from_str(p).ok() == Some(kind));
-                    let cap = if uncapped {
-                        NodeCapacity::UNLIMITED
-                    } else {
-                        capacity
-                    };
-                    build_policy(kind, cap, &params)
-                }
-            };
-            workers.push(Worker {
-                policy,
-                cost_model: cost_model.clone(),
-                busy: false,
-                idle: false,
-                wake_at_ns: u64::MAX,
-                wake_generation: 0,
-                ring: VecDeque::new(),
-                ops: 0,
-                busy_ns: 0,
-                steals: 0,
-                stolen: 0,
-                waits: 0,
-                idles: 0,
-                past_waits: 0,
-            });
-        }
-
-        let end_ns = secs_to_ns(spec.duration_s);
-        let warmup_ns = secs_to_ns(spec.warmup_s);
-        let timeline_ns = ((spec.timeline_ms * 1e6).round() as u64).max(1);
-        let buckets = end_ns.div_ceil(timeline_ns) as usize;
-
-        let mut groups = Vec::with_capacity(spec.groups.len());
-        let mut group_qos = Vec::with_capacity(spec.groups.len());
-        let mut tenants: Vec<Tenant> = Vec::new();
-        let mut pop_rng = SimRng::new(seed, STREAM_POPULATION);
-        let mut region_base = 0u64;
-        for (gi, g) in spec.groups.iter().enumerate() {
-            let sizes = SizeMix::from_spec(&g.workload.sizes)?;
-            let qos = g.qos.to_volume_qos(g.volume_bytes())?;
-            let from_ns = g.stats_from_s.map_or(warmup_ns, secs_to_ns);
-            let to_ns = g.stats_to_s.map_or(end_ns, secs_to_ns).min(end_ns);
-            let wl = &g.workload;
-            let volume_bytes = g.volume_bytes();
-            let traces: Vec<Vec<TraceRecord>> = match (&wl.mode, &wl.trace) {
-                (Mode::Trace, Some(t)) => {
-                    let path = base_dir.join(&t.path);
-                    let trace = crate::trace::load(&path, t.format)?;
-                    let mut devs: Vec<Vec<TraceRecord>> =
-                        trace.devices.into_iter().map(|d| d.records).collect();
-                    let limit = if t.max_devices > 0 {
-                        t.max_devices
-                    } else if g.tenants > 0 {
-                        g.tenants as usize
-                    } else {
-                        devs.len()
-                    };
-                    devs.truncate(limit);
-                    devs
-                }
-                _ => Vec::new(),
-            };
-            let count = if wl.mode == Mode::Trace {
-                traces.len()
-            } else {
-                g.tenants as usize
-            };
-            let mut traces = traces.into_iter();
-            for _ in 0..count {
-                let global_index = tenants.len() as u32;
-                let mut rng = SimRng::new(seed, STREAM_TENANT_BASE + u64::from(global_index));
-                // Rate and on/off schedule.
-                let mut rate = wl.rate_iops;
-                let mut cycle = wl.onoff;
-                if let Some(f) = wl.rate_of_baseline {
-                    rate = f * qos.baseline.iops as f64;
-                }
-                if let Some(p) = &wl.population {
-                    let load = p.draw(&mut pop_rng);
-                    let base = if qos.baseline.iops == 0 || qos.baseline.iops == u64::MAX {
-                        return Err(SimError::Invalid(format!(
-                            "group {}: a population needs a finite baseline_iops",
-                            g.name
-                        )));
-                    } else {
-                        qos.baseline.iops as f64
-                    };
-                    rate = load.level * base;
-                    cycle = if load.bursting {
-                        Some(p.tail_onoff)
-                    } else {
-                        None
-                    };
-                }
-                let windows_ns = wl
-                    .active
-                    .as_ref()
-                    .map(|ws| {
-                        let mut v: Vec<(u64, u64)> = ws
-                            .iter()
-                            .map(|w| (secs_to_ns(w[0]), secs_to_ns(w[1])))
-                            .collect();
-                        v.sort_unstable();
-                        v
-                    })
-                    .unwrap_or_default();
-                let cycle_ns = cycle.map(|c| {
-                    let on = secs_to_ns(c.on_s).max(1);
-                    let off = secs_to_ns(c.off_s);
-                    let phase = if c.random_phase {
-                        rng.below(on + off)
-                    } else {
-                        0
-                    };
-                    (on, off, phase)
-                });
-                let (trace, trace_speed) = match (&wl.trace, traces.next()) {
-                    (Some(t), Some(recs)) => (recs, t.speed.max(1e-9)),
-                    _ => (Vec::new(), 1.0),
-                };
-                tenants.push(Tenant {
-                    volume: global_index,
-                    group: gi as u32,
-                    global_index,
-                    mode: wl.mode,
-                    qd: wl.qd,
-                    gap_mean_ns: if rate > 0.0 {
-                        NS_PER_S_F / rate
-                    } else {
-                        f64::INFINITY
-                    },
-                    uniform_gaps: wl.arrival == Arrival::Uniform,
-                    read_fraction: wl.read_fraction,
-                    sequential: wl.pattern == Pattern::Sequential,
-                    cursor_bytes: 0,
-                    last_end_bytes: u64::MAX / 2,
-                    volume_bytes,
-                    region_base_bytes: region_base,
-                    schedule: Schedule {
-                        windows_ns,
-                        cycle_ns,
-                    },
-                    on: false,
-                    arrival_generation: 0,
-                    outstanding: 0,
-                    backlog: 0,
-                    rng,
-                    queues: g.queues,
-                    hot_share: g.hot_queue_share,
-                    spray: global_index,
-                    trace,
-                    trace_arrive: 0,
-                    trace_issue: 0,
-                    trace_speed,
-                    ops: 0,
-                    bytes: 0,
-                    lat_sum_ns: 0,
-                    issued: 0,
-                    dropped: 0,
-                    device_ns: 0.0,
-                });
-                region_base = region_base
-                    .saturating_add(volume_bytes.div_ceil(device_sets as u64) + (64 << 20));
-            }
-            groups.push(GroupRun {
-                name: g.name.clone(),
-                sizes,
-                from_ns,
-                to_ns,
-                hist: Histogram::new(),
-                ops: 0,
-                bytes: 0,
-                phase_ops: [0; 3],
-                timeline: vec![TimelineBucket::default(); buckets],
-                sched_wait_ns: 0,
-                downstream_wait_ns: 0,
-                volumes_created: count as u64,
-                provisioned_gib_s: count as f64 * g.volume_gib * spec.duration_s,
-                rebuild: spec
-                    .actions
-                    .iter()
-                    .any(|a| a.group == g.name && a.rebuild.is_some())
-                    .then(RebuildStats::default),
-            });
-            group_qos.push(qos);
-        }
-
-        let rebuild_enabled = spec.actions.iter().any(|a| a.rebuild.is_some());
-        let tenant_count = tenants.len();
-        let mut node = Node {
-            spec,
-            seed,
-            policy_name: choice.name(),
-            q: EventQueue::with_capacity(tenants.len() * 2 + 1024),
-            workers,
-            tenants,
-            groups,
-            group_qos,
-            slots: Vec::new(),
-            free_head: NONE,
-            ingress: Link::new(n.nic.ingress_bytes_per_s),
-            egress: Link::new(n.nic.egress_bytes_per_s),
-            devices,
-            sets_div: Divisor::new(device_sets as u64),
-            stripe_div: Divisor::new(n.stripe_kib.saturating_mul(1024).max(4096)),
-            replicas,
-            read_routing: n.replication.map_or(ReadRouting::Primary, |r| r.reads),
-            stripe_bytes: n.stripe_kib.saturating_mul(1024).max(4096),
-            cpu: n.cpu,
-            node_rng: SimRng::new(seed, STREAM_NODE),
-            dispatch: n.dispatch,
-            timeline_ns,
-            timeline_bucket: 0,
-            timeline_bucket_end_ns: timeline_ns,
-            phase_timeline: vec![[0; 3]; buckets],
-            end_ns,
-            warmup_ns,
-            completed: 0,
-            violations: 0,
-            first_violation: None,
-            next_volume: 0,
-            rebuild_enabled,
-            rb: Box::new(Rebuilds {
-                roles: Vec::new(),
-                list: Vec::new(),
-                of_tenant: if rebuild_enabled {
-                    vec![NONE; tenant_count]
-                } else {
-                    Vec::new()
-                },
-            }),
-        };
-        node.next_volume = node.tenants.len() as VolumeId;
-        node.register_volumes(0);
-        Ok(node)
-    }
-
     /// Worker that owns queue `queue` of tenant `t` under pinned dispatch.
     fn home_worker(&self, t: &Tenant, queue: u32) -> usize {
         ((u64::from(t.global_index) * u64::from(t.queues) + u64::from(queue))
@@ -716,18 +392,18 @@ impl<'a> Node<'a> {
         }
     }
 
-    fn register_volumes(&mut self, now: u64) {
+    fn register_volumes(&mut self, now_ns: u64) {
         for ti in 0..self.tenants.len() {
             let qos = self.group_qos[self.tenants[ti].group as usize];
             let vol = self.tenants[ti].volume;
             for (w, num, den) in self.shares(ti) {
                 let share = qos.scaled(num, den);
-                self.workers[w].policy.add_volume(now, vol, &share);
+                self.workers[w].policy.add_volume(now_ns, vol, &share);
             }
         }
     }
 
-    fn update_group_qos(&mut self, now: u64, group: usize, qos: VolumeQos) {
+    fn update_group_qos(&mut self, now_ns: u64, group: usize, qos: VolumeQos) {
         self.group_qos[group] = qos;
         for ti in 0..self.tenants.len() {
             if self.tenants[ti].group as usize != group {
@@ -736,11 +412,11 @@ impl<'a> Node<'a> {
             let vol = self.tenants[ti].volume;
             for (w, num, den) in self.shares(ti) {
                 let share = qos.scaled(num, den);
-                self.workers[w].policy.update_qos(now, vol, &share);
+                self.workers[w].policy.update_qos(now_ns, vol, &share);
             }
         }
         for w in 0..self.workers.len() {
-            self.kick(w, now);
+            self.kick(w, now_ns);
         }
     }
 
@@ -796,38 +472,38 @@ impl<'a> Node<'a> {
             self.q.push(check_ns, Ev::Check);
         }
         let mut next_progress = 1u64 << 16;
-        while let Some((now, ev)) = self.q.pop() {
-            if now >= self.end_ns {
+        while let Some((now_ns, ev)) = self.q.pop() {
+            if now_ns >= self.end_ns {
                 break;
             }
             match ev {
                 Ev::Arrival { tenant, generation } => {
-                    self.on_arrival(tenant as usize, generation, now)
+                    self.on_arrival(tenant as usize, generation, now_ns)
                 }
-                Ev::Toggle { tenant } => self.on_toggle(tenant as usize, now),
-                Ev::CpuDone { worker, slot } => self.on_cpu_done(worker as usize, slot, now),
+                Ev::Toggle { tenant } => self.on_toggle(tenant as usize, now_ns),
+                Ev::CpuDone { worker, slot } => self.on_cpu_done(worker as usize, slot, now_ns),
                 Ev::StealDone { worker } => {
                     self.workers[worker as usize].busy = false;
-                    self.kick(worker as usize, now);
+                    self.kick(worker as usize, now_ns);
                 }
-                Ev::Complete { slot } => self.on_complete(slot, now),
+                Ev::Complete { slot } => self.on_complete(slot, now_ns),
                 Ev::Wake { worker, generation } => {
                     let w = &mut self.workers[worker as usize];
                     if w.wake_generation == generation {
                         w.wake_at_ns = u64::MAX;
-                        self.kick(worker as usize, now);
+                        self.kick(worker as usize, now_ns);
                     }
                 }
-                Ev::Action { index } => self.on_action(index as usize, now)?,
+                Ev::Action { index } => self.on_action(index as usize, now_ns)?,
                 Ev::Check => {
-                    self.check(now)?;
-                    self.q.push(now + check_ns, Ev::Check);
+                    self.check(now_ns)?;
+                    self.q.push(now_ns + check_ns, Ev::Check);
                 }
-                Ev::Release { rebuild } => self.on_release(rebuild as usize, now),
+                Ev::Release { rebuild } => self.on_release(rebuild as usize, now_ns),
             }
             if self.q.processed() >= next_progress {
                 next_progress += 1 << 16;
-                progress(now as f64 / self.end_ns as f64);
+                progress(now_ns as f64 / self.end_ns as f64);
             }
         }
         self.check(self.end_ns)?;
@@ -835,41 +511,41 @@ impl<'a> Node<'a> {
         Ok(self.finish())
     }
 
-    fn check(&mut self, now: u64) -> Result<(), SimError> {
+    fn check(&mut self, now_ns: u64) -> Result<(), SimError> {
         for (i, w) in self.workers.iter().enumerate() {
             if let Err(v) = w.policy.check_invariants() {
                 if self.spec.invariants == InvariantMode::Fail {
                     return Err(SimError::Invariant {
                         policy: self.policy_name.to_string(),
-                        at_ns: now,
+                        at_ns: now_ns,
                         seed: self.seed,
                         detail: format!("worker {i}: {v}"),
                     });
                 }
                 self.violations += 1;
                 if self.first_violation.is_none() {
-                    self.first_violation = Some(format!("t={now} ns worker {i}: {v}"));
+                    self.first_violation = Some(format!("t={now_ns} ns worker {i}: {v}"));
                 }
             }
         }
         Ok(())
     }
 
-    fn on_action(&mut self, index: usize, now: u64) -> Result<(), SimError> {
+    fn on_action(&mut self, index: usize, now_ns: u64) -> Result<(), SimError> {
         let a = &self.spec.actions[index];
         let Some(group) = self.spec.groups.iter().position(|g| g.name == a.group) else {
             return Err(SimError::Invalid(format!("unknown group {}", a.group)));
         };
         if let Some(q) = &a.set_qos {
             let qos = q.to_volume_qos(self.spec.groups[group].volume_bytes())?;
-            self.update_group_qos(now, group, qos);
+            self.update_group_qos(now_ns, group, qos);
         }
         if a.replace_volumes {
-            self.replace_volumes(now, group, a.start_full, a.overlap_s, a.rebuild);
+            self.replace_volumes(now_ns, group, a.start_full, a.overlap_s, a.rebuild);
         }
         if a.every_s > 0.0 {
             self.q.push(
-                now + secs_to_ns(a.every_s),
+                now_ns + secs_to_ns(a.every_s),
                 Ev::Action {
                     index: index as u32,
                 },
@@ -883,7 +559,7 @@ impl<'a> Node<'a> {
     /// old volume stays until its copy onto the new one is done (see [`Node::start_rebuild`]).
     fn replace_volumes(
         &mut self,
-        now: u64,
+        now_ns: u64,
         group: usize,
         start_full: Option<bool>,
         overlap_s: f64,
@@ -902,7 +578,7 @@ impl<'a> Node<'a> {
                 continue;
             }
             if let Some(spec) = &rebuild {
-                self.start_rebuild(now, ti, &qos, spec, overlap_s);
+                self.start_rebuild(now_ns, ti, &qos, spec, overlap_s);
                 continue;
             }
             if self.rebuild_enabled && self.skip_while_rebuilding(ti) {
@@ -924,8 +600,8 @@ impl<'a> Node<'a> {
             for (w, num, den) in self.shares(ti) {
                 let share = qos.scaled(num, den);
                 let p = &mut self.workers[w].policy;
-                p.add_volume(now, new, &share);
-                p.remove_volume(now, old);
+                p.add_volume(now_ns, new, &share);
+                p.remove_volume(now_ns, old);
             }
             self.tenants[ti].volume = new;
             for i in moved {
@@ -936,7 +612,7 @@ impl<'a> Node<'a> {
                     let req = s.req.clone();
                     let wk = &mut self.workers[w];
                     wk.idle = false;
-                    wk.policy.enqueue(now, req);
+                    wk.policy.enqueue(now_ns, req);
                 }
             }
             let g = &mut self.groups[group];
@@ -944,19 +620,19 @@ impl<'a> Node<'a> {
             g.provisioned_gib_s += gib * overlap_s;
         }
         for w in 0..self.workers.len() {
-            self.kick(w, now);
+            self.kick(w, now_ns);
         }
     }
 
-    fn on_toggle(&mut self, ti: usize, now: u64) {
+    fn on_toggle(&mut self, ti: usize, now_ns: u64) {
         let was_on = self.tenants[ti].on;
-        let on = self.tenants[ti].schedule.is_on(now);
+        let on = self.tenants[ti].schedule.is_on(now_ns);
         self.tenants[ti].on = on;
         if on && !was_on {
             match self.tenants[ti].mode {
                 Mode::Closed => {
                     while self.tenants[ti].outstanding < self.tenants[ti].qd {
-                        if self.issue(ti, now).is_none() {
+                        if self.issue(ti, now_ns).is_none() {
                             break;
                         }
                     }
@@ -968,7 +644,7 @@ impl<'a> Node<'a> {
                     if let Some(gap) = gap {
                         let generation = t.arrival_generation;
                         self.q.push(
-                            now + gap,
+                            now_ns + gap,
                             Ev::Arrival {
                                 tenant: ti as u32,
                                 generation,
@@ -979,10 +655,10 @@ impl<'a> Node<'a> {
                 Mode::Trace => {
                     let t = &mut self.tenants[ti];
                     t.arrival_generation = t.arrival_generation.wrapping_add(1);
-                    if let Some(at) = Self::trace_time(t) {
+                    if let Some(at) = Self::trace_time_ns(t) {
                         let generation = t.arrival_generation;
                         self.q.push(
-                            at.max(now),
+                            at.max(now_ns),
                             Ev::Arrival {
                                 tenant: ti as u32,
                                 generation,
@@ -996,7 +672,7 @@ impl<'a> Node<'a> {
             let t = &mut self.tenants[ti];
             t.arrival_generation = t.arrival_generation.wrapping_add(1);
         }
-        if let Some(next) = self.tenants[ti].schedule.next_change_ns(now) {
+        if let Some(next) = self.tenants[ti].schedule.next_change_ns(now_ns) {
             self.q.push(next, Ev::Toggle { tenant: ti as u32 });
         }
     }
@@ -1014,13 +690,14 @@ impl<'a> Node<'a> {
         Some(crate::fastmath::round_u64(g).max(1))
     }
 
-    fn trace_time(t: &Tenant) -> Option<u64> {
+    /// When the tenant's next trace record arrives (its recorded time over the replay speed).
+    fn trace_time_ns(t: &Tenant) -> Option<u64> {
         t.trace
             .get(t.trace_arrive)
             .map(|r| (r.at_ns as f64 / t.trace_speed) as u64)
     }
 
-    fn on_arrival(&mut self, ti: usize, generation: u16, now: u64) {
+    fn on_arrival(&mut self, ti: usize, generation: u16, now_ns: u64) {
         let t = &mut self.tenants[ti];
         if t.arrival_generation != generation || !t.on {
             return;
@@ -1029,9 +706,9 @@ impl<'a> Node<'a> {
         let next = match t.mode {
             Mode::Trace => {
                 t.trace_arrive += 1;
-                Self::trace_time(t).map(|at| at.max(now))
+                Self::trace_time_ns(t).map(|at| at.max(now_ns))
             }
-            _ => Self::gap_ns(t).map(|g| now + g),
+            _ => Self::gap_ns(t).map(|g| now_ns + g),
         };
         if !can_issue {
             if t.backlog < MAX_BACKLOG {
@@ -1045,7 +722,7 @@ impl<'a> Node<'a> {
             }
         }
         if can_issue {
-            self.issue(ti, now);
+            self.issue(ti, now_ns);
         }
         if let Some(at) = next {
             self.q.push(
@@ -1060,7 +737,7 @@ impl<'a> Node<'a> {
 
     /// Draws the tenant's next request and hands it to a worker; returns the worker it
     /// was handed to (and which was kicked), or `None` when the tenant had nothing to issue.
-    fn issue(&mut self, ti: usize, now: u64) -> Option<usize> {
+    fn issue(&mut self, ti: usize, now_ns: u64) -> Option<usize> {
         let nworkers = self.workers.len();
         let (op, offset, len, queue, sequential) = {
             let t = &mut self.tenants[ti];
@@ -1132,9 +809,9 @@ impl<'a> Node<'a> {
             sequential,
         };
         if self.rebuild_enabled {
-            self.submit_tenant_during_rebuilds(ti, worker, volume, io, now);
+            self.submit_tenant_during_rebuilds(ti, worker, volume, io, now_ns);
         } else {
-            self.submit(ti, worker, volume, io, now);
+            self.submit(ti, worker, volume, io, now_ns);
         }
         Some(worker)
     }
@@ -1142,7 +819,7 @@ impl<'a> Node<'a> {
     /// Hands one request to `worker`'s policy (or ring) and lets the worker dispatch; returns
     /// the request's slot.
     #[inline(always)]
-    fn submit(&mut self, ti: usize, worker: usize, volume: VolumeId, io: Io, now: u64) -> u32 {
+    fn submit(&mut self, ti: usize, worker: usize, volume: VolumeId, io: Io, now_ns: u64) -> u32 {
         let Io {
             op,
             offset_bytes: offset,
@@ -1167,7 +844,7 @@ impl<'a> Node<'a> {
             r.offset_bytes = offset;
             r.len_bytes = len;
             r.cost = cost;
-            r.arrival_ns = now;
+            r.arrival_ns = now_ns;
             s.tenant = ti as u32;
             s.worker = worker as u32;
             s.sequential = sequential;
@@ -1185,14 +862,14 @@ impl<'a> Node<'a> {
             if self.workers[worker].busy {
                 // A polling idle worker notices the backlog and steals.
                 if let Some(idle) = (0..nworkers).find(|w| !self.workers[*w].busy) {
-                    self.kick(idle, now);
+                    self.kick(idle, now_ns);
                 }
             }
         } else {
             let wk = &mut self.workers[worker];
             wk.idle = false;
             wk.policy.enqueue(
-                now,
+                now_ns,
                 IoRequest {
                     id: u64::from(slot),
                     volume,
@@ -1200,42 +877,42 @@ impl<'a> Node<'a> {
                     offset_bytes: offset,
                     len_bytes: len,
                     cost,
-                    arrival_ns: now,
+                    arrival_ns: now_ns,
                 },
             );
         }
-        self.kick(worker, now);
+        self.kick(worker, now_ns);
         slot
     }
 
     /// Lets worker `w` dispatch if its CPU is free.
-    fn kick(&mut self, w: usize, now: u64) {
+    fn kick(&mut self, w: usize, now_ns: u64) {
         let wk = &self.workers[w];
         if wk.busy || wk.idle {
             return;
         }
         loop {
             if self.dispatch == DispatchMode::Stealing {
-                self.refill_from_ring(w, now);
+                self.refill_from_ring(w, now_ns);
             }
-            match self.workers[w].policy.next(now) {
+            match self.workers[w].policy.next(now_ns) {
                 Decision::Dispatch(req, phase) => {
-                    self.start(w, req, phase, now);
+                    self.start(w, req, phase, now_ns);
                     return;
                 }
-                Decision::WaitUntil(t) => {
+                Decision::WaitUntil(until_ns) => {
                     let wk = &mut self.workers[w];
                     wk.waits += 1;
-                    if t <= now {
+                    if until_ns <= now_ns {
                         wk.past_waits += 1;
                     }
-                    let t = t.max(now + 1);
-                    if t < wk.wake_at_ns {
-                        wk.wake_at_ns = t;
+                    let at_ns = until_ns.max(now_ns + 1);
+                    if at_ns < wk.wake_at_ns {
+                        wk.wake_at_ns = at_ns;
                         wk.wake_generation = wk.wake_generation.wrapping_add(1);
                         let generation = wk.wake_generation;
                         self.q.push(
-                            t,
+                            at_ns,
                             Ev::Wake {
                                 worker: w as u16,
                                 generation,
@@ -1254,7 +931,7 @@ impl<'a> Node<'a> {
                         continue;
                     }
                     if self.dispatch == DispatchMode::Stealing {
-                        self.try_steal(w, now);
+                        self.try_steal(w, now_ns);
                     }
                     return;
                 }
@@ -1262,7 +939,7 @@ impl<'a> Node<'a> {
         }
     }
 
-    fn refill_from_ring(&mut self, w: usize, now: u64) {
+    fn refill_from_ring(&mut self, w: usize, now_ns: u64) {
         let batch = self.spec.node.steal_batch as usize;
         while self.workers[w].policy.queued_requests() < batch {
             let Some(slot) = self.workers[w].ring.pop_front() else {
@@ -1272,12 +949,12 @@ impl<'a> Node<'a> {
             s.state = SlotState::Queued;
             s.worker = w as u32;
             let req = s.req.clone();
-            self.workers[w].policy.enqueue(now, req);
+            self.workers[w].policy.enqueue(now_ns, req);
         }
     }
 
     /// An idle worker takes up to a batch from the longest other ring.
-    fn try_steal(&mut self, w: usize, now: u64) {
+    fn try_steal(&mut self, w: usize, now_ns: u64) {
         let mut victim = None;
         let mut longest = 0;
         for (i, other) in self.workers.iter().enumerate() {
@@ -1301,17 +978,18 @@ impl<'a> Node<'a> {
         wk.stolen += take as u64;
         if cost > 0 {
             wk.busy = true;
-            if now >= self.warmup_ns {
+            if now_ns >= self.warmup_ns {
                 wk.busy_ns += cost;
             }
-            self.q.push(now + cost, Ev::StealDone { worker: w as u16 });
+            self.q
+                .push(now_ns + cost, Ev::StealDone { worker: w as u16 });
         } else {
-            self.q.push(now, Ev::StealDone { worker: w as u16 });
+            self.q.push(now_ns, Ev::StealDone { worker: w as u16 });
             wk.busy = true;
         }
     }
 
-    fn start(&mut self, w: usize, req: IoRequest, phase: Phase, now: u64) {
+    fn start(&mut self, w: usize, req: IoRequest, phase: Phase, now_ns: u64) {
         let slot = req.id as u32;
         let mut cpu_ns = self
             .cpu
@@ -1325,18 +1003,18 @@ impl<'a> Node<'a> {
         s.req = req;
         s.req.arrival_ns = issue_ns;
         s.phase = phase;
-        s.dispatch_ns = now;
+        s.dispatch_ns = now_ns;
         s.worker = w as u32;
         s.state = SlotState::Running;
         s.service_ns = cpu_ns;
         let wk = &mut self.workers[w];
         wk.busy = true;
-        if now >= self.warmup_ns {
+        if now_ns >= self.warmup_ns {
             wk.busy_ns += cpu_ns;
             wk.ops += 1;
         }
         self.q.push(
-            now + cpu_ns,
+            now_ns + cpu_ns,
             Ev::CpuDone {
                 worker: w as u16,
                 slot,
@@ -1344,7 +1022,7 @@ impl<'a> Node<'a> {
         );
     }
 
-    fn on_cpu_done(&mut self, w: usize, slot: u32, now: u64) {
+    fn on_cpu_done(&mut self, w: usize, slot: u32, now_ns: u64) {
         self.workers[w].busy = false;
         let (op, offset, len, ti, sequential) = {
             let s = &self.slots[slot as usize];
@@ -1358,15 +1036,15 @@ impl<'a> Node<'a> {
         };
         // NIC: writes arrive on ingress, reads leave on egress.
         let link_done = match op {
-            OpKind::Write => self.ingress.submit(now, u64::from(len)),
-            OpKind::Read => self.egress.submit(now, u64::from(len)),
-            _ => now,
+            OpKind::Write => self.ingress.submit(now_ns, u64::from(len)),
+            OpKind::Read => self.egress.submit(now_ns, u64::from(len)),
+            _ => now_ns,
         };
         let link_transfer = match op {
             OpKind::Read | OpKind::Write => self.link_time_ns(op, len),
             _ => 0,
         };
-        let link_time = link_done - now;
+        let link_time = link_done - now_ns;
         let link_wait = link_time.saturating_sub(link_transfer);
         // Devices.
         let t = &self.tenants[ti];
@@ -1422,7 +1100,7 @@ impl<'a> Node<'a> {
             wk.idle = true;
             return;
         }
-        self.kick(w, now);
+        self.kick(w, now_ns);
     }
 
     fn link_time_ns(&self, op: OpKind, len: u32) -> u64 {
@@ -1437,7 +1115,7 @@ impl<'a> Node<'a> {
     /// A request's last stage is done: its worker's cost model and policy learn how it went,
     /// and its slot is freed.
     #[inline]
-    fn retire(&mut self, w: usize, slot: u32, now: u64, observed: Observed) {
+    fn retire(&mut self, w: usize, slot: u32, now_ns: u64, observed: Observed) {
         {
             let s = &self.slots[slot as usize];
             let wk = &mut self.workers[w];
@@ -1448,14 +1126,14 @@ impl<'a> Node<'a> {
                 &s.req.cost,
                 observed,
             );
-            wk.policy.complete(now, &s.req, observed);
+            wk.policy.complete(now_ns, &s.req, observed);
         }
         self.free_slot(slot);
         self.completed += 1;
     }
 
-    fn on_complete(&mut self, slot: u32, now: u64) {
-        if self.rebuild_enabled && self.on_rebuild_complete(slot, now) {
+    fn on_complete(&mut self, slot: u32, now_ns: u64) {
+        if self.rebuild_enabled && self.on_rebuild_complete(slot, now_ns) {
             return;
         }
         let (w, ti, phase, len, issue_ns, dispatch_ns, backend_wait, device_cost, observed) = {
@@ -1475,12 +1153,12 @@ impl<'a> Node<'a> {
                 },
             )
         };
-        self.retire(w, slot, now, observed);
-        let lat = now - issue_ns;
+        self.retire(w, slot, now_ns, observed);
+        let lat = now_ns - issue_ns;
         let bytes = u64::from(len);
         let t = &mut self.tenants[ti];
         let g = &mut self.groups[t.group as usize];
-        if now >= g.from_ns && now < g.to_ns {
+        if now_ns >= g.from_ns && now_ns < g.to_ns {
             g.hist.record(lat);
             g.ops += 1;
             g.bytes += bytes;
@@ -1492,9 +1170,9 @@ impl<'a> Node<'a> {
             t.lat_sum_ns += lat;
             t.device_ns += device_cost;
         }
-        if now >= self.timeline_bucket_end_ns {
-            self.timeline_bucket = (now / self.timeline_ns) as usize;
-            self.timeline_bucket_end_ns = (now / self.timeline_ns + 1) * self.timeline_ns;
+        if now_ns >= self.timeline_bucket_end_ns {
+            self.timeline_bucket = (now_ns / self.timeline_ns) as usize;
+            self.timeline_bucket_end_ns = (now_ns / self.timeline_ns + 1) * self.timeline_ns;
         }
         let b = self.timeline_bucket;
         if let Some(tb) = g.timeline.get_mut(b) {
@@ -1519,317 +1197,20 @@ impl<'a> Node<'a> {
                 }
                 Mode::Idle => false,
             };
-        let kicked = if reissue { self.issue(ti, now) } else { None };
+        let kicked = if reissue {
+            self.issue(ti, now_ns)
+        } else {
+            None
+        };
         // `issue` already polled its worker after this completion and the new request; a
         // second poll of the same worker at the same instant would answer the same.
         if kicked != Some(w) {
-            self.kick(w, now);
-        }
-    }
-
-    /// A tenant request while rebuilds are on: under `raid1`, reads of data the new volume
-    /// does not have yet go to the old volume, and writes go to both.
-    #[cold]
-    #[inline(never)]
-    fn submit_tenant_during_rebuilds(
-        &mut self,
-        ti: usize,
-        worker: usize,
-        volume: VolumeId,
-        io: Io,
-        now: u64,
-    ) {
-        let r = self.rb.of_tenant[ti];
-        let raid1 = r != NONE && {
-            let rb = &self.rb.list[r as usize];
-            rb.tenant_io == RebuildTenantIo::Raid1 && !rb.copied()
-        };
-        if !raid1 {
-            let slot = self.submit(ti, worker, volume, io, now);
-            self.set_role(slot, Role::Tenant);
-            return;
-        }
-        let r = r as usize;
-        let group = self.tenants[ti].group as usize;
-        let old = self.rb.list[r].old;
-        match io.op {
-            OpKind::Read => {
-                let end = io.offset_bytes + u64::from(io.len_bytes);
-                let from_old = end > self.rb.list[r].in_sync_below_bytes();
-                let target = if from_old { old } else { volume };
-                let slot = self.submit(ti, worker, target, io, now);
-                self.set_role(slot, Role::Tenant);
-                if from_old {
-                    self.rb.list[r].old_requests += 1;
-                    if let Some(st) = self.groups[group].rebuild.as_mut() {
-                        st.tenant_reads_from_old += 1;
-                    }
-                }
-            }
-            _ => {
-                let a = self.submit(ti, worker, volume, io, now);
-                let b = self.submit(ti, worker, old, io, now);
-                self.set_role(a, Role::Mirror { partner: b });
-                self.set_role(b, Role::Mirror { partner: a });
-                self.rb.list[r].old_requests += 1;
-                if let Some(st) = self.groups[group].rebuild.as_mut() {
-                    st.tenant_writes_mirrored += 1;
-                }
-            }
-        }
-    }
-
-    fn set_role(&mut self, slot: u32, role: Role) {
-        let i = slot as usize;
-        if self.rb.roles.len() <= i {
-            self.rb.roles.resize(i + 1, Role::Tenant);
-        }
-        self.rb.roles[i] = role;
-    }
-
-    /// Whether tenant `ti` is still rebuilding onto its current volume, in which case a
-    /// replacement of it is skipped (and counted).
-    fn skip_while_rebuilding(&mut self, ti: usize) -> bool {
-        if self.rb.of_tenant.get(ti).is_none_or(|&r| r == NONE) {
-            return false;
-        }
-        let group = self.tenants[ti].group as usize;
-        if let Some(st) = self.groups[group].rebuild.as_mut() {
-            st.skipped += 1;
-        }
-        true
-    }
-
-    /// Replaces tenant `ti`'s volume by a fresh one with `qos` and starts copying the old one
-    /// onto it; the tenant's requests already issued stay on the old volume. A tenant whose
-    /// previous rebuild still holds its old volume keeps its volume (counted as skipped).
-    fn start_rebuild(
-        &mut self,
-        now: u64,
-        ti: usize,
-        qos: &VolumeQos,
-        spec: &RebuildSpec,
-        overlap_s: f64,
-    ) {
-        if self.skip_while_rebuilding(ti) {
-            return;
-        }
-        let group = self.tenants[ti].group as usize;
-        let old = self.tenants[ti].volume;
-        let new = self.next_volume;
-        self.next_volume += 1;
-        for (w, num, den) in self.shares(ti) {
-            let share = qos.scaled(num, den);
-            self.workers[w].policy.add_volume(now, new, &share);
-        }
-        self.tenants[ti].volume = new;
-        let old_requests = self
-            .slots
-            .iter()
-            .filter(|s| {
-                s.state != SlotState::Free && s.tenant as usize == ti && s.req.volume == old
-            })
-            .count() as u64;
-        let mut rb = Rebuild::new(
-            ti as u32,
-            old,
-            new,
-            self.tenants[ti].volume_bytes,
-            spec,
-            now,
-        );
-        rb.release_not_before_ns = now + secs_to_ns(overlap_s);
-        rb.old_requests = old_requests;
-        let r = self.rb.list.len();
-        self.rb.list.push(rb);
-        self.rb.of_tenant[ti] = r as u32;
-        let g = &mut self.groups[group];
-        g.volumes_created += 1;
-        if let Some(st) = g.rebuild.as_mut() {
-            st.started += 1;
-        }
-        while let Some((offset, len)) = self.rb.list[r].start_chunk() {
-            self.submit_copy(r, OpKind::Read, offset, len, now);
-        }
-    }
-
-    /// Sends one copy request of rebuild `r`: a read from the old volume or a write to the new.
-    fn submit_copy(&mut self, r: usize, op: OpKind, offset: u64, len: u32, now: u64) {
-        let ti = self.rb.list[r].tenant as usize;
-        let worker = match self.dispatch {
-            DispatchMode::OneToN => {
-                let rb = &mut self.rb.list[r];
-                let w = rb.spray as usize % self.workers.len();
-                rb.spray = rb.spray.wrapping_add(1);
-                w
-            }
-            DispatchMode::OneToOne | DispatchMode::Stealing => {
-                self.home_worker(&self.tenants[ti], 0)
-            }
-        };
-        let rb = &mut self.rb.list[r];
-        let (volume, role) = if op == OpKind::Read {
-            rb.old_requests += 1;
-            (rb.old, Role::CopyRead { rebuild: r as u32 })
-        } else {
-            (rb.new, Role::CopyWrite { rebuild: r as u32 })
-        };
-        let io = Io {
-            op,
-            offset_bytes: offset,
-            len_bytes: len,
-            sequential: true,
-        };
-        let slot = self.submit(ti, worker, volume, io, now);
-        self.set_role(slot, role);
-    }
-
-    /// The part of a completion that rebuilds change, before the usual one: keeps the count
-    /// of the old volume's requests, and completes copy requests and first halves of
-    /// mirrored writes (which the tenant does not see). Returns `true` when the completion is
-    /// fully handled here.
-    #[cold]
-    #[inline(never)]
-    fn on_rebuild_complete(&mut self, slot: u32, now: u64) -> bool {
-        let (w, ti, volume, offset, len, device_cost) = {
-            let s = &self.slots[slot as usize];
-            (
-                s.worker as usize,
-                s.tenant as usize,
-                s.req.volume,
-                s.req.offset_bytes,
-                s.req.len_bytes,
-                s.device_cost_ns,
-            )
-        };
-        let group = self.tenants[ti].group as usize;
-        let r = self.rb.of_tenant[ti];
-        let role = self
-            .rb
-            .roles
-            .get(slot as usize)
-            .copied()
-            .unwrap_or(Role::Tenant);
-        let on_old = r != NONE && self.rb.list[r as usize].old == volume;
-        if on_old {
-            self.rb.list[r as usize].old_requests -= 1;
-        }
-        if role == Role::Tenant {
-            if on_old {
-                // Looked at once the usual completion (the policy's included) is done.
-                self.schedule_release(r as usize, now);
-            }
-            return false;
-        }
-        let observed = {
-            let s = &self.slots[slot as usize];
-            Observed {
-                service_ns: s.service_ns,
-                queue_ns: s.wait_ns,
-            }
-        };
-        self.retire(w, slot, now, observed);
-        let mut st = self.groups[group].rebuild.unwrap_or_default();
-        match role {
-            Role::Tenant => {}
-            Role::Mirror { partner } => {
-                // The other half completes the tenant's write.
-                self.set_role(partner, Role::Tenant);
-                let g = &self.groups[group];
-                if now >= g.from_ns && now < g.to_ns {
-                    self.tenants[ti].device_ns += device_cost;
-                }
-            }
-            Role::CopyRead { rebuild } => {
-                st.copy_reads += 1;
-                self.submit_copy(rebuild as usize, OpKind::Write, offset, len, now);
-            }
-            Role::CopyWrite { rebuild } => {
-                let rc = rebuild as usize;
-                st.copy_writes += 1;
-                st.bytes_copied += u64::from(len);
-                let rb = &mut self.rb.list[rc];
-                rb.chunk_written(offset, len, now);
-                if rb.copied() {
-                    let took_ns = now - rb.started_ns;
-                    st.copied += 1;
-                    st.copy_ns_sum += took_ns;
-                    st.copy_ns_max = st.copy_ns_max.max(took_ns);
-                }
-                while let Some((o, l)) = self.rb.list[rc].start_chunk() {
-                    self.submit_copy(rc, OpKind::Read, o, l, now);
-                }
-            }
-        }
-        if let Some(g) = self.groups[group].rebuild.as_mut() {
-            *g = st;
-        }
-        if r != NONE {
-            self.maybe_release(r as usize, now);
-        }
-        self.kick(w, now);
-        true
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn on_release(&mut self, r: usize, now: u64) {
-        self.rb.list[r].release_scheduled = false;
-        self.maybe_release(r, now);
-    }
-
-    /// Asks for a release check of rebuild `r` at `now` (or when its `overlap_s` ends), if
-    /// one could succeed: the copy is done and no request uses the old volume.
-    fn schedule_release(&mut self, r: usize, now: u64) {
-        let rb = &mut self.rb.list[r];
-        if rb.released || rb.release_scheduled || !rb.copied() || rb.old_requests > 0 {
-            return;
-        }
-        rb.release_scheduled = true;
-        let at = rb.release_not_before_ns.max(now);
-        self.q.push(at, Ev::Release { rebuild: r as u32 });
-    }
-
-    /// Releases rebuild `r`'s old volume if its copy is done, no request uses it and its
-    /// `overlap_s` has passed (otherwise schedules a look when it will have).
-    fn maybe_release(&mut self, r: usize, now: u64) {
-        let rb = &mut self.rb.list[r];
-        if rb.released || !rb.copied() || rb.old_requests > 0 {
-            return;
-        }
-        if now < rb.release_not_before_ns {
-            self.schedule_release(r, now);
-            return;
-        }
-        rb.released = true;
-        let (ti, old, started_ns) = (rb.tenant as usize, rb.old, rb.started_ns);
-        for (w, _, _) in self.shares(ti) {
-            self.workers[w].policy.remove_volume(now, old);
-        }
-        self.rb.of_tenant[ti] = NONE;
-        self.bill_overlap(ti, now - started_ns);
-    }
-
-    /// Bills the old volume of tenant `ti` for `overlap_ns` beyond its replacement.
-    fn bill_overlap(&mut self, ti: usize, overlap_ns: u64) {
-        let group = self.tenants[ti].group as usize;
-        let gib = self.spec.groups[group].volume_gib;
-        let g = &mut self.groups[group];
-        g.provisioned_gib_s += gib * overlap_ns as f64 / NS_PER_S_F;
-        if let Some(st) = g.rebuild.as_mut() {
-            st.overlap_ns_sum += overlap_ns;
+            self.kick(w, now_ns);
         }
     }
 
     fn finish(mut self) -> RunData {
-        // Old volumes still held at the end are billed up to the end.
-        for r in 0..self.rb.list.len() {
-            let rb = &self.rb.list[r];
-            if !rb.released {
-                let (ti, started_ns) = (rb.tenant as usize, rb.started_ns);
-                self.bill_overlap(ti, self.end_ns.saturating_sub(started_ns));
-            }
-        }
+        self.bill_unreleased();
         let dur = self.end_ns.saturating_sub(self.warmup_ns).max(1) as f64;
         let tenants = self
             .tenants

@@ -38,9 +38,9 @@
 //! set = { "groups.victim.workload.qd" = 8, "node.workers" = 8 }
 //! ```
 
-use crate::cpu::CpuSpec;
 use crate::device::DeviceSpec;
 use crate::error::SimError;
+use crate::worker_cpu::CpuSpec;
 use crate::workload::WorkloadSpec;
 use headroom_qos::{BurstMode, CreditBucketSpec, CreditSpec, PolicyParams, VolumeQos};
 use serde::{Deserialize, Serialize};

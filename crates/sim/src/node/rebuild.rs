@@ -5,11 +5,57 @@
 //! one. That copy is the rotation's overhead: it spends both volumes' IOPS, throughput and
 //! credits while the tenant is running, and the old volume stays provisioned (billed) until
 //! it is done. This module holds the bookkeeping of one such copy (which chunk is next, what
-//! is in flight, how far the new volume is in sync); `node` sends the copy's reads and writes
-//! through the policies like any tenant request, so they are paced and charged like one.
+//! is in flight, how far the new volume is in sync) and of all of a node's rebuilds;
+//! [`handlers`] sends the copy's reads and writes through the policies like any tenant
+//! request, so they are paced and charged like one.
 
+mod handlers;
+
+use super::NONE;
 use crate::scenario::{RebuildSpec, RebuildTenantIo};
 use headroom_qos::VolumeId;
+
+/// The node's mirror rebuilds.
+pub(super) struct Rebuilds {
+    /// Role of each slot (indexed like `slots`; empty unless rebuilds are enabled).
+    roles: Vec<Role>,
+    /// Every rebuild of the run, in start order.
+    list: Vec<Rebuild>,
+    /// Per tenant, the index in `list` of the rebuild whose old volume is not released yet,
+    /// or `NONE`.
+    of_tenant: Vec<u32>,
+}
+
+impl Rebuilds {
+    /// No rebuild yet; `enabled` when some action rebuilds (then every one of `tenants`
+    /// tenants gets an entry in `of_tenant`).
+    pub(super) fn new(enabled: bool, tenants: usize) -> Rebuilds {
+        Rebuilds {
+            roles: Vec::new(),
+            list: Vec::new(),
+            of_tenant: if enabled {
+                vec![NONE; tenants]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+/// What a request in flight is, when the run has mirror rebuilds (kept beside the slots, so
+/// that a run without them neither stores nor reads it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// The tenant's own request.
+    Tenant,
+    /// A copy read from the old volume of rebuild `rebuild`.
+    CopyRead { rebuild: u32 },
+    /// A copy write to the new volume of rebuild `rebuild`.
+    CopyWrite { rebuild: u32 },
+    /// One half of a tenant write sent to both volumes of a RAID-1 pair; the tenant hears of
+    /// it when the second half completes (the first one turns its partner into `Tenant`).
+    Mirror { partner: u32 },
+}
 
 /// One volume's copy onto its replacement, from the replacement until the old volume is
 /// released.
@@ -97,13 +143,13 @@ impl Rebuild {
     }
 
     /// The chunk at `offset` of `len` bytes is on the new volume.
-    pub fn chunk_written(&mut self, offset: u64, len: u32, now: u64) {
+    pub fn chunk_written(&mut self, offset: u64, len: u32, now_ns: u64) {
         if let Some(i) = self.in_flight.iter().position(|&o| o == offset) {
             self.in_flight.swap_remove(i);
         }
         self.written_bytes += u64::from(len);
         if self.written_bytes >= self.size_bytes && self.in_flight.is_empty() {
-            self.copied_ns = Some(now);
+            self.copied_ns = Some(now_ns);
         }
     }
 

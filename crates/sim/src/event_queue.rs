@@ -1,5 +1,8 @@
 //! The event queue at the heart of the discrete-event simulation.
 //!
+//! (Named `event_queue` rather than `engine`: `headroom-qos` has an `engine` module, the ring
+//! scheduler its policies share, and this is nothing of the kind.)
+//!
 //! Events are ordered by `(time_ns, insertion order)`: two events at the same simulated
 //! nanosecond run in the order they were scheduled. That tie-break is what makes a run a pure
 //! function of its seed — no hash order, no pointer order, no wall clock.
@@ -67,16 +70,17 @@ impl<E: Copy> Default for EventQueue<E> {
     }
 }
 
-/// `(level, digit)` of `time` relative to `last` (`time >= last`), as a bucket index.
+/// `(level, digit)` of `time_ns` relative to `last_ns` (`time_ns >= last_ns`), as a bucket
+/// index.
 #[inline]
-fn bucket_of(time: u64, last: u64) -> (usize, usize) {
-    let x = time ^ last;
+fn bucket_of(time_ns: u64, last_ns: u64) -> (usize, usize) {
+    let x = time_ns ^ last_ns;
     let level = if x == 0 {
         0
     } else {
         ((63 - x.leading_zeros()) / DIGIT_BITS) as usize
     };
-    let digit = ((time >> (level as u32 * DIGIT_BITS)) as usize) & (FAN - 1);
+    let digit = ((time_ns >> (level as u32 * DIGIT_BITS)) as usize) & (FAN - 1);
     (level, digit)
 }
 

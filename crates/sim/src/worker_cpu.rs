@@ -1,5 +1,8 @@
 //! Worker CPU model: the true CPU time one I/O takes on a worker thread.
 //!
+//! (Named `worker_cpu` rather than `cpu`: `headroom-qos` has a `cpu` module, which picks CPU
+//! feature levels for its allocation code; this one is about simulated CPU *time*.)
+//!
 //! BurstCBS measured its DPU control threads (docs/background.md §1.5): a 4 KB write costs 1.16 µs and
 //! a 128 KB write 6.18 µs, i.e. a fixed cost plus a per-KiB cost. The simulator charges that
 //! affine cost per direction, and optionally a rare slow path (error handling after an FPGA
