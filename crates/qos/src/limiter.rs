@@ -262,7 +262,7 @@ pub struct Pacer {
 }
 
 impl Pacer {
-    /// A pacer at `per_second` (a component of `u64::MAX` never limits), zero deep.
+    /// A pacer at `per_second` (a component of `u64::MAX` never limits), saving up one request (see above).
     pub fn new(now_ns: u64, per_second: CostVector) -> Self {
         Self::with_depth(now_ns, per_second, 0)
     }

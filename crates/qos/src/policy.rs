@@ -183,10 +183,11 @@ pub struct PolicyParams {
     /// the node, by its neighbours' turns), ns of its rate; also the largest burst above a
     /// rate after idleness. 0 = one request.
     pub limiter_depth_ns: u64,
-    /// How much unused node capacity the node pacer may save up, ns of capacity (0: none, so
-    /// over any interval at most `capacity × interval` is admitted). A live server wants a
-    /// little (the server uses 1 ms): its timers wake tens of µs late, and with no depth every
-    /// late wake-up is capacity lost for good. The simulator wakes exactly and keeps 0.
+    /// How much unused node capacity the node pacer may save up, ns of capacity; it always
+    /// may save up the largest request it admitted (see [`crate::limiter::Pacer`]), so 0 =
+    /// one request. A live server wants more (the server uses 1 ms): its timers wake tens of
+    /// µs late, and every late wake-up beyond the depth is capacity lost for good. The
+    /// simulator's workers are late only by their own CPU work and keep 0.
     pub pacer_depth_ns: u64,
     /// Burst: number of past windows the usage prediction looks at (N).
     pub history_windows: u32,
