@@ -7,6 +7,7 @@
 //! misbehaving client costs us at most its own budget.
 
 pub mod api;
+pub mod budget;
 pub mod buffers;
 pub mod clock;
 pub mod config;
