@@ -6,6 +6,7 @@
 //! queue here is bounded (connections, requests and bytes in flight per connection), so a
 //! misbehaving client costs us at most its own budget.
 
+pub mod admission;
 pub mod api;
 pub mod budget;
 pub mod buffers;
