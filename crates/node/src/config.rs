@@ -429,3 +429,86 @@ impl QosConfig {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn broken(change: impl FnOnce(&mut Limits)) -> LimitsError {
+        let mut limits = Limits::default();
+        change(&mut limits);
+        match limits.validate() {
+            Ok(()) => panic!("accepted: {limits:?}"),
+            Err(err) => err,
+        }
+    }
+
+    #[test]
+    fn each_byte_level_holds_the_largest_request_and_fits_in_the_next() {
+        assert_eq!(Limits::default().validate(), Ok(()));
+        // A 20 MiB request occupies a 32 MiB buffer: 24 MiB per connection could never hold it.
+        let err = broken(|l| {
+            l.max_request_bytes = 20 << 20;
+            l.max_inflight_bytes_per_conn = 24 << 20;
+        });
+        assert_eq!(err.key, "max_inflight_bytes");
+        assert_eq!(
+            err.rule,
+            LimitRule::HoldsLargestRequest {
+                request_bytes: 20 << 20,
+                charge_bytes: 32 << 20
+            }
+        );
+        let err = broken(|l| l.max_inflight_bytes_per_tenant = 64 << 20);
+        assert_eq!(
+            err.to_string(),
+            "limits.max_inflight_bytes = 134217728: must be at most \
+             limits.max_inflight_bytes_per_tenant (67108864 bytes)"
+        );
+        let err = broken(|l| l.max_inflight_bytes_per_node = 128 << 20);
+        assert_eq!(err.key, "max_inflight_bytes_per_tenant");
+        // Too small for a request is said before "larger than the next level".
+        let err = broken(|l| l.max_inflight_bytes_per_node = 16 << 20);
+        assert_eq!(err.key, "max_inflight_bytes_per_node");
+        assert!(matches!(err.rule, LimitRule::HoldsLargestRequest { .. }));
+        // Equal levels are fine.
+        let mut limits = Limits::default();
+        limits.max_inflight_bytes_per_tenant = limits.max_inflight_bytes_per_conn;
+        limits.max_inflight_bytes_per_node = limits.max_inflight_bytes_per_conn;
+        assert_eq!(limits.validate(), Ok(()));
+    }
+
+    #[test]
+    fn counts_and_timeouts_are_bounded() {
+        assert_eq!(broken(|l| l.max_connections = 0).key, "max_connections");
+        let err = broken(|l| l.max_connections_per_ip = 257);
+        assert_eq!(
+            err.to_string(),
+            "limits.max_connections_per_ip = 257: must be between 1 and limits.max_connections (256)"
+        );
+        assert_eq!(
+            broken(|l| l.max_inflight_requests_per_conn = 65_537).key,
+            "max_inflight_requests"
+        );
+        assert_eq!(broken(|l| l.max_request_bytes = 0).key, "max_request_bytes");
+        assert_eq!(
+            broken(|l| l.max_request_bytes = (32 << 20) + 1).key,
+            "max_request_bytes"
+        );
+        assert_eq!(
+            broken(|l| l.handshake_timeout_ms = u64::MAX).key,
+            "handshake_timeout_ms"
+        );
+        assert_eq!(
+            broken(|l| l.client_stall_timeout_ms = 0).key,
+            "client_stall_timeout_ms"
+        );
+        // The per-connection semaphore counts in u32.
+        let err = broken(|l| {
+            l.max_inflight_bytes_per_conn = 4 << 30;
+            l.max_inflight_bytes_per_tenant = 4 << 30;
+            l.max_inflight_bytes_per_node = 4 << 30;
+        });
+        assert_eq!(err.key, "max_inflight_bytes");
+    }
+}
