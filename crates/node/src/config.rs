@@ -178,9 +178,9 @@ impl Limits {
                 return fail(key, bytes, rule);
             }
         }
-        for pair in levels.windows(2) {
-            let (inner, inner_bytes) = pair[0];
-            let (outer, outer_bytes) = pair[1];
+        for (&(inner, inner_bytes), &(outer, outer_bytes)) in
+            levels.iter().zip(levels.iter().skip(1))
+        {
             if inner_bytes > outer_bytes {
                 let rule = LimitRule::AtMostOuterBytes { outer, outer_bytes };
                 return fail(inner, inner_bytes, rule);
