@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use headroom_node::config::{DispatchMode, PolicyChoice, QosConfig};
+use headroom_node::config::{LimitRule, LimitsError};
 use headroom_node::emulated::{EmulatedDeviceSpec, EmulatedError};
 use headroom_node::{Limits, NodeConfig, StoreBackend, TlsConfig};
 use headroom_qos::model::{CpuModel, DeviceModel, IoCostModel, LinearCpu, VopCurve};
@@ -245,15 +246,21 @@ impl IoCostSection {
     }
 }
 
-/// `[limits]`: what one client can make the server hold ([`Limits`]).
+/// `[limits]`: what clients can make the server hold ([`Limits`]).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsSection {
     pub max_connections: Option<usize>,
+    /// Absent: `max_connections` (no cap per address).
+    pub max_connections_per_ip: Option<usize>,
     pub max_inflight_requests: Option<usize>,
+    /// Per connection.
     pub max_inflight_bytes: Option<Size>,
+    pub max_inflight_bytes_per_tenant: Option<Size>,
+    pub max_inflight_bytes_per_node: Option<Size>,
     pub max_request_bytes: Option<Size>,
     pub handshake_timeout_ms: Option<u64>,
+    pub client_stall_timeout_ms: Option<u64>,
 }
 
 /// `[qos]`: the scheduler ([`QosConfig`]).
@@ -510,10 +517,18 @@ impl ConfigFile {
         let (s, l) = (self.limits, lower.limits);
         let limits = LimitsSection {
             max_connections: s.max_connections.or(l.max_connections),
+            max_connections_per_ip: s.max_connections_per_ip.or(l.max_connections_per_ip),
             max_inflight_requests: s.max_inflight_requests.or(l.max_inflight_requests),
             max_inflight_bytes: s.max_inflight_bytes.or(l.max_inflight_bytes),
+            max_inflight_bytes_per_tenant: s
+                .max_inflight_bytes_per_tenant
+                .or(l.max_inflight_bytes_per_tenant),
+            max_inflight_bytes_per_node: s
+                .max_inflight_bytes_per_node
+                .or(l.max_inflight_bytes_per_node),
             max_request_bytes: s.max_request_bytes.or(l.max_request_bytes),
             handshake_timeout_ms: s.handshake_timeout_ms.or(l.handshake_timeout_ms),
+            client_stall_timeout_ms: s.client_stall_timeout_ms.or(l.client_stall_timeout_ms),
         };
         let (s, l) = (self.qos, lower.qos);
         // The layer that picks the device model also picks the device capacity (its unit).
@@ -675,6 +690,20 @@ impl ConfigFile {
                 "must be at least 1",
             ));
         }
+        if let Some(0) = li.max_connections_per_ip {
+            return Err(Invalid::new(
+                "limits.max_connections_per_ip",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if let Some(0) = li.client_stall_timeout_ms {
+            return Err(Invalid::new(
+                "limits.client_stall_timeout_ms",
+                0,
+                "must be at least 1",
+            ));
+        }
 
         let q = &self.qos;
         if let Some(n) = q.workers
@@ -791,38 +820,85 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         .map(|s| u32::try_from(s.0).unwrap_or(u32::MAX));
     config.emulated_device = st.emulated.as_ref().map(emulated_spec);
 
-    let li = &layer.limits;
-    let d = Limits::default();
-    config.limits = Limits {
-        max_connections: li.max_connections.unwrap_or(d.max_connections),
-        max_inflight_requests_per_conn: li
-            .max_inflight_requests
-            .unwrap_or(d.max_inflight_requests_per_conn),
-        max_inflight_bytes_per_conn: li
-            .max_inflight_bytes
-            .map_or(d.max_inflight_bytes_per_conn, |s| s.0),
-        max_request_bytes: li.max_request_bytes.map_or(d.max_request_bytes, |s| {
-            u32::try_from(s.0).unwrap_or(u32::MAX)
-        }),
-        handshake_timeout_ms: li.handshake_timeout_ms.unwrap_or(d.handshake_timeout_ms),
-    };
-    if u64::from(config.limits.max_request_bytes) > config.limits.max_inflight_bytes_per_conn {
-        return Err(Invalid::new(
-            "limits.max_request_bytes",
-            Size(u64::from(config.limits.max_request_bytes)),
-            format!(
-                "must be at most limits.max_inflight_bytes ({}): a request that size would wait \
-                 forever for its byte budget",
-                format_size(config.limits.max_inflight_bytes_per_conn)
-            ),
-        ));
-    }
+    config.limits = limits(&layer.limits)?;
     if let Some(ms) = layer.qos.credit_save_period_ms {
         config.credit_save_period_ms = ms;
     }
     config.qos = qos_config(&layer.qos)?;
     config.tls = tls_config(&layer.tls)?;
     Ok(config)
+}
+
+/// The `[limits]` table over [`Limits::default`], checked as a whole ([`Limits::validate`]:
+/// the largest request fits in the per-connection bytes, which fit in the per-tenant bytes,
+/// which fit in the node's; the per-address cap in the connection cap).
+fn limits(li: &LimitsSection) -> Result<Limits, Invalid> {
+    let d = Limits::default();
+    let max_connections = li.max_connections.unwrap_or(d.max_connections);
+    let limits = Limits {
+        max_connections,
+        max_connections_per_ip: li.max_connections_per_ip.unwrap_or(max_connections),
+        max_inflight_requests_per_conn: li
+            .max_inflight_requests
+            .unwrap_or(d.max_inflight_requests_per_conn),
+        max_inflight_bytes_per_conn: li
+            .max_inflight_bytes
+            .map_or(d.max_inflight_bytes_per_conn, |s| s.0),
+        max_inflight_bytes_per_tenant: li
+            .max_inflight_bytes_per_tenant
+            .map_or(d.max_inflight_bytes_per_tenant, |s| s.0),
+        max_inflight_bytes_per_node: li
+            .max_inflight_bytes_per_node
+            .map_or(d.max_inflight_bytes_per_node, |s| s.0),
+        max_request_bytes: li.max_request_bytes.map_or(d.max_request_bytes, |s| {
+            u32::try_from(s.0).unwrap_or(u32::MAX)
+        }),
+        handshake_timeout_ms: li.handshake_timeout_ms.unwrap_or(d.handshake_timeout_ms),
+        client_stall_timeout_ms: li
+            .client_stall_timeout_ms
+            .unwrap_or(d.client_stall_timeout_ms),
+    };
+    limits.validate().map_err(limits_invalid)?;
+    Ok(limits)
+}
+
+/// A node limits error in this file's words: sizes with units.
+fn limits_invalid(err: LimitsError) -> Invalid {
+    let key = format!("limits.{}", err.key);
+    let is_size = matches!(
+        err.key,
+        "max_inflight_bytes"
+            | "max_inflight_bytes_per_tenant"
+            | "max_inflight_bytes_per_node"
+            | "max_request_bytes"
+    );
+    let value = if is_size {
+        Size(err.value).to_string()
+    } else {
+        err.value.to_string()
+    };
+    let allowed = match err.rule {
+        LimitRule::Between { min, max } if is_size => format!(
+            "must be between {} and {}",
+            format_size(min),
+            format_size(max)
+        ),
+        LimitRule::HoldsLargestRequest {
+            request_bytes,
+            charge_bytes,
+        } => format!(
+            "must be at least {}, the buffer a request of limits.max_request_bytes ({}) \
+             occupies, or such a request would wait forever",
+            format_size(charge_bytes),
+            format_size(request_bytes)
+        ),
+        LimitRule::AtMostOuterBytes { outer, outer_bytes } => format!(
+            "must be at most limits.{outer} ({})",
+            format_size(outer_bytes)
+        ),
+        other => other.to_string(),
+    };
+    Invalid::new(key, value, allowed)
 }
 
 /// `None` unless credentials are given; `tls.required` alone has nothing to require.
@@ -1056,10 +1132,14 @@ mod tests {
             wrandiops = 10000
             [limits]
             max_connections = 7
+            max_connections_per_ip = 3
             max_inflight_requests = 8
             max_inflight_bytes = "64MiB"
+            max_inflight_bytes_per_tenant = "96MiB"
+            max_inflight_bytes_per_node = "2GiB"
             max_request_bytes = "1MiB"
             handshake_timeout_ms = 900
+            client_stall_timeout_ms = 1500
             [qos]
             policy = "drr-vop"
             workers = 4
@@ -1103,6 +1183,10 @@ mod tests {
         assert_eq!(c.limits.max_inflight_bytes_per_conn, 64 << 20);
         assert_eq!(c.limits.max_request_bytes, 1 << 20);
         assert_eq!(c.limits.handshake_timeout_ms, 900);
+        assert_eq!(c.limits.max_connections_per_ip, 3);
+        assert_eq!(c.limits.max_inflight_bytes_per_tenant, 96 << 20);
+        assert_eq!(c.limits.max_inflight_bytes_per_node, 2 << 30);
+        assert_eq!(c.limits.client_stall_timeout_ms, 1500);
         assert_eq!(c.credit_save_period_ms, 250);
         let q = &c.qos;
         assert_eq!(q.policy, PolicyChoice::Policy(PolicyKind::DrrVop));
@@ -1284,7 +1368,49 @@ mod tests {
             ),
             (
                 "[limits]\nmax_inflight_bytes = \"16MiB\"",
-                "limits.max_request_bytes = \"32MiB\": must be at most limits.max_inflight_bytes (16MiB)",
+                "limits.max_inflight_bytes = \"16MiB\": must be at least 32MiB, the buffer a request \
+                 of limits.max_request_bytes (32MiB) occupies, or such a request would wait forever",
+            ),
+            (
+                "[limits]\nmax_request_bytes = \"20MiB\"\nmax_inflight_bytes = \"24MiB\"",
+                "limits.max_inflight_bytes = \"24MiB\": must be at least 32MiB, the buffer a request \
+                 of limits.max_request_bytes (20MiB) occupies, or such a request would wait forever",
+            ),
+            (
+                "[limits]\nmax_inflight_bytes_per_node = \"16MiB\"",
+                "limits.max_inflight_bytes_per_node = \"16MiB\": must be at least 32MiB, the buffer a \
+                 request of limits.max_request_bytes (32MiB) occupies, or such a request would wait \
+                 forever",
+            ),
+            (
+                "[limits]\nmax_inflight_bytes_per_tenant = \"64MiB\"",
+                "limits.max_inflight_bytes = \"128MiB\": must be at most \
+                 limits.max_inflight_bytes_per_tenant (64MiB)",
+            ),
+            (
+                "[limits]\nmax_inflight_bytes_per_node = \"64MiB\"\nmax_inflight_bytes = \"32MiB\"",
+                "limits.max_inflight_bytes_per_tenant = \"256MiB\": must be at most \
+                 limits.max_inflight_bytes_per_node (64MiB)",
+            ),
+            (
+                "[limits]\nmax_connections = 4\nmax_connections_per_ip = 5",
+                "limits.max_connections_per_ip = 5: must be between 1 and limits.max_connections (4)",
+            ),
+            (
+                "[limits]\nmax_connections_per_ip = 0",
+                "limits.max_connections_per_ip = 0: must be at least 1",
+            ),
+            (
+                "[limits]\nmax_inflight_requests = 70000",
+                "limits.max_inflight_requests = 70000: must be between 1 and 65536",
+            ),
+            (
+                "[limits]\nclient_stall_timeout_ms = 0",
+                "limits.client_stall_timeout_ms = 0: must be at least 1",
+            ),
+            (
+                "[limits]\nhandshake_timeout_ms = 3600001",
+                "limits.handshake_timeout_ms = 3600001: must be between 1 and 3600000",
             ),
             (
                 "[limits]\nhandshake_timeout_ms = 0",
@@ -1493,6 +1619,16 @@ mod tests {
         );
         assert_eq!(c.limits.max_request_bytes, l.max_request_bytes);
         assert_eq!(c.limits.handshake_timeout_ms, l.handshake_timeout_ms);
+        assert_eq!(c.limits.max_connections_per_ip, l.max_connections_per_ip);
+        assert_eq!(
+            c.limits.max_inflight_bytes_per_tenant,
+            l.max_inflight_bytes_per_tenant
+        );
+        assert_eq!(
+            c.limits.max_inflight_bytes_per_node,
+            l.max_inflight_bytes_per_node
+        );
+        assert_eq!(c.limits.client_stall_timeout_ms, l.client_stall_timeout_ms);
         assert_eq!(c.credit_save_period_ms, 1_000);
         assert_eq!(c.io_threads, 2);
     }

@@ -113,7 +113,17 @@ fn bad_configs_fail_at_start_with_key_value_and_what_is_allowed() {
             "[limits]\nmax_inflight_bytes = \"1MiB\"\n",
             vec![
                 "budget.toml",
-                "limits.max_request_bytes = \"32MiB\": must be at most limits.max_inflight_bytes (1MiB)",
+                "limits.max_inflight_bytes = \"1MiB\": must be at least 32MiB, the buffer a \
+                 request of limits.max_request_bytes (32MiB) occupies",
+            ],
+        ),
+        (
+            "node-budget.toml",
+            "[limits]\nmax_inflight_bytes_per_node = \"128MiB\"\n",
+            vec![
+                "node-budget.toml",
+                "limits.max_inflight_bytes_per_tenant = \"256MiB\": must be at most \
+                 limits.max_inflight_bytes_per_node (128MiB)",
             ],
         ),
     ];

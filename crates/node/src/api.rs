@@ -27,6 +27,9 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::admission::{Connections, ConnectionsView};
+use crate::budget::{Budget, BudgetView};
+use crate::buffers::BufferPool;
 use crate::scheduler::Scheduler;
 use crate::session::IoJob;
 use crate::volume_qos::{CreditsView, PhasesView, QosView, StoredQos};
@@ -116,6 +119,23 @@ impl From<&VolumeInfo> for VolumeSummary {
 pub struct ApiState {
     pub store: Arc<Store>,
     pub scheduler: Option<Arc<Scheduler<IoJob>>>,
+    /// The NBD connections (`GET /v1/connections`).
+    pub connections: Arc<Connections>,
+    /// The payload byte budget (`GET /v1/connections`).
+    pub budget: Arc<Budget>,
+    /// Payload buffers (their idle bytes, `GET /v1/connections`).
+    pub buffers: Arc<BufferPool>,
+}
+
+/// Body of `GET /v1/connections`: the NBD connections and what they hold.
+#[derive(Debug, Serialize)]
+pub struct ConnectionsReport {
+    #[serde(flatten)]
+    pub connections: ConnectionsView,
+    /// Payload bytes in flight against the node's and each tenant's budget.
+    pub memory: BudgetView,
+    /// Bytes of idle payload buffers kept for reuse (outside the budget; at most 64 MiB).
+    pub idle_buffer_bytes: usize,
 }
 
 /// Error body.
@@ -179,6 +199,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/pool", get(pool))
+        .route("/v1/connections", get(connections))
         .route("/v1/volumes", get(list_volumes).post(create_volume))
         .route(
             "/v1/volumes/{name}",
@@ -203,6 +224,14 @@ pub async fn serve(listener: TcpListener, state: ApiState, mut stop: watch::Rece
 
 async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn connections(State(state): State<ApiState>) -> Json<ConnectionsReport> {
+    Json(ConnectionsReport {
+        connections: state.connections.view(),
+        memory: state.budget.view(),
+        idle_buffer_bytes: state.buffers.idle_bytes(),
+    })
 }
 
 async fn pool(State(state): State<ApiState>) -> Json<serde_json::Value> {

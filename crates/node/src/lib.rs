@@ -3,10 +3,13 @@
 //! `headroom-nbd` knows the wire format, `headroom-store` knows where bytes live, and this crate
 //! joins them to sockets: an NBD listener with one session per connection, an executor that runs
 //! block I/O off the async runtime when it may block, and the HTTP/JSON management API. Every
-//! queue here is bounded (connections, requests and bytes in flight per connection), so a
-//! misbehaving client costs us at most its own budget.
+//! queue here is bounded: connections (in all and per address; negotiating ones make room for
+//! new ones), requests in flight per connection, and payload bytes in flight per connection,
+//! per tenant and per node. A misbehaving client costs the others at most its tenant's budget.
 
+pub mod admission;
 pub mod api;
+pub mod budget;
 pub mod buffers;
 pub mod clock;
 pub mod config;

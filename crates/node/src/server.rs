@@ -4,25 +4,29 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use headroom_store::{Store, StoreConfig, StoreError};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::admission::Connections;
+use crate::budget::Budget;
 use crate::buffers::BufferPool;
 use crate::clock::Clock;
-use crate::config::{NodeConfig, StoreBackend};
+use crate::config::{Limits, LimitsError, NodeConfig, StoreBackend};
 use crate::emulated::EmulatedDevice;
 use crate::exec::Executor;
 use crate::scheduler::{Scheduler, SchedulerError};
-use crate::session::{IoJob, IoRunner, IoRuntime, SessionContext, serve_connection};
+use crate::session::{IoJob, IoRunner, IoRuntime, SessionContext, SessionError, serve_connection};
 use crate::volume_qos::{CreditRecord, SAVE_MARGIN_PERIODS};
 
 /// Failures while starting or stopping a node.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    #[error("invalid limits: {0}")]
+    Limits(#[from] LimitsError),
     #[error("opening the store: {0}")]
     Store(#[from] StoreError),
     #[error("binding {addr}: {source}")]
@@ -71,6 +75,7 @@ pub struct RunningNode {
 impl Node {
     /// Opens the store and starts both listeners.
     pub async fn start(config: NodeConfig) -> Result<RunningNode, NodeError> {
+        config.limits.validate()?;
         // Credentials first: a typo in a key file must not leave a half-started node.
         let tls = match &config.tls {
             None => None,
@@ -156,6 +161,13 @@ impl Node {
         let api_addr = local_addr(&api_listener, config.api_listen)?;
         let (stop, stop_rx) = watch::channel(false);
 
+        let limits = &config.limits;
+        log_limits(limits);
+        let budget = Budget::new(
+            limits.max_inflight_bytes_per_tenant,
+            limits.max_inflight_bytes_per_node,
+        );
+        let connections = Connections::new(limits.max_connections, limits.max_connections_per_ip);
         let ctx = Arc::new(SessionContext {
             store: Arc::clone(&store),
             limits: config.limits.clone(),
@@ -163,16 +175,21 @@ impl Node {
             scheduler: scheduler.clone(),
             tls,
             tls_required: config.tls.as_ref().is_some_and(|tls| tls.required),
+            budget: Arc::clone(&budget),
         });
+        let buffers = Arc::clone(&ctx.io.buffers);
         let accept_task = tokio::spawn(accept_loop(
             nbd_listener,
             ctx,
-            config.limits.max_connections,
+            Arc::clone(&connections),
             stop_rx.clone(),
         ));
         let api_state = crate::api::ApiState {
             store: Arc::clone(&store),
             scheduler: scheduler.clone(),
+            connections,
+            budget,
+            buffers,
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state, stop_rx));
         tracing::info!(
@@ -274,37 +291,220 @@ impl RunningNode {
 async fn accept_loop(
     listener: TcpListener,
     ctx: Arc<SessionContext>,
-    max_connections: usize,
+    connections: Arc<Connections>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(max_connections));
+    let mut backoff = AcceptBackoff::default();
+    let mut refusals = Sampled::default();
+    let mut evictions = Sampled::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.changed() => break,
         };
         let (stream, peer) = match accepted {
-            Ok(pair) => pair,
+            Ok(pair) => {
+                backoff.succeeded();
+                pair
+            }
             Err(err) => {
-                // EMFILE and friends: keep serving the connections we have.
-                tracing::warn!("accept failed: {err}");
-                tokio::task::yield_now().await;
+                connections.note_accept_error();
+                // EMFILE and friends: keep serving the connections we have, and try again
+                // later instead of spinning on a listener that stays readable.
+                if let Some(delay) = backoff.failed(&err) {
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        _ = stop.changed() => break,
+                    }
+                }
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            tracing::warn!("refusing {peer}: {max_connections} connections already open");
-            drop(stream);
-            continue;
+        let admitted = match connections.admit(peer) {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                if let Some(more) = refusals.sample() {
+                    tracing::warn!("refusing {peer}: {refusal} ({more} more refused before)");
+                }
+                drop(stream);
+                continue;
+            }
         };
+        if let Some(evicted) = admitted.evicted
+            && let Some(more) = evictions.sample()
+        {
+            tracing::info!(
+                "closed {evicted}, still negotiating, to make room for {peer} ({more} more evicted before)"
+            );
+        }
         let ctx = Arc::clone(&ctx);
         tokio::spawn(async move {
-            if let Err(err) = serve_connection(stream, ctx).await {
-                tracing::info!("session with {peer} ended: {err}");
+            let shared = Arc::clone(admitted.shared());
+            let served = tokio::select! {
+                served = serve_connection(stream, ctx, &admitted) => served,
+                () = shared.evicted() => Err(SessionError::Evicted),
+            };
+            match served {
+                Ok(()) => {}
+                Err(SessionError::Evicted) => {
+                    tracing::debug!("session with {peer} ended: {}", SessionError::Evicted);
+                }
+                Err(err) => tracing::info!("session with {peer} ended: {err}"),
             }
-            drop(slot);
+            drop(admitted);
         });
     }
+}
+
+/// Delays between failed `accept` calls: none for errors of one connection (it was reset or
+/// aborted before we took it), otherwise 10 ms doubling to 1 s until one succeeds. Logs once
+/// when a run of failures starts and once when it ends.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    failures: u64,
+    delay: Option<Duration>,
+    since: Option<Instant>,
+}
+
+const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+impl AcceptBackoff {
+    fn failed(&mut self, err: &std::io::Error) -> Option<Duration> {
+        use std::io::ErrorKind;
+        if matches!(
+            err.kind(),
+            ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::Interrupted
+        ) {
+            tracing::debug!("accept failed: {err}");
+            return None;
+        }
+        self.failures += 1;
+        let delay = match self.delay {
+            None => {
+                tracing::warn!(
+                    "accept failed: {err}; retrying after 10 ms, doubling up to 1 s, until it \
+                     works (open connections are served meanwhile)"
+                );
+                self.since = Some(Instant::now());
+                ACCEPT_BACKOFF_FIRST
+            }
+            Some(delay) => (delay * 2).min(ACCEPT_BACKOFF_MAX),
+        };
+        self.delay = Some(delay);
+        Some(delay)
+    }
+
+    fn succeeded(&mut self) {
+        if self.failures > 0 {
+            let ms = self.since.map_or(0, |t| t.elapsed().as_millis());
+            tracing::warn!(
+                "accept works again after {} failed attempts in {ms} ms",
+                self.failures
+            );
+        }
+        *self = AcceptBackoff::default();
+    }
+}
+
+/// Logs the first of a run of events and then at most one per second, with the count of those
+/// not logged, so a flood of connections cannot flood the log.
+#[derive(Debug, Default)]
+struct Sampled {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl Sampled {
+    /// `Some(events not logged since the last one logged)` when this one should be logged.
+    fn sample(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        match self.last {
+            Some(last) if now.duration_since(last) < Duration::from_secs(1) => {
+                self.unlogged += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.unlogged))
+            }
+        }
+    }
+}
+
+/// File descriptors the node needs besides one per NBD connection (API connections, store
+/// files, the runtime's own).
+const SPARE_FDS: u64 = 64;
+
+/// Logs the limits in force, raises the soft RLIMIT_NOFILE towards what `max_connections`
+/// needs (up to the hard limit), and warns when that is not enough or when the byte budget is
+/// more memory than the machine has.
+fn log_limits(limits: &Limits) {
+    let mib = |bytes: u64| bytes >> 20;
+    tracing::info!(
+        "limits: payload in flight at most {} MiB per node, {} MiB per tenant, {} MiB per \
+         connection; {} connections, {} per address; {} requests in flight per connection",
+        mib(limits.max_inflight_bytes_per_node),
+        mib(limits.max_inflight_bytes_per_tenant),
+        mib(limits.max_inflight_bytes_per_conn),
+        limits.max_connections,
+        limits.max_connections_per_ip,
+        limits.max_inflight_requests_per_conn,
+    );
+    let needed = u64::try_from(limits.max_connections)
+        .unwrap_or(u64::MAX)
+        .saturating_add(SPARE_FDS);
+    match raise_nofile(needed) {
+        Ok(soft) if soft < needed => tracing::warn!(
+            "RLIMIT_NOFILE allows {soft} open files, fewer than limits.max_connections ({}) + \
+             {SPARE_FDS}: accept will fail with EMFILE before the connection cap (it backs off \
+             and retries); raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower \
+             max_connections",
+            limits.max_connections
+        ),
+        Ok(_) => {}
+        Err(err) => tracing::warn!("reading RLIMIT_NOFILE: {err}"),
+    }
+    if let Some(total) = mem_total_bytes()
+        && limits.max_inflight_bytes_per_node > total / 2
+    {
+        tracing::warn!(
+            "limits.max_inflight_bytes_per_node ({} MiB) is more than half of this machine's \
+             memory ({} MiB)",
+            mib(limits.max_inflight_bytes_per_node),
+            mib(total)
+        );
+    }
+}
+
+/// Raises the soft limit on open files to `needed` if the hard limit allows (else to the hard
+/// limit); returns the soft limit in force.
+fn raise_nofile(needed: u64) -> std::io::Result<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current.unwrap_or(u64::MAX);
+    if soft >= needed {
+        return Ok(soft);
+    }
+    let target = limit.maximum.map_or(needed, |hard| hard.min(needed));
+    if target <= soft {
+        return Ok(soft);
+    }
+    let raised = rustix::process::Rlimit {
+        current: Some(target),
+        maximum: limit.maximum,
+    };
+    setrlimit(Resource::Nofile, raised).map_err(std::io::Error::from)?;
+    tracing::info!("raised RLIMIT_NOFILE from {soft} to {target}");
+    Ok(target)
+}
+
+/// `MemTotal` from /proc/meminfo.
+fn mem_total_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Registers every stored volume with the scheduler and restores its saved credit balance.

@@ -4,12 +4,17 @@
 //! proved, or none (plaintext, anonymous TLS), which sees only volumes without a tenant. Any
 //! other volume is answered exactly as a name no volume has (`Haggling::visible_export`).
 //!
-//! Negotiation runs on the whole socket under a deadline. Transmission splits it: this task
-//! reads and validates requests (and write payloads) and hands each one to the executor, and a
-//! writer task encodes replies in completion order, batching whatever is ready into one write.
-//! Every request holds a permit from two per-connection semaphores (requests and payload bytes)
-//! until its reply is on the wire, so a client that pipelines without reading replies stalls only
-//! itself: its reader stops pulling from the socket, TCP pushes back, and memory stays bounded.
+//! Negotiation runs on the whole socket under a deadline, and may be cut short by eviction
+//! (`node::admission`) until the reply that enters transmission. Transmission splits it: this
+//! task reads and validates requests (and write payloads) and hands each one to the executor,
+//! and a writer task encodes replies in completion order, batching whatever is ready into one
+//! write. Every request holds a request slot of its connection until its reply is on the wire;
+//! a READ or WRITE also holds its buffer's bytes, from the connection's semaphore and then from
+//! its tenant's and the node's budget (`node::budget`). A client that pipelines without reading
+//! replies fills its own connection's budget, then its tenant's, never more: its reader stops
+//! pulling from the socket and TCP pushes back. A client that takes no byte of a reply, or
+//! sends no byte of a WRITE payload, for `client_stall_timeout_ms` is disconnected, which gives
+//! its bytes back.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +28,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+use crate::admission::Admitted;
+use crate::budget::{Budget, BudgetError, Charge};
 use crate::buffers::{BufferPool, PooledBuffer};
 use crate::clock::Clock;
 use crate::config::Limits;
@@ -49,6 +56,8 @@ pub struct SessionContext {
     pub tls: Option<Arc<Tls>>,
     /// FORCEDTLS: refuse every option but STARTTLS and ABORT until TLS is up.
     pub tls_required: bool,
+    /// The node's payload byte budget, per tenant and in all (`node::budget`).
+    pub budget: Arc<Budget>,
 }
 
 /// What upgrades a session to TLS.
@@ -98,6 +107,14 @@ pub enum SessionError {
     TlsRequired(String),
     #[error("{0}")]
     TlsHandshake(String),
+    #[error("evicted while negotiating, to make room for a new connection")]
+    Evicted,
+    #[error("client stopped reading replies: it took no byte for {0} ms")]
+    RepliesStalled(u64),
+    #[error("client stopped sending a WRITE payload: no byte came for {0} ms")]
+    PayloadStalled(u64),
+    #[error("byte budget: {0}")]
+    Budget(#[from] BudgetError),
 }
 
 /// The outcome of negotiation when the client moves to transmission.
@@ -111,6 +128,7 @@ struct Negotiated {
 pub async fn serve_connection(
     mut stream: TcpStream,
     ctx: Arc<SessionContext>,
+    conn: &Admitted,
 ) -> Result<(), SessionError> {
     stream.set_nodelay(true)?;
     // One deadline for the whole negotiation, TLS handshake included.
@@ -122,7 +140,9 @@ pub async fn serve_connection(
         Err(_) => return Err(SessionError::HandshakeTimeout),
     };
     let outcome =
-        match tokio::time::timeout_at(deadline, negotiate(&mut stream, &ctx, &mut state)).await {
+        match tokio::time::timeout_at(deadline, negotiate(&mut stream, &ctx, &mut state, conn))
+            .await
+        {
             Ok(outcome) => outcome?,
             Err(_) => return Err(SessionError::HandshakeTimeout),
         };
@@ -130,7 +150,7 @@ pub async fn serve_connection(
         Outcome::End => Ok(()),
         Outcome::Transmit(negotiated) => {
             let (reader, writer) = stream.into_split();
-            transmit(reader, writer, ctx, negotiated).await
+            transmit(reader, writer, ctx, negotiated, conn).await
         }
         Outcome::StartTls(tls) => {
             let (upgraded, tenant) =
@@ -138,7 +158,7 @@ pub async fn serve_connection(
                     Ok(upgraded) => upgraded?,
                     Err(_) => return Err(SessionError::HandshakeTimeout),
                 };
-            serve_tls(upgraded, tenant, ctx, state, deadline).await
+            serve_tls(upgraded, tenant, ctx, state, deadline, conn).await
         }
     }
 }
@@ -189,6 +209,7 @@ async fn serve_tls(
     ctx: Arc<SessionContext>,
     plaintext: Haggling,
     deadline: tokio::time::Instant,
+    conn: &Admitted,
 ) -> Result<(), SessionError> {
     // Nothing settled in plaintext survives the upgrade: a man in the middle could have
     // chosen it.
@@ -196,14 +217,16 @@ async fn serve_tls(
     state.tls_active = true;
     state.tenant = tenant;
     let outcome =
-        match tokio::time::timeout_at(deadline, negotiate(&mut stream, &ctx, &mut state)).await {
+        match tokio::time::timeout_at(deadline, negotiate(&mut stream, &ctx, &mut state, conn))
+            .await
+        {
             Ok(outcome) => outcome?,
             Err(_) => return Err(SessionError::HandshakeTimeout),
         };
     match outcome {
         Outcome::Transmit(negotiated) => {
             let (reader, writer) = tokio::io::split(stream);
-            transmit(reader, writer, ctx, negotiated).await
+            transmit(reader, writer, ctx, negotiated, conn).await
         }
         // ABORT or EOF: close TLS politely (the client may already be gone).
         Outcome::End => {
@@ -233,6 +256,7 @@ async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     ctx: &SessionContext,
     state: &mut Haggling,
+    conn: &Admitted,
 ) -> Result<Outcome, SessionError> {
     let mut out = Vec::with_capacity(256);
     loop {
@@ -287,6 +311,11 @@ async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
         match step {
             Step::Continue => stream.write_all(&out).await?,
             Step::Transmit(negotiated) => {
+                // Transmitting (never evicted) from before the client can see the reply.
+                let volume = &negotiated.volume;
+                if !conn.enter_transmission(volume.name(), volume.tenant()) {
+                    return Err(SessionError::Evicted);
+                }
                 stream.write_all(&out).await?;
                 return Ok(Outcome::Transmit(negotiated));
             }
@@ -590,11 +619,12 @@ async fn discard<R: tokio::io::AsyncRead + Unpin>(
 // ---------------------------------------------------------------------------------------------
 // Transmission
 
-/// Permits a request holds until its reply has been written.
+/// Permits a request holds until its reply has been written: a request slot, and for READ
+/// and WRITE its buffer's bytes from the connection's and the node's budgets.
 #[derive(Debug)]
 struct Permits {
     _request: OwnedSemaphorePermit,
-    _bytes: Option<OwnedSemaphorePermit>,
+    _bytes: Option<(OwnedSemaphorePermit, Charge)>,
 }
 
 enum ReplyBody {
@@ -619,6 +649,7 @@ async fn transmit<R, W>(
     write_half: W,
     ctx: Arc<SessionContext>,
     negotiated: Negotiated,
+    conn: &Admitted,
 ) -> Result<(), SessionError>
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -626,167 +657,210 @@ where
 {
     let mut reader = BufReader::with_capacity(128 << 10, read_half);
     let (reply_tx, reply_rx) = mpsc::unbounded_channel::<Reply>();
+    let stall_ms = ctx.limits.client_stall_timeout_ms;
+    let stall = Duration::from_millis(stall_ms);
     let writer = tokio::spawn(write_replies(
         write_half,
         reply_rx,
         negotiated.structured,
         Arc::clone(&ctx.io.buffers),
+        stall,
     ));
 
-    let request_slots = Arc::new(Semaphore::new(ctx.limits.max_inflight_requests_per_conn));
+    let max_requests = ctx.limits.max_inflight_requests_per_conn;
+    let request_slots = Arc::new(Semaphore::new(max_requests));
+    // `Limits::validate` keeps it below 4 GiB (semaphore permits are u32).
     let byte_budget = u32::try_from(ctx.limits.max_inflight_bytes_per_conn).unwrap_or(u32::MAX);
     let byte_slots = Arc::new(Semaphore::new(byte_budget as usize));
+    conn.shared().set_slots(
+        Arc::clone(&request_slots),
+        max_requests,
+        Arc::clone(&byte_slots),
+        byte_budget as usize,
+    );
     let volume = negotiated.volume;
+    let account = ctx.budget.join(volume.tenant());
     let handle = ctx
         .scheduler
         .as_ref()
         .map(|scheduler| scheduler_handle(scheduler, &volume));
     let mut last_end_bytes = u64::MAX / 2;
     let mut ready: Vec<Ready<IoJob>> = Vec::new();
+    // Ends with the writer: when it gives up on a client that stopped reading, the reader
+    // must not go on reading (and running) what the client keeps sending.
+    let writer_gone = reply_tx.clone();
 
-    let result = loop {
-        let mut header_buf = [0u8; nbd::REQUEST_HEADER_LEN];
-        match reader.read_exact(&mut header_buf).await {
-            Ok(_) => {}
-            // A client that hangs up without NBD_CMD_DISC: nothing to answer.
-            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
-            Err(err) => break Err(err.into()),
-        }
-        if reply_tx.is_closed() {
-            break Ok(());
-        }
-        let header = match nbd::decode_request_header(&header_buf) {
-            Ok(header) => header,
-            Err(err) => break Err(err.into()),
-        };
-        let Ok(request_permit) = request_slots.clone().acquire_owned().await else {
-            break Ok(());
-        };
-        let limits = nbd::ExportLimits {
-            size_bytes: volume.size_bytes(),
-            read_only: volume.read_only(),
-            max_payload_bytes: ctx.limits.max_request_bytes,
-            structured_replies: negotiated.structured,
-            allocation_context_id: negotiated
-                .allocation_context
-                .then_some(ALLOCATION_CONTEXT_ID),
-        };
-        let request = match nbd::validate_request(&header, &limits) {
-            Ok(request) => request,
-            Err(rejection) => {
-                let permits = Permits {
-                    _request: request_permit,
-                    _bytes: None,
-                };
-                let fatal = rejection.is_fatal();
-                let payload = rejection.payload_bytes();
-                if payload > 0
-                    && !fatal
-                    && let Err(err) = discard(&mut reader, u64::from(payload)).await
-                {
-                    break Err(err.into());
-                }
-                let _ = reply_tx.send(Reply {
-                    cookie: header.cookie,
-                    body: ReplyBody::Error(rejection.errno(), rejection.message()),
-                    _permits: permits,
-                });
-                if !fatal {
-                    continue;
-                }
+    let requests = async {
+        loop {
+            let mut header_buf = [0u8; nbd::REQUEST_HEADER_LEN];
+            match reader.read_exact(&mut header_buf).await {
+                Ok(_) => {}
+                // A client that hangs up without NBD_CMD_DISC: nothing to answer.
+                Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
+                Err(err) => break Err(err.into()),
+            }
+            if reply_tx.is_closed() {
                 break Ok(());
             }
-        };
-        tracing::trace!(
-            command = request.command.name(),
-            offset = request.offset,
-            length = request.length,
-            "request"
-        );
-        if matches!(request.command, nbd::Command::Disc) {
-            break Ok(());
-        }
-        let payload_bytes = match request.command {
-            nbd::Command::Read | nbd::Command::Write => request.length,
-            _ => 0,
-        };
-        let bytes_permit = if payload_bytes > 0 {
-            match byte_slots.clone().acquire_many_owned(payload_bytes).await {
-                Ok(permit) => Some(permit),
-                Err(_) => break Ok(()),
+            let header = match nbd::decode_request_header(&header_buf) {
+                Ok(header) => header,
+                Err(err) => break Err(err.into()),
+            };
+            let Ok(request_permit) = request_slots.clone().acquire_owned().await else {
+                break Ok(());
+            };
+            let limits = nbd::ExportLimits {
+                size_bytes: volume.size_bytes(),
+                read_only: volume.read_only(),
+                max_payload_bytes: ctx.limits.max_request_bytes,
+                structured_replies: negotiated.structured,
+                allocation_context_id: negotiated
+                    .allocation_context
+                    .then_some(ALLOCATION_CONTEXT_ID),
+            };
+            let request = match nbd::validate_request(&header, &limits) {
+                Ok(request) => request,
+                Err(rejection) => {
+                    let permits = Permits {
+                        _request: request_permit,
+                        _bytes: None,
+                    };
+                    let fatal = rejection.is_fatal();
+                    let payload = rejection.payload_bytes();
+                    if payload > 0
+                        && !fatal
+                        && let Err(err) = discard(&mut reader, u64::from(payload)).await
+                    {
+                        break Err(err.into());
+                    }
+                    let _ = reply_tx.send(Reply {
+                        cookie: header.cookie,
+                        body: ReplyBody::Error(rejection.errno(), rejection.message()),
+                        _permits: permits,
+                    });
+                    if !fatal {
+                        continue;
+                    }
+                    break Ok(());
+                }
+            };
+            tracing::trace!(
+                command = request.command.name(),
+                offset = request.offset,
+                length = request.length,
+                "request"
+            );
+            if matches!(request.command, nbd::Command::Disc) {
+                break Ok(());
             }
-        } else {
-            None
-        };
-        let permits = Permits {
-            _request: request_permit,
-            _bytes: bytes_permit,
-        };
-        let mut write_payload = None;
-        if matches!(request.command, nbd::Command::Write) {
-            let payload = write_payload.insert(ctx.io.buffers.get(request.length as usize));
-            if let Err(err) = reader.read_exact(payload.as_mut_slice()).await {
-                // A payload cut short: the write never happened and nobody is left to answer.
-                break Err(err.into());
-            }
-        }
-        let mut submit = |job: IoJob| {
-            let io = job.desc();
-            match (&ctx.scheduler, &handle) {
-                (Some(scheduler), Some(handle)) => {
-                    scheduler.submit(handle, io, job, &mut ready);
-                    if !ready.is_empty() {
-                        run_ready(&ctx.io, Some(scheduler), std::mem::take(&mut ready));
+            // READ and WRITE are charged their buffer: first against this connection's budget
+            // (waiting for its own replies), then against its tenant's and the node's.
+            let bytes_permit = match request.command {
+                nbd::Command::Read | nbd::Command::Write => {
+                    let charge_bytes = BufferPool::charge_bytes(request.length);
+                    // At most the class of a 32 MiB request.
+                    let permits = u32::try_from(charge_bytes).unwrap_or(u32::MAX);
+                    let Ok(conn_permit) = byte_slots.clone().acquire_many_owned(permits).await
+                    else {
+                        break Ok(());
+                    };
+                    match account.charge(charge_bytes).await {
+                        Ok(charge) => Some((conn_permit, charge)),
+                        Err(err) => break Err(err.into()),
                     }
                 }
-                _ => {
-                    let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
-                    let sequential =
-                        headroom_qos::model::is_sequential(last_end_bytes, io.offset_bytes);
-                    last_end_bytes = end;
-                    if let Some(released) = run_job(&ctx.io, None, job, Unscheduled(sequential)) {
-                        debug_assert!(released.is_empty());
+                _ => None,
+            };
+            let permits = Permits {
+                _request: request_permit,
+                _bytes: bytes_permit,
+            };
+            conn.shared().note_inflight();
+            let mut write_payload = None;
+            if matches!(request.command, nbd::Command::Write) {
+                let payload = write_payload.insert(ctx.io.buffers.get(request.length as usize));
+                // A payload cut short (or stalled): the write never happened and nobody is left to
+                // answer.
+                match read_exact_progressing(&mut reader, payload.as_mut_slice(), stall).await {
+                    Ok(()) => {}
+                    Err(err) if is_stalled(&err) => {
+                        break Err(SessionError::PayloadStalled(stall_ms));
                     }
+                    Err(err) => break Err(err.into()),
                 }
             }
-        };
-        let piece_bytes = ctx.limits.max_request_bytes.max(MIN_PIECE_BYTES);
-        if needs_split(&request, piece_bytes) {
-            // One reply for the request, sent when its last piece completes; each piece is
-            // scheduled, charged and run as a request of its own.
-            let pieces = pieces(&request, piece_bytes);
-            let split = SplitRequest::new(&request, pieces.len(), permits, reply_tx.clone());
-            for (index, piece) in pieces.into_iter().enumerate() {
-                submit(IoJob {
-                    volume: Arc::clone(&volume),
-                    request: piece,
-                    write_payload: None,
-                    answer: Answer::Piece {
-                        split: Arc::clone(&split),
-                        index,
-                    },
-                });
+            let mut submit = |job: IoJob| {
+                let io = job.desc();
+                match (&ctx.scheduler, &handle) {
+                    (Some(scheduler), Some(handle)) => {
+                        scheduler.submit(handle, io, job, &mut ready);
+                        if !ready.is_empty() {
+                            run_ready(&ctx.io, Some(scheduler), std::mem::take(&mut ready));
+                        }
+                    }
+                    _ => {
+                        let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
+                        let sequential =
+                            headroom_qos::model::is_sequential(last_end_bytes, io.offset_bytes);
+                        last_end_bytes = end;
+                        if let Some(released) = run_job(&ctx.io, None, job, Unscheduled(sequential))
+                        {
+                            debug_assert!(released.is_empty());
+                        }
+                    }
+                }
+            };
+            let piece_bytes = ctx.limits.max_request_bytes.max(MIN_PIECE_BYTES);
+            if needs_split(&request, piece_bytes) {
+                // One reply for the request, sent when its last piece completes; each piece is
+                // scheduled, charged and run as a request of its own.
+                let pieces = pieces(&request, piece_bytes);
+                let split = SplitRequest::new(&request, pieces.len(), permits, reply_tx.clone());
+                for (index, piece) in pieces.into_iter().enumerate() {
+                    submit(IoJob {
+                        volume: Arc::clone(&volume),
+                        request: piece,
+                        write_payload: None,
+                        answer: Answer::Piece {
+                            split: Arc::clone(&split),
+                            index,
+                        },
+                    });
+                }
+                continue;
             }
-            continue;
+            submit(IoJob {
+                volume: Arc::clone(&volume),
+                request,
+                write_payload,
+                answer: Answer::Whole {
+                    permits,
+                    reply_tx: reply_tx.clone(),
+                },
+            });
         }
-        submit(IoJob {
-            volume: Arc::clone(&volume),
-            request,
-            write_payload,
-            answer: Answer::Whole {
-                permits,
-                reply_tx: reply_tx.clone(),
-            },
-        });
     };
+    let result = tokio::select! {
+        result = requests => result,
+        () = writer_gone.closed() => Ok(()),
+    };
+    drop(writer_gone);
     drop(reply_tx);
     // Replies for everything already accepted are still delivered (NBD_CMD_DISC semantics).
-    match writer.await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => tracing::debug!("reply writer ended: {err}"),
-        Err(err) => tracing::warn!("reply writer failed: {err}"),
-    }
-    result
+    let written = match writer.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) if is_stalled(&err) => Err(SessionError::RepliesStalled(stall_ms)),
+        Ok(Err(err)) => {
+            tracing::debug!("reply writer ended: {err}");
+            Ok(())
+        }
+        Err(err) => {
+            tracing::warn!("reply writer failed: {err}");
+            Ok(())
+        }
+    };
+    drop(account);
+    result.and(written)
 }
 
 /// The scheduler's handle for a volume, registering it with no QoS if the scheduler has not
@@ -1204,11 +1278,15 @@ fn store_errno(err: &StoreError) -> (nbd::Errno, &'static str) {
 }
 
 /// Encodes replies as they complete, batching what is ready into one write.
+///
+/// A write that the socket accepts no byte of within `stall` fails with `TimedOut`: the client
+/// stopped reading, and ending the session gives back everything its replies hold.
 async fn write_replies<W: AsyncWrite + Unpin>(
     mut writer: W,
     mut replies: mpsc::UnboundedReceiver<Reply>,
     structured: bool,
     buffers: Arc<BufferPool>,
+    stall: Duration,
 ) -> std::io::Result<()> {
     let mut out: Vec<u8> = Vec::with_capacity(256 << 10);
     let mut written: Vec<Reply> = Vec::with_capacity(64);
@@ -1217,7 +1295,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         while let Some(reply) = next.take() {
             if let Some(payload) = encode_reply(&mut out, &reply, structured) {
                 // Header (and whatever was batched before it) and payload in one syscall.
-                write_all_vectored(&mut writer, &out, payload).await?;
+                write_all_vectored(&mut writer, &out, payload, stall).await?;
                 out.clear();
             }
             written.push(reply);
@@ -1226,7 +1304,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             }
         }
         if !out.is_empty() {
-            writer.write_all(&out).await?;
+            write_all_vectored(&mut writer, &out, &[], stall).await?;
             out.clear();
         }
         // Releases the permits of everything now on the wire, and recycles read buffers.
@@ -1237,20 +1315,64 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         }
     }
     // Flushes, then ends the stream (TLS: close_notify first, as the spec asks).
-    writer.shutdown().await?;
+    match tokio::time::timeout(stall, writer.shutdown()).await {
+        Ok(done) => done,
+        Err(_) => Err(Stalled::error()),
+    }
+}
+
+/// The client moved no byte for the stall timeout (`Limits::client_stall_timeout_ms`).
+#[derive(Debug, thiserror::Error)]
+#[error("the client moved no byte in time")]
+struct Stalled;
+
+impl Stalled {
+    fn error() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, Stalled)
+    }
+}
+
+fn is_stalled(err: &std::io::Error) -> bool {
+    err.get_ref().is_some_and(|inner| inner.is::<Stalled>())
+}
+
+/// Fills `buf`; each read must bring at least one byte within `stall`.
+async fn read_exact_progressing<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut [u8],
+    stall: Duration,
+) -> std::io::Result<()> {
+    let mut filled = 0;
+    while let Some(rest) = buf.get_mut(filled..)
+        && !rest.is_empty()
+    {
+        let n = match tokio::time::timeout(stall, reader.read(rest)).await {
+            Ok(read) => read?,
+            Err(_) => return Err(Stalled::error()),
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        filled += n;
+    }
     Ok(())
 }
 
+/// Writes `head` then `payload`; each write must make progress within `stall`.
 async fn write_all_vectored<W: AsyncWrite + Unpin>(
     writer: &mut W,
     head: &[u8],
     payload: &[u8],
+    stall: Duration,
 ) -> std::io::Result<()> {
     let mut head = head;
     let mut payload = payload;
     while !head.is_empty() || !payload.is_empty() {
         let slices = [std::io::IoSlice::new(head), std::io::IoSlice::new(payload)];
-        let n = writer.write_vectored(&slices).await?;
+        let n = match tokio::time::timeout(stall, writer.write_vectored(&slices)).await {
+            Ok(written) => written?,
+            Err(_) => return Err(Stalled::error()),
+        };
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }

@@ -50,6 +50,12 @@ impl Server {
     }
 
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Server {
+        Self::start_wrapped(data_dir, &[], extra)
+    }
+
+    /// Starts the server through `wrapper` (a command that execs its arguments, such as
+    /// `prlimit --nofile=64:64 --`), so the PID is still the server's.
+    pub fn start_wrapped(data_dir: &Path, wrapper: &[&str], extra: &[&str]) -> Server {
         std::fs::create_dir_all(data_dir).expect("create data dir");
         let log_path = data_dir.with_extension("log");
         let log = std::fs::OpenOptions::new()
@@ -57,7 +63,15 @@ impl Server {
             .append(true)
             .open(&log_path)
             .expect("open log");
-        let mut child = Command::new(BIN)
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(BIN);
+                command
+            }
+            None => Command::new(BIN),
+        };
+        let mut child = command
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)

@@ -1,0 +1,658 @@
+//! The node-wide memory budget: payload bytes in flight, bounded per tenant and per node, and
+//! handed out fairly between tenants when they are short.
+//!
+//! A session charges every READ and WRITE the buffer it will occupy (`BufferPool::charge_bytes`)
+//! before it reads the payload or runs the read, and gives it back when the reply is on the
+//! wire. Three bounds hold at every instant:
+//!
+//! * per connection: the session's own semaphore (`max_inflight_bytes_per_conn`), taken first,
+//!   so a connection waiting for its own replies to drain never queues here;
+//! * per tenant (`max_inflight_bytes_per_tenant`): all connections to one tenant's volumes
+//!   ("no tenant" is one tenant);
+//! * per node (`max_inflight_bytes_per_node`): everything.
+//!
+//! A charge that does not fit waits; the session stops reading its socket meanwhile (TCP
+//! pushes back on the client), it does not fail. Waiting charges are granted in round robin
+//! over tenants and in arrival order within a tenant (a session has at most one waiting
+//! charge, so this is round robin over its connections too). A tenant whose next charge would
+//! pass its own bound is skipped: it waits for its own replies, not for anyone else. A tenant
+//! whose next charge does not fit in the node's free bytes stops the round: nobody behind it
+//! may take the bytes it waits for, so a large request is not starved by a stream of small
+//! ones.
+//!
+//! What this guarantees: no tenant holds more than its bound, so the other tenants always
+//! share at least `per_node - per_tenant` between them; a waiting charge is granted once the
+//! holders ahead of it give back enough, in a bounded number of grants. What it cannot
+//! guarantee alone: bytes held by a client that never reads its replies come back only when
+//! its session ends; `max_inflight_bytes_per_node / max_inflight_bytes_per_tenant` such
+//! tenants at once fill the node, and the reply stall timeout (`Limits::client_stall_timeout_ms`)
+//! is what ends them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+/// Why a charge can never be granted.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetError {
+    #[error("a charge of {charge_bytes} bytes exceeds the tenant budget of {tenant_bytes} bytes")]
+    TooLarge {
+        charge_bytes: u64,
+        tenant_bytes: u64,
+    },
+    #[error("the node is shutting down")]
+    Closed,
+}
+
+/// The budget of a node.
+#[derive(Debug)]
+pub struct Budget {
+    per_tenant_bytes: u64,
+    per_node_bytes: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    held_bytes: u64,
+    peak_bytes: u64,
+    /// Tenants with sessions, held bytes or waiting charges.
+    tenants: HashMap<TenantId, TenantState>,
+    /// Tenant id by tenant name (`None`: volumes without a tenant).
+    ids: HashMap<Option<String>, TenantId>,
+    next_tenant: u64,
+    /// Tenants with waiting charges, in round-robin order (each at most once).
+    ring: VecDeque<TenantId>,
+    next_waiter: u64,
+    /// Charges that had to wait, since start.
+    waited_total: u64,
+}
+
+/// A tenant's number in the budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct TenantId(u64);
+
+#[derive(Debug)]
+struct TenantState {
+    name: Option<String>,
+    sessions: usize,
+    held_bytes: u64,
+    peak_bytes: u64,
+    waiters: VecDeque<Waiter>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    bytes: u64,
+    granted: oneshot::Sender<()>,
+}
+
+/// A session's membership in its tenant's account; the tenant's entry goes when its last
+/// session ends and nothing is held.
+#[derive(Debug)]
+pub struct TenantAccount {
+    budget: Arc<Budget>,
+    tenant: TenantId,
+}
+
+/// Bytes held against the budget until dropped.
+#[derive(Debug)]
+pub struct Charge {
+    budget: Arc<Budget>,
+    tenant: TenantId,
+    bytes: u64,
+}
+
+/// One tenant in [`BudgetView`].
+#[derive(Clone, Debug, Serialize)]
+pub struct TenantView {
+    /// `None`: the volumes without a tenant.
+    pub tenant: Option<String>,
+    pub sessions: usize,
+    pub inflight_bytes: u64,
+    pub peak_inflight_bytes: u64,
+    pub waiting_charges: usize,
+}
+
+/// The budget's state, for the API.
+#[derive(Clone, Debug, Serialize)]
+pub struct BudgetView {
+    pub max_inflight_bytes_per_node: u64,
+    pub max_inflight_bytes_per_tenant: u64,
+    pub inflight_bytes: u64,
+    /// Most bytes held at once since the node started.
+    pub peak_inflight_bytes: u64,
+    /// Charges that could not be granted at once, since the node started.
+    pub waited_charges_total: u64,
+    pub tenants: Vec<TenantView>,
+}
+
+impl Budget {
+    pub fn new(per_tenant_bytes: u64, per_node_bytes: u64) -> Arc<Budget> {
+        Arc::new(Budget {
+            per_tenant_bytes,
+            per_node_bytes,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Joins `tenant`'s account for the life of a session.
+    pub fn join(self: &Arc<Self>, tenant: Option<&str>) -> TenantAccount {
+        let mut state = self.lock();
+        let key = tenant.map(str::to_owned);
+        let id = match state.ids.get(&key) {
+            Some(&id) => id,
+            None => {
+                let id = TenantId(state.next_tenant);
+                state.next_tenant += 1;
+                state.ids.insert(key.clone(), id);
+                state.tenants.insert(
+                    id,
+                    TenantState {
+                        name: key,
+                        sessions: 0,
+                        held_bytes: 0,
+                        peak_bytes: 0,
+                        waiters: VecDeque::new(),
+                    },
+                );
+                id
+            }
+        };
+        if let Some(entry) = state.tenants.get_mut(&id) {
+            entry.sessions += 1;
+        }
+        TenantAccount {
+            budget: Arc::clone(self),
+            tenant: id,
+        }
+    }
+
+    /// What is held now, by whom, and the peaks.
+    pub fn view(&self) -> BudgetView {
+        let state = self.lock();
+        let mut tenants: Vec<TenantView> = state
+            .tenants
+            .values()
+            .map(|t| TenantView {
+                tenant: t.name.clone(),
+                sessions: t.sessions,
+                inflight_bytes: t.held_bytes,
+                peak_inflight_bytes: t.peak_bytes,
+                waiting_charges: t.waiters.len(),
+            })
+            .collect();
+        tenants.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        BudgetView {
+            max_inflight_bytes_per_node: self.per_node_bytes,
+            max_inflight_bytes_per_tenant: self.per_tenant_bytes,
+            inflight_bytes: state.held_bytes,
+            peak_inflight_bytes: state.peak_bytes,
+            waited_charges_total: state.waited_total,
+            tenants,
+        }
+    }
+
+    /// Grants waiting charges in round-robin order until the tenant at the front of the ring
+    /// does not fit in the node's free bytes, or no tenant's next charge fits under its own
+    /// bound. Called with the lock held after anything that may let a charge through.
+    fn grant_waiting(&self, state: &mut State) {
+        let mut skipped = 0;
+        while skipped < state.ring.len() {
+            let Some(&tenant) = state.ring.front() else {
+                return;
+            };
+            let Some(entry) = state.tenants.get_mut(&tenant) else {
+                state.ring.pop_front();
+                continue;
+            };
+            let Some(head_bytes) = entry.waiters.front().map(|w| w.bytes) else {
+                state.ring.pop_front();
+                continue;
+            };
+            if entry.held_bytes + head_bytes > self.per_tenant_bytes {
+                // Waits for its own tenant's replies; others may go on.
+                state.ring.rotate_left(1);
+                skipped += 1;
+                continue;
+            }
+            if state.held_bytes + head_bytes > self.per_node_bytes {
+                // First in line for the node's free bytes: nobody passes it.
+                return;
+            }
+            let Some(waiter) = entry.waiters.pop_front() else {
+                continue;
+            };
+            entry.held_bytes += waiter.bytes;
+            entry.peak_bytes = entry.peak_bytes.max(entry.held_bytes);
+            let more = !entry.waiters.is_empty();
+            state.held_bytes += waiter.bytes;
+            state.peak_bytes = state.peak_bytes.max(state.held_bytes);
+            // A waiter whose session is gone: its guard gives the bytes back (it finds itself
+            // no longer queued), so nothing is lost here.
+            let _ = waiter.granted.send(());
+            state.ring.pop_front();
+            if more {
+                state.ring.push_back(tenant);
+            }
+            skipped = 0;
+        }
+    }
+
+    /// Whether a waiting charge is first in line for the node's free bytes. Between rounds
+    /// every tenant in the ring waits either for its own bound or for the node (a charge that
+    /// fits both would have been granted), so it is one whose next charge fits its own bound.
+    fn node_is_awaited(&self, state: &State) -> bool {
+        state.ring.iter().any(|tenant| {
+            state.tenants.get(tenant).is_some_and(|entry| {
+                entry
+                    .waiters
+                    .front()
+                    .is_some_and(|w| entry.held_bytes + w.bytes <= self.per_tenant_bytes)
+            })
+        })
+    }
+
+    fn release(&self, tenant: TenantId, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let mut state = self.lock();
+        state.held_bytes = state.held_bytes.saturating_sub(bytes);
+        if let Some(entry) = state.tenants.get_mut(&tenant) {
+            entry.held_bytes = entry.held_bytes.saturating_sub(bytes);
+        }
+        Self::forget_if_unused(&mut state, tenant);
+        if !state.ring.is_empty() {
+            self.grant_waiting(&mut state);
+        }
+    }
+
+    fn forget_if_unused(state: &mut State, tenant: TenantId) {
+        let unused = state
+            .tenants
+            .get(&tenant)
+            .is_some_and(|t| t.sessions == 0 && t.held_bytes == 0 && t.waiters.is_empty());
+        if unused && let Some(entry) = state.tenants.remove(&tenant) {
+            state.ids.remove(&entry.name);
+        }
+    }
+}
+
+impl TenantAccount {
+    /// Takes `bytes` from the tenant's and the node's budget, waiting (in fair order) until
+    /// they fit. Cancel-safe: dropping the future gives back whatever it was granted.
+    pub async fn charge(&self, bytes: u64) -> Result<Charge, BudgetError> {
+        let budget = &self.budget;
+        if bytes > budget.per_tenant_bytes {
+            return Err(BudgetError::TooLarge {
+                charge_bytes: bytes,
+                tenant_bytes: budget.per_tenant_bytes,
+            });
+        }
+        let charge = |bytes| Charge {
+            budget: Arc::clone(budget),
+            tenant: self.tenant,
+            bytes,
+        };
+        let (waiter_id, granted) = {
+            let mut state = budget.lock();
+            let state = &mut *state;
+            let Some(entry) = state.tenants.get(&self.tenant) else {
+                return Err(BudgetError::Closed);
+            };
+            // At once when the round would grant it: this tenant has no earlier charge waiting,
+            // no other tenant waits for the node's free bytes (those in the ring wait for their
+            // own bound), and it fits.
+            let first_in_tenant = entry.waiters.is_empty();
+            let fits = entry.held_bytes + bytes <= budget.per_tenant_bytes
+                && state.held_bytes + bytes <= budget.per_node_bytes;
+            let at_once = first_in_tenant && fits && !budget.node_is_awaited(state);
+            let Some(entry) = state.tenants.get_mut(&self.tenant) else {
+                return Err(BudgetError::Closed);
+            };
+            if at_once {
+                entry.held_bytes += bytes;
+                entry.peak_bytes = entry.peak_bytes.max(entry.held_bytes);
+                state.held_bytes += bytes;
+                state.peak_bytes = state.peak_bytes.max(state.held_bytes);
+                return Ok(charge(bytes));
+            }
+            let (tx, rx) = oneshot::channel();
+            let id = state.next_waiter;
+            state.next_waiter += 1;
+            state.waited_total += 1;
+            if first_in_tenant {
+                state.ring.push_back(self.tenant);
+            }
+            entry.waiters.push_back(Waiter {
+                id,
+                bytes,
+                granted: tx,
+            });
+            budget.grant_waiting(state);
+            (id, rx)
+        };
+        // From here until the grant is received, dropping this future leaves the guard to
+        // undo whatever happened (no `Charge` exists yet, so nothing is given back twice).
+        let mut guard = WaitGuard {
+            budget,
+            tenant: self.tenant,
+            waiter: waiter_id,
+            bytes,
+            armed: true,
+        };
+        let outcome = granted.await;
+        guard.armed = false;
+        match outcome {
+            Ok(()) => Ok(charge(bytes)),
+            // The sender is dropped unsent only if the waiter left the queue without a grant,
+            // which only this future's guard does.
+            Err(_) => Err(BudgetError::Closed),
+        }
+    }
+}
+
+impl Drop for TenantAccount {
+    fn drop(&mut self) {
+        let mut state = self.budget.lock();
+        if let Some(entry) = state.tenants.get_mut(&self.tenant) {
+            entry.sessions = entry.sessions.saturating_sub(1);
+        }
+        Budget::forget_if_unused(&mut state, self.tenant);
+    }
+}
+
+impl Charge {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.release(self.tenant, self.bytes);
+    }
+}
+
+/// Cleans up after a waiting charge whose future was dropped: removes it from its queue, or,
+/// when it was granted in the meantime, gives the bytes back.
+struct WaitGuard<'a> {
+    budget: &'a Arc<Budget>,
+    tenant: TenantId,
+    waiter: u64,
+    bytes: u64,
+    armed: bool,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut state = self.budget.lock();
+        let state = &mut *state;
+        let queued = state.tenants.get_mut(&self.tenant).and_then(|entry| {
+            let index = entry.waiters.iter().position(|w| w.id == self.waiter)?;
+            entry.waiters.remove(index)
+        });
+        if queued.is_none() {
+            // Granted under the lock before we got here: give it back.
+            state.held_bytes = state.held_bytes.saturating_sub(self.bytes);
+            if let Some(entry) = state.tenants.get_mut(&self.tenant) {
+                entry.held_bytes = entry.held_bytes.saturating_sub(self.bytes);
+            }
+        }
+        if state
+            .tenants
+            .get(&self.tenant)
+            .is_some_and(|t| t.waiters.is_empty())
+        {
+            state.ring.retain(|&t| t != self.tenant);
+        }
+        // A removed head may have blocked the round; freed bytes may let others through.
+        self.budget.grant_waiting(state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    const MIB: u64 = 1 << 20;
+
+    /// Polls once: `Some` if the charge was granted (or failed) at once.
+    fn poll_once<F: Future>(future: std::pin::Pin<&mut F>) -> Option<F::Output> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match future.poll(&mut cx) {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => None,
+        }
+    }
+
+    fn held(budget: &Budget) -> (u64, Vec<(Option<String>, u64)>) {
+        let view = budget.view();
+        let tenants = view
+            .tenants
+            .iter()
+            .map(|t| (t.tenant.clone(), t.inflight_bytes))
+            .collect();
+        (view.inflight_bytes, tenants)
+    }
+
+    #[test]
+    fn charges_fit_under_both_bounds_and_come_back_on_drop() {
+        let budget = Budget::new(64 * MIB, 96 * MIB);
+        let a = budget.join(Some("a"));
+        let none = budget.join(None);
+        let c1 = poll_once(pin!(a.charge(32 * MIB))).unwrap().unwrap();
+        let c2 = poll_once(pin!(a.charge(32 * MIB))).unwrap().unwrap();
+        // Tenant a is at its bound: a third charge waits, even though the node has room.
+        {
+            let mut third = pin!(a.charge(MIB));
+            assert!(poll_once(third.as_mut()).is_none());
+            // Another tenant is not held up by a's waiting charge, nor sent to the line.
+            let c3 = poll_once(pin!(none.charge(16 * MIB))).unwrap().unwrap();
+            assert_eq!(budget.view().waited_charges_total, 1);
+            assert_eq!(held(&budget).0, 80 * MIB);
+            drop(c1);
+            // a's waiter got its MiB when c1 came back.
+            assert!(poll_once(third.as_mut()).unwrap().is_ok());
+            drop(c3);
+        }
+        assert_eq!(
+            held(&budget).0,
+            32 * MIB,
+            "c2 only; the granted MiB was dropped"
+        );
+        drop(c2);
+        assert_eq!(held(&budget).0, 0);
+        assert_eq!(budget.view().peak_inflight_bytes, 80 * MIB);
+    }
+
+    #[test]
+    fn a_charge_larger_than_the_tenant_budget_is_refused() {
+        let budget = Budget::new(8 * MIB, 16 * MIB);
+        let a = budget.join(None);
+        let out = poll_once(pin!(a.charge(9 * MIB))).unwrap();
+        assert!(matches!(out, Err(BudgetError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn waiting_charges_are_granted_round_robin_over_tenants() {
+        let budget = Budget::new(64 * MIB, 64 * MIB);
+        let hog = budget.join(Some("hog"));
+        let other = budget.join(Some("other"));
+        let full = poll_once(pin!(hog.charge(64 * MIB))).unwrap().unwrap();
+        // Two hog charges wait, then one of the other tenant; only two of the three fit in
+        // the node once `full` comes back.
+        let mut h1 = Box::pin(hog.charge(32 * MIB));
+        let mut h2 = Box::pin(hog.charge(32 * MIB));
+        let mut o1 = Box::pin(other.charge(32 * MIB));
+        assert!(poll_once(h1.as_mut()).is_none());
+        assert!(poll_once(h2.as_mut()).is_none());
+        assert!(poll_once(o1.as_mut()).is_none());
+        drop(full);
+        // The other tenant gets its turn before the hog's second charge, and the hog's come
+        // in their order.
+        let o1 = poll_once(o1.as_mut()).unwrap().unwrap();
+        let h1 = poll_once(h1.as_mut()).unwrap().unwrap();
+        assert!(poll_once(h2.as_mut()).is_none());
+        drop(o1);
+        assert!(poll_once(h2.as_mut()).unwrap().is_ok());
+        drop(h1);
+        assert_eq!(held(&budget).0, 0);
+        assert_eq!(budget.view().waited_charges_total, 3);
+    }
+
+    #[test]
+    fn a_large_waiting_charge_is_not_passed_by_small_ones() {
+        let budget = Budget::new(64 * MIB, 64 * MIB);
+        let a = budget.join(Some("a"));
+        let b = budget.join(Some("b"));
+        let held_by_a = poll_once(pin!(a.charge(40 * MIB))).unwrap().unwrap();
+        // b wants 32 MiB: only 24 are free, so it waits first in line ...
+        let mut big = Box::pin(b.charge(32 * MIB));
+        assert!(poll_once(big.as_mut()).is_none());
+        // ... and a small charge of a, which would fit, waits behind it.
+        let mut small = Box::pin(a.charge(MIB));
+        assert!(poll_once(small.as_mut()).is_none());
+        drop(held_by_a);
+        let big = poll_once(big.as_mut()).unwrap().unwrap();
+        let small = poll_once(small.as_mut()).unwrap().unwrap();
+        assert_eq!(held(&budget).0, 33 * MIB);
+        drop((big, small));
+    }
+
+    #[test]
+    fn a_dropped_waiter_leaves_the_line_and_a_granted_one_gives_back() {
+        let budget = Budget::new(64 * MIB, 64 * MIB);
+        let a = budget.join(Some("a"));
+        let b = budget.join(Some("b"));
+        let held_by_a = poll_once(pin!(a.charge(60 * MIB))).unwrap().unwrap();
+        let mut big = Box::pin(b.charge(32 * MIB));
+        assert!(poll_once(big.as_mut()).is_none());
+        let mut small = Box::pin(a.charge(MIB));
+        assert!(poll_once(small.as_mut()).is_none());
+        // The blocking head goes away: the small one behind it fits at once.
+        drop(big);
+        assert!(poll_once(small.as_mut()).unwrap().is_ok());
+        assert_eq!(
+            held(&budget).0,
+            60 * MIB,
+            "the granted MiB was dropped with its future"
+        );
+        // Granted but never polled again: dropping the future gives the bytes back.
+        let mut waiting = Box::pin(b.charge(8 * MIB));
+        assert!(poll_once(waiting.as_mut()).is_none());
+        drop(held_by_a);
+        assert_eq!(held(&budget).0, 8 * MIB, "granted to the waiter");
+        drop(waiting);
+        assert_eq!(held(&budget).0, 0);
+    }
+
+    /// At rest (between calls), the ring's first tenant whose next charge fits its own bound
+    /// waits for the node: nothing that could be granted is left waiting, and a waiting charge
+    /// was passed only by charges of tenants ahead of it or when it did not fit.
+    fn check_at_rest(budget: &Budget) {
+        let state = budget.lock();
+        let mut sum = 0;
+        for entry in state.tenants.values() {
+            assert!(entry.held_bytes <= budget.per_tenant_bytes);
+            sum += entry.held_bytes;
+            assert_eq!(
+                state
+                    .ring
+                    .iter()
+                    .filter(|&&t| state.tenants[&t].name == entry.name)
+                    .count(),
+                usize::from(!entry.waiters.is_empty()),
+                "a tenant is in the ring exactly when it has waiting charges"
+            );
+        }
+        assert_eq!(sum, state.held_bytes);
+        assert!(state.held_bytes <= budget.per_node_bytes);
+        let first_eligible = state.ring.iter().find_map(|t| {
+            let entry = &state.tenants[t];
+            let head = entry.waiters.front()?.bytes;
+            (entry.held_bytes + head <= budget.per_tenant_bytes).then_some(head)
+        });
+        if let Some(head) = first_eligible {
+            assert!(
+                state.held_bytes + head > budget.per_node_bytes,
+                "a charge that fits was left waiting"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Any sequence of charges and releases by three tenants keeps both bounds, leaves
+        /// nothing grantable waiting, and once everything is given back every waiting charge
+        /// is granted.
+        #[test]
+        fn bounds_hold_and_every_waiting_charge_is_granted(
+            ops in proptest::collection::vec((0usize..3, 1u64..=40, proptest::bool::ANY), 1..200)
+        ) {
+            let budget = Budget::new(64 * MIB, 96 * MIB);
+            let accounts = [budget.join(Some("a")), budget.join(Some("b")), budget.join(None)];
+            let mut pending = Vec::new();
+            let mut granted: Vec<Charge> = Vec::new();
+            for (tenant, mib, release) in ops {
+                if release && !granted.is_empty() {
+                    let index = usize::try_from(mib).unwrap() % granted.len();
+                    drop(granted.swap_remove(index));
+                } else {
+                    pending.push(Box::pin(accounts[tenant].charge(mib * MIB)));
+                }
+                let mut still = Vec::new();
+                for mut future in pending.drain(..) {
+                    match poll_once(future.as_mut()) {
+                        Some(charge) => granted.push(charge.unwrap()),
+                        None => still.push(future),
+                    }
+                }
+                pending = still;
+                check_at_rest(&budget);
+            }
+            // Give everything back: each waiting charge is granted in turn.
+            while !pending.is_empty() {
+                granted.clear();
+                let mut still = Vec::new();
+                for mut future in pending.drain(..) {
+                    match poll_once(future.as_mut()) {
+                        Some(charge) => granted.push(charge.unwrap()),
+                        None => still.push(future),
+                    }
+                }
+                proptest::prop_assert!(!granted.is_empty(), "waiting charges left with nothing held");
+                pending = still;
+                check_at_rest(&budget);
+            }
+            drop(granted);
+            proptest::prop_assert_eq!(budget.view().inflight_bytes, 0);
+        }
+    }
+
+    #[test]
+    fn tenants_are_forgotten_when_unused() {
+        let budget = Budget::new(8 * MIB, 16 * MIB);
+        let a = budget.join(Some("a"));
+        let charge = poll_once(pin!(a.charge(MIB))).unwrap().unwrap();
+        drop(a);
+        assert_eq!(budget.view().tenants.len(), 1, "still holds a charge");
+        drop(charge);
+        assert!(budget.view().tenants.is_empty());
+    }
+}
