@@ -30,6 +30,7 @@ pub mod preview;
 pub mod rng;
 mod sched;
 pub mod spec;
+mod tracker;
 pub mod vocab;
 mod wheel;
 

@@ -21,7 +21,8 @@ use crate::cost::mul_div_ceil;
 use crate::error::InvariantViolation;
 use crate::limiter::{Charge, Pacer};
 use crate::policy::{Policy, VolumeSnapshot};
-use crate::sched::{Clock, Slab, Tracker, VolCore};
+use crate::sched::{Clock, Slab, VolCore};
+use crate::tracker::Tracker;
 use crate::vocab::{
     Decision, IoRate, IoRequest, NS_PER_S, NodeCapacity, Observed, Phase, VolumeId, VolumeQos,
 };
