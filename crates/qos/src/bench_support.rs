@@ -2,7 +2,9 @@
 //! them) and the `overhead_count` example (which runs them under callgrind for deterministic
 //! instruction and cache-miss counts), so that both measure exactly the same work.
 //!
-//! Nothing here reads a clock: the caller times the calls.
+//! Nothing here reads a clock: the caller times the calls. Compiled only with the
+//! `bench-support` feature, which the bench and the example get from the crate's
+//! dev-dependency on itself (see `Cargo.toml`).
 
 use crate::cost::CostVector;
 use crate::policy::{Policy, PolicyKind, PolicyParams, build_policy};

@@ -4,7 +4,8 @@
 //! Why a module of its own: the fixture needs the rules' private state (it gives every active
 //! volume a window of synthetic usage by writing their `WinState` directly, then runs one
 //! window's allocation through `tick`), so it lives inside `burst`; it is not scheduling code,
-//! so it is kept apart from the rules and the allocation kernel.
+//! so it is kept apart from the rules and the allocation kernel, and compiled only with the
+//! `bench-support` feature (and in unit tests, which share its volumes and check it below).
 
 use super::{BurstRules, BurstVol};
 use crate::cost::CostVector;
@@ -96,5 +97,28 @@ impl AllocationBench {
         self.now_ns += self.rules.window_ns;
         let _ = self.rules.tick(self.now_ns, &mut self.vols);
         self.rules.last_alloc.active_volumes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::CpuLevel;
+
+    /// What the bench asserts every iteration, checked without running it: each window's
+    /// allocation covers exactly the active volumes (of many more defined), on both nodes and
+    /// at every vector level, window after window.
+    #[test]
+    fn allocation_bench_allocates_to_every_active_volume() {
+        for oversold in [false, true] {
+            for level in CpuLevel::available() {
+                let mut b = AllocationBench::new(1_000, 64, oversold);
+                b.set_cpu_level(level);
+                for _ in 0..3 {
+                    b.prepare();
+                    assert_eq!(b.allocate(), 64, "oversold {oversold}, {}", level.as_str());
+                }
+            }
+        }
     }
 }

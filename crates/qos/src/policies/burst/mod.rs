@@ -33,6 +33,7 @@
 //! (rounds 1 and 2, the close-window pass) and fast recovery are in [`allocation`].
 
 mod allocation;
+#[cfg(any(test, feature = "bench-support"))]
 mod bench;
 
 use super::{SparseCredits, credit_phase, promote_within_baseline};
@@ -45,7 +46,8 @@ use crate::sched::{Slab, VolCore};
 use crate::vocab::{BurstMode, IoRate, NodeCapacity, Phase, VolumeQos};
 use allocation::{AllocSummary, Derived, Donor, Lender};
 
-/// Drives the allocation alone, for the benchmark.
+/// Drives the allocation alone, for the benchmark (feature `bench-support`).
+#[cfg(feature = "bench-support")]
 pub(crate) use bench::AllocationBench;
 
 const BASELINE: usize = 0;
