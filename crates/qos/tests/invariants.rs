@@ -205,6 +205,10 @@ fn rng_seed() -> RngSeed {
     RngSeed::Fixed(seed)
 }
 
+/// A failing case's seed is saved to `proptest-regressions/invariants.txt` and replayed first
+/// on the next runs. A seed replays its case only while the strategies above draw the same way,
+/// so once the failure is understood, spell the shrunk case out as a named test in
+/// `regressions.rs` (with `replay::Op`) and delete the seed.
 macro_rules! invariant_test {
     ($name:ident, $kind:expr) => {
         invariant_test!($name, $kind, op_strategy());

@@ -1,6 +1,6 @@
-//! Replaying a sequence of operations against a policy with every invariant checked: what the
-//! property tests (`invariants.rs`) run on the sequences they generate, in a module of its own
-//! so that fixed sequences can be replayed the same way.
+//! Replaying a sequence of operations against a policy with every invariant checked, shared by
+//! the property tests (`invariants.rs`, which generate the sequences) and the fixed cases
+//! (`regressions.rs`, which spell out sequences that once broke an invariant).
 
 // Each test crate that includes this module uses a different part of it.
 #![allow(dead_code)]
