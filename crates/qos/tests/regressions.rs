@@ -146,9 +146,9 @@ fn ceiling_check_allows_one_request_larger_than_a_window_in_units() {
 
 /// On a node where no 1 ms window holds a 1 MiB read, a volume whose 1 MiB reads were held
 /// back by a zero byte ceiling is released (best effort, weight 6) while a best-effort
-/// neighbour streams 1 MiB reads. Fails if the capacity check allows fewer requests beyond a
-/// window than the node pacer lets through (`Tracker::on_dispatch`; here one instead of two,
-/// a burst and a baseline request): the `capacity` invariant, on Credit. Seed 0e0c1773.
+/// neighbour streams 1 MiB reads. Fails if the capacity check allows only one request beyond
+/// a window (`Tracker::on_dispatch`), fewer than the node pacer lets through (a burst and a
+/// baseline request at least): the `capacity` invariant, on Credit. Seed 0e0c1773.
 #[test]
 fn capacity_check_allows_the_pacers_requests_larger_than_a_window() {
     on_every_policy(
