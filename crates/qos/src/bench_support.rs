@@ -2,7 +2,9 @@
 //! them) and the `overhead_count` example (which runs them under callgrind for deterministic
 //! instruction and cache-miss counts), so that both measure exactly the same work.
 //!
-//! Nothing here reads a clock: the caller times the calls.
+//! Nothing here reads a clock: the caller times the calls. Compiled only with the
+//! `bench-support` feature, which the bench and the example get from the crate's
+//! dev-dependency on itself (see `Cargo.toml`).
 
 use crate::cost::CostVector;
 use crate::policy::{Policy, PolicyKind, PolicyParams, build_policy};
@@ -76,7 +78,7 @@ pub struct PerIoSetup {
 #[derive(Debug)]
 pub struct PerIoBench {
     policy: Box<dyn Policy>,
-    now: u64,
+    now_ns: u64,
     next_id: u64,
     active: u32,
     /// xorshift state when volumes are visited in random order.
@@ -118,7 +120,7 @@ impl PerIoBench {
         let active = setup.active.clamp(1, setup.volumes.max(1));
         let mut b = PerIoBench {
             policy,
-            now: 0,
+            now_ns: 0,
             next_id: 0,
             active,
             random: setup.random.then_some(0x9e37_79b9_7f4a_7c15),
@@ -148,18 +150,18 @@ impl PerIoBench {
             offset_bytes: self.next_id * 4096,
             len_bytes: 4096,
             cost: CostVector::new(1_000, 0, 4096, 100),
-            arrival_ns: self.now,
+            arrival_ns: self.now_ns,
         };
-        self.policy.enqueue(self.now, req);
+        self.policy.enqueue(self.now_ns, req);
     }
 
     /// One I/O: next → dispatch → complete → enqueue a replacement (keeps the backlog).
     pub fn one_io(&mut self) {
-        self.now += STEP_NS;
+        self.now_ns += STEP_NS;
         loop {
-            match self.policy.next(self.now) {
+            match self.policy.next(self.now_ns) {
                 Decision::Dispatch(req, _) => {
-                    self.policy.complete(self.now, &req, Observed::default());
+                    self.policy.complete(self.now_ns, &req, Observed::default());
                     let v = match &mut self.random {
                         Some(state) => (xorshift(state) % u64::from(self.active)) as u32,
                         None => req.volume,
@@ -168,7 +170,7 @@ impl PerIoBench {
                     black_box(req.id);
                     return;
                 }
-                Decision::WaitUntil(t) => self.now = t.max(self.now + 1),
+                Decision::WaitUntil(t) => self.now_ns = t.max(self.now_ns + 1),
                 Decision::Idle => return,
             }
         }

@@ -14,7 +14,8 @@ use crate::cost::CostVector;
 use crate::error::InvariantViolation;
 use crate::limiter::{Charge, Pacer};
 use crate::policy::{Policy, VolumeSnapshot};
-use crate::sched::{Clock, Ready, Slab, Tracker, VolCore};
+use crate::sched::{Clock, Ready, Slab, VolCore};
+use crate::tracker::Tracker;
 use crate::vocab::{
     Decision, IoRate, IoRequest, NodeCapacity, Observed, Phase, VolumeId, VolumeQos,
 };

@@ -30,6 +30,7 @@ pub mod preview;
 pub mod rng;
 mod sched;
 pub mod spec;
+mod tracker;
 pub mod vocab;
 mod wheel;
 
@@ -46,5 +47,7 @@ pub use vocab::{
 };
 
 /// Hooks for the criterion benchmark and the overhead-count example only; not a stable API.
+/// Compiled only with the `bench-support` feature (see `Cargo.toml`).
+#[cfg(feature = "bench-support")]
 #[doc(hidden)]
 pub mod bench_support;

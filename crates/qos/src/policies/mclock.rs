@@ -21,7 +21,8 @@ use crate::cost::mul_div_ceil;
 use crate::error::InvariantViolation;
 use crate::limiter::{Charge, Pacer};
 use crate::policy::{Policy, VolumeSnapshot};
-use crate::sched::{Clock, Slab, Tracker, VolCore};
+use crate::sched::{Clock, Slab, VolCore};
+use crate::tracker::Tracker;
 use crate::vocab::{
     Decision, IoRate, IoRequest, NS_PER_S, NodeCapacity, Observed, Phase, VolumeId, VolumeQos,
 };
@@ -224,7 +225,7 @@ impl MClock {
         self
     }
 
-    fn place(&mut self, now: u64, idx: u32) {
+    fn place(&mut self, now_ns: u64, idx: u32) {
         let generation = self.vols.bump(idx);
         let Some(v) = self.vols.get_mut(idx) else {
             return;
@@ -236,7 +237,7 @@ impl MClock {
         let charge = v.core.charge(head);
         // Under the limit when the limit tag is due: like every limiter here, one request deep.
         let lim = v.limit.tag(v.lim_rate(), charge);
-        if lim > now {
+        if lim > now_ns {
             v.res_seq = 0;
             if lim != u64::MAX {
                 self.by_limit.push(Reverse((lim, idx, generation)));
@@ -257,17 +258,17 @@ impl MClock {
         self.by_prop.push(Reverse((v.p_start, idx, generation)));
     }
 
-    fn promote_due(&mut self, now: u64) {
+    fn promote_due(&mut self, now_ns: u64) {
         while let Some(&Reverse((t, idx, generation))) = self.by_limit.peek() {
             if !self.vols.is_current(idx, generation) {
                 self.by_limit.pop();
                 continue;
             }
-            if t > now {
+            if t > now_ns {
                 break;
             }
             self.by_limit.pop();
-            self.place(now, idx);
+            self.place(now_ns, idx);
         }
     }
 
@@ -301,22 +302,22 @@ impl MClock {
         None
     }
 
-    fn ensure(&mut self, now: u64, id: VolumeId) -> u32 {
+    fn ensure(&mut self, now_ns: u64, id: VolumeId) -> u32 {
         match self.vols.lookup(id) {
             Some(i) => i,
-            None => self.insert(now, id, &VolumeQos::default()),
+            None => self.insert(now_ns, id, &VolumeQos::default()),
         }
     }
 
-    fn insert(&mut self, now: u64, id: VolumeId, qos: &VolumeQos) -> u32 {
+    fn insert(&mut self, now_ns: u64, id: VolumeId, qos: &VolumeQos) -> u32 {
         let core = VolCore::new(id, *qos);
-        self.tracker.on_add(now, self.vols.vacant_index(), qos);
+        self.tracker.on_add(now_ns, self.vols.vacant_index(), qos);
         self.vols.insert(
             id,
             MVol {
                 core,
-                reservation: TagClock::at(now),
-                limit: TagClock::at(now),
+                reservation: TagClock::at(now_ns),
+                limit: TagClock::at(now_ns),
                 p_start: self.vtime,
                 res_seq: 0,
                 res_tag: 0,
@@ -324,15 +325,15 @@ impl MClock {
         )
     }
 
-    fn dispatch(&mut self, now: u64, idx: u32, phase: Phase) -> Option<Decision> {
+    fn dispatch(&mut self, now_ns: u64, idx: u32, phase: Phase) -> Option<Decision> {
         let depth_ns = self.depth_ns;
         let v = self.vols.get_mut(idx)?;
         let req = v.core.queue.pop_front()?;
         let charge = v.core.charge(&req);
-        // The limit clock lags `now` by at most the limiter depth: a volume held back (behind
-        // the node pacer) may catch up that much, never more (no burst above the limit).
+        // The limit clock lags `now_ns` by at most the limiter depth: a volume held back
+        // (behind the node pacer) may catch up that much, never more (no burst above the limit).
         let lim_rate = v.lim_rate();
-        v.limit.catch_up(now.saturating_sub(depth_ns), lim_rate);
+        v.limit.catch_up(now_ns.saturating_sub(depth_ns), lim_rate);
         v.limit.add(charge);
         if phase == Phase::Baseline {
             v.reservation.add(charge);
@@ -342,23 +343,27 @@ impl MClock {
             .p_start
             .saturating_add(u128::from(charge.units) * P_SCALE / w);
         let ceiling = v.lim_rate();
-        self.pacer.take(now, &req.cost, phase == Phase::Baseline);
+        self.pacer.take(now_ns, &req.cost, phase == Phase::Baseline);
         v.core.stats.record(phase, charge.bytes);
         self.tracker
-            .on_dispatch(now, idx, &v.core, &req, charge, ceiling);
-        self.place(now, idx);
+            .on_dispatch(now_ns, idx, &v.core, &req, charge, ceiling);
+        self.place(now_ns, idx);
         Some(Decision::Dispatch(req, phase))
     }
 
-    /// Nothing runs now: wake at `t` or at the next tag that falls due, whichever is first
+    /// Nothing runs now: wake at `at_ns` or at the next tag that falls due, whichever is first
     /// (a request blocked by the pacer must not hide another volume's reservation).
-    fn wait(&mut self, now: u64, t: u64) -> Decision {
-        self.tracker.on_idle(now);
-        let wake = [Some(t), self.min_limit(), self.min_res().map(|(r, _)| r)]
-            .into_iter()
-            .flatten()
-            .filter(|&x| x > now)
-            .min();
+    fn wait(&mut self, now_ns: u64, at_ns: u64) -> Decision {
+        self.tracker.on_idle(now_ns);
+        let wake = [
+            Some(at_ns),
+            self.min_limit(),
+            self.min_res().map(|(r, _)| r),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|&x| x > now_ns)
+        .min();
         Decision::WaitUntil(wake.unwrap_or(u64::MAX))
     }
 
