@@ -156,7 +156,17 @@ impl Device {
     /// Whether a sync failed (or the device disappeared): its data can no longer be made
     /// durable.
     pub(crate) fn is_failed(&self) -> bool {
-        self.failed.load(Ordering::SeqCst)
+        if self.failed.load(Ordering::SeqCst) {
+            return true;
+        }
+        let vanished = self
+            .faults
+            .get()
+            .is_some_and(|rules| rules.iter().any(ActiveRule::vanished));
+        if vanished && !self.failed.swap(true, Ordering::SeqCst) {
+            tracing::error!(device = %self.label, "device gone; marked failed");
+        }
+        vanished
     }
 
     /// Runs the device's fault rules over one operation at byte `pos`. A device that
@@ -323,7 +333,7 @@ impl Device {
     /// Makes every write and punch that completed before this call durable, if any happened
     /// since the last sync. Used by FLUSH and metadata commits.
     pub(crate) fn sync_if_dirty(&self) -> io::Result<()> {
-        if self.failed.load(Ordering::SeqCst) {
+        if self.is_failed() {
             return Err(self.failed_error());
         }
         if self.dirty.swap(false, Ordering::SeqCst)
@@ -337,7 +347,7 @@ impl Device {
 
     /// Unconditional data sync (FUA). Once a sync fails the device stays failed.
     pub(crate) fn sync_now(&self) -> io::Result<()> {
-        if self.failed.load(Ordering::SeqCst) {
+        if self.is_failed() {
             return Err(self.failed_error());
         }
         let result = self

@@ -364,6 +364,32 @@ impl ActiveRule {
     pub(crate) fn is_gone(&self) -> bool {
         self.gone.load(Ordering::Relaxed)
     }
+
+    /// Whether the scope has disappeared, by count or by time, without counting an
+    /// operation (a device checks this before it is used for a new extent or a sync, so a
+    /// device gone by time is failed even when nothing touched it since). Logs the
+    /// disappearance if this call noticed it.
+    pub(crate) fn vanished(&self) -> bool {
+        if self.gone.load(Ordering::Relaxed) {
+            return true;
+        }
+        let expired = self
+            .rule
+            .disappear_after_ms
+            .is_some_and(|ms| self.started.elapsed() >= Duration::from_millis(ms));
+        if expired && !self.gone.swap(true, Ordering::Relaxed) {
+            self.log_disappeared();
+        }
+        expired
+    }
+
+    fn log_disappeared(&self) {
+        tracing::error!(
+            rule = self.index,
+            "fault injection: {} disappeared; every later operation on it fails",
+            self.rule.scope
+        );
+    }
 }
 
 /// Runs the rules over one operation: stalls for every spike, returns the first fault with
@@ -380,11 +406,7 @@ pub(crate) fn apply<'a>(
             continue;
         };
         if decision.disappeared_now {
-            tracing::error!(
-                rule = rule.index,
-                "fault injection: {} disappeared; every later operation on it fails",
-                rule.rule.scope
-            );
+            rule.log_disappeared();
         }
         if let Some(spike) = decision.spike {
             std::thread::sleep(spike);
@@ -558,6 +580,11 @@ mod tests {
             Instant::now(),
         );
         assert_eq!(trace(&b, IoClass::Read, 3), "...");
+        assert!(!b.vanished());
+        // Noticed without an operation.
+        let c = ActiveRule::new(rule(|r| r.disappear_after_ms = Some(40)), 0, 1, long_ago);
+        assert!(c.vanished() && c.is_gone());
+        assert_eq!(trace(&c, IoClass::Read, 1), "G");
     }
 
     #[test]

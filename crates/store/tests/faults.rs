@@ -361,3 +361,26 @@ fn the_pool_reopens_after_a_device_failed_and_keeps_what_was_flushed() {
     store.flush_all().unwrap();
     assert!(store.pool_info().devices.iter().all(|d| !d.failed));
 }
+
+#[test]
+fn a_device_gone_by_time_is_failed_before_anything_touches_it() {
+    let store = Store::open_memory(64 * MIB).unwrap();
+    let (a, b) = two_volumes_on_two_devices(&store);
+    install(
+        &store,
+        1,
+        vec![rule(FaultScope::Device(0), |r| {
+            r.disappear_after_ms = Some(0)
+        })],
+    );
+    // Nothing is dirty on device 0 and nothing reads it: the FLUSH still knows it is gone.
+    assert!(is_io(&a.flush()));
+    b.flush().unwrap();
+    assert!(store.pool_info().devices[0].failed);
+    store.create_volume("c", 4 * MIB).unwrap();
+    let c = store.open_volume("c").unwrap();
+    c.write_at(0, &block(3, 0, 1), false).unwrap();
+    c.write_at(E, &block(3, 1, 1), false).unwrap();
+    assert_eq!(c.extent_location(0).unwrap().device, 1);
+    assert_eq!(c.extent_location(1).unwrap().device, 1);
+}
