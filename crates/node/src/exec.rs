@@ -107,7 +107,10 @@ impl Pool {
                 state.last_progress_ns = self.now_ns();
                 state.busy.push(tid);
                 drop(state);
-                job();
+                // A panicking job must not take its thread (and the jobs behind it) down.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+                    tracing::error!("an I/O job panicked; its request gets no reply");
+                }
                 state = self.lock();
                 state.last_progress_ns = self.now_ns();
                 if let Some(i) = state.busy.iter().position(|&t| t == tid) {
@@ -396,6 +399,15 @@ mod tests {
         drop(hold);
         sleeper.join().unwrap();
         assert!(!thread_runnable(i32::MAX), "no such thread");
+    }
+
+    #[test]
+    fn a_panicking_job_does_not_take_the_worker_down() {
+        let exec = Executor::start(1).unwrap();
+        assert!(exec.submit(Box::new(|| panic!("test panic"))).is_ok());
+        let (tx, rx) = mpsc::channel();
+        assert!(exec.submit(Box::new(move || tx.send(7).unwrap())).is_ok());
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 7);
     }
 
     #[test]
