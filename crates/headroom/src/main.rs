@@ -146,6 +146,7 @@ impl ServeArgs {
                 cert_dir: self.tls_cert_dir.clone(),
                 required: self.tls_required.then_some(true),
             },
+            faults: None,
         }
     }
 }
@@ -230,6 +231,17 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
     let node = Node::start(loaded.node)
         .await
         .with_context(|| format!("starting the server {place}"))?;
+    // Before the ready line: no client request runs without the faults asked for.
+    if let Some(faults) = &loaded.faults {
+        node.store()
+            .inject_faults(faults)
+            .context("fault injection ([faults])")?;
+        tracing::warn!(
+            "fault injection is ON: {} rule(s), seed {} (a testing tool; docs/operations.md)",
+            faults.rules.len(),
+            faults.seed
+        );
+    }
 
     if let Some((name, size_bytes)) = sample {
         // Two sample volumes: one unlimited, one with QEMU's burst class, to compare.

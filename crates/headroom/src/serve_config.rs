@@ -32,6 +32,7 @@ use headroom_node::emulated::{EmulatedDeviceSpec, EmulatedError};
 use headroom_node::{Limits, NodeConfig, StoreBackend, TlsConfig};
 use headroom_qos::model::{CpuModel, DeviceModel, IoCostModel, LinearCpu, VopCurve};
 use headroom_qos::{CostModel, CostVector, NS_PER_S, NodeCapacity, PolicyParams};
+use headroom_store::{FaultConfig, FaultRule, FaultScope};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
@@ -153,6 +154,8 @@ pub struct ConfigFile {
     pub limits: LimitsSection,
     pub qos: QosSection,
     pub tls: TlsSection,
+    /// Fault injection (a testing tool); absent: off.
+    pub faults: Option<FaultsSection>,
 }
 
 /// `[tls]`: TLS on the NBD port (needs a build with `--features tls`).
@@ -166,6 +169,99 @@ pub struct TlsSection {
     pub cert_dir: Option<PathBuf>,
     /// Refuse clients that do not start TLS.
     pub required: Option<bool>,
+}
+
+/// `[faults]`: fault injection, a testing tool, off unless the section is there. Taken whole
+/// from the highest layer that has it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultsSection {
+    /// The same seed and the same order of requests give the same faults (default 0).
+    pub seed: Option<u64>,
+    /// `[[faults.rule]]` tables.
+    #[serde(rename = "rule")]
+    pub rules: Vec<FaultRuleSection>,
+}
+
+/// `[[faults.rule]]`: one [`FaultRule`]; exactly one of `volume` and `device`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultRuleSection {
+    /// Every request of this volume.
+    pub volume: Option<String>,
+    /// Every operation on this pool device (whichever volume).
+    pub device: Option<u32>,
+    pub offset_bytes: Option<Size>,
+    pub length_bytes: Option<Size>,
+    pub eio_read_permille: u32,
+    pub eio_write_permille: u32,
+    pub eio_sync_permille: u32,
+    pub enospc_write_permille: u32,
+    pub enospc_after_bytes: Option<Size>,
+    pub latency_spike_permille: u32,
+    pub latency_spike_ms: u64,
+    pub disappear_after_ops: Option<u64>,
+    pub disappear_after_ms: Option<u64>,
+}
+
+impl FaultsSection {
+    /// The store's fault configuration; the error names `faults.rule[i].KEY`.
+    pub fn config(&self) -> Result<FaultConfig, Invalid> {
+        let mut rules = Vec::with_capacity(self.rules.len());
+        for (i, r) in self.rules.iter().enumerate() {
+            let key = |k: &str| format!("faults.rule[{i}].{k}");
+            let scope = match (&r.volume, r.device) {
+                (Some(name), None) => FaultScope::Volume(name.clone()),
+                (None, Some(id)) => FaultScope::Device(id),
+                _ => {
+                    return Err(Invalid::new(
+                        format!("faults.rule[{i}]"),
+                        "",
+                        "needs exactly one of volume = \"NAME\" and device = ID",
+                    ));
+                }
+            };
+            let rule = FaultRule {
+                scope,
+                offset_bytes: r.offset_bytes.map_or(0, |s| s.0),
+                length_bytes: r.length_bytes.map(|s| s.0),
+                eio_read_permille: r.eio_read_permille,
+                eio_write_permille: r.eio_write_permille,
+                eio_sync_permille: r.eio_sync_permille,
+                enospc_write_permille: r.enospc_write_permille,
+                enospc_after_bytes: r.enospc_after_bytes.map(|s| s.0),
+                latency_spike_permille: r.latency_spike_permille,
+                latency_spike_ms: r.latency_spike_ms,
+                disappear_after_ops: r.disappear_after_ops,
+                disappear_after_ms: r.disappear_after_ms,
+            };
+            rule.validate()
+                .map_err(|e| Invalid::new(key(&e.key), e.value, e.allowed))?;
+            if rule.is_inert() {
+                return Err(Invalid::new(
+                    format!("faults.rule[{i}]"),
+                    "",
+                    "does nothing: set a *_permille, enospc_after_bytes or disappear_after_* key",
+                ));
+            }
+            rules.push(rule);
+        }
+        Ok(FaultConfig {
+            seed: self.seed.unwrap_or(0),
+            rules,
+        })
+    }
+}
+
+/// The fault injection in force: `None` without a `[faults]` section or rules.
+pub fn faults_config(layer: &ConfigFile) -> Result<Option<FaultConfig>, Invalid> {
+    match &layer.faults {
+        None => Ok(None),
+        Some(section) => {
+            let config = section.config()?;
+            Ok((!config.rules.is_empty()).then_some(config))
+        }
+    }
 }
 
 /// `[server]`: listeners and the I/O threads.
@@ -580,6 +676,7 @@ impl ConfigFile {
             limits,
             qos,
             tls,
+            faults: self.faults.or(lower.faults),
         }
     }
 
@@ -773,6 +870,9 @@ impl ConfigFile {
         }
         if let Some(device) = &q.cost.device {
             device.check()?;
+        }
+        if let Some(faults) = &self.faults {
+            faults.config()?;
         }
         Ok(())
     }
@@ -1010,6 +1110,8 @@ pub fn warnings(layer: &ConfigFile, config: &NodeConfig) -> Vec<String> {
 #[derive(Debug)]
 pub struct Loaded {
     pub node: NodeConfig,
+    /// Fault injection to install on the store once it is open (`[faults]`).
+    pub faults: Option<FaultConfig>,
     /// `--config`, if given.
     pub config_file: Option<PathBuf>,
     /// `DATA_DIR/calibration.toml`, if it was loaded.
@@ -1042,9 +1144,12 @@ pub fn load(cli: ConfigFile, config_path: Option<&Path>) -> Result<Loaded> {
     };
     let node =
         resolve(&merged).with_context(|| format!("invalid configuration (from {sources})"))?;
+    let faults = faults_config(&merged)
+        .with_context(|| format!("invalid configuration (from {sources})"))?;
     let warnings = warnings(&merged, &node);
     Ok(Loaded {
         node,
+        faults,
         config_file: config_path.map(Path::to_path_buf),
         calibration_file,
         warnings,
@@ -1676,5 +1781,86 @@ mod tests {
         }
         assert_eq!(resolved("[tls]\nrequired = false\n").tls, None);
         assert_eq!(resolved("").tls, None);
+    }
+
+    fn faults(text: &str) -> Result<Option<FaultConfig>, String> {
+        let layer = parse(text).map_err(|e| format!("{e:#}"))?;
+        faults_config(&layer).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn faults_reach_the_store_config_and_bad_rules_name_the_key() {
+        assert_eq!(faults("").unwrap(), None);
+        assert_eq!(faults("[faults]\nseed = 3\n").unwrap(), None);
+        let config = faults(
+            "[faults]\nseed = 7\n\
+             [[faults.rule]]\nvolume = \"v1\"\neio_read_permille = 10\noffset_bytes = \"1MiB\"\n\
+             length_bytes = \"4KiB\"\nlatency_spike_permille = 5\nlatency_spike_ms = 20\n\
+             [[faults.rule]]\ndevice = 1\neio_sync_permille = 1000\nenospc_after_bytes = \"64MiB\"\n\
+             disappear_after_ops = 100\ndisappear_after_ms = 2000\neio_write_permille = 1\n\
+             enospc_write_permille = 2\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(config.seed, 7);
+        let mut first = FaultRule::new(FaultScope::Volume("v1".into()));
+        first.eio_read_permille = 10;
+        first.offset_bytes = 1 << 20;
+        first.length_bytes = Some(4096);
+        first.latency_spike_permille = 5;
+        first.latency_spike_ms = 20;
+        let mut second = FaultRule::new(FaultScope::Device(1));
+        second.eio_sync_permille = 1000;
+        second.eio_write_permille = 1;
+        second.enospc_write_permille = 2;
+        second.enospc_after_bytes = Some(64 << 20);
+        second.disappear_after_ops = Some(100);
+        second.disappear_after_ms = Some(2000);
+        assert_eq!(config.rules, vec![first, second]);
+
+        let err = |text: &str| faults(text).unwrap_err();
+        assert!(
+            err("[[faults.rule]]\nvolume = \"v\"\neio_read_permille = 1001\n")
+                .contains("faults.rule[0].eio_read_permille = 1001: must be at most 1000")
+        );
+        assert!(
+            err("[[faults.rule]]\nvolume = \"v\"\ndevice = 0\neio_read_permille = 1\n")
+                .contains("faults.rule[0]: needs exactly one of volume")
+        );
+        assert!(err("[[faults.rule]]\neio_read_permille = 1\n").contains("exactly one"));
+        assert!(err("[[faults.rule]]\nvolume = \"v\"\n").contains("does nothing"));
+        assert!(err("[[faults.rule]]\nvolume = \"v\"\neio_reads = 1\n").contains("unknown field"));
+        assert!(
+            err("[[faults.rule]]\ndevice = 0\nlatency_spike_permille = 1\n")
+                .contains("faults.rule[0].latency_spike_ms = 0")
+        );
+        // The section is taken whole from the highest layer that has one.
+        let upper = parse("[[faults.rule]]\ndevice = 0\neio_read_permille = 1\n").unwrap();
+        let lower =
+            parse("[faults]\nseed = 9\n[[faults.rule]]\ndevice = 1\neio_read_permille = 2\n")
+                .unwrap();
+        let merged = faults_config(&upper.over(lower.clone())).unwrap().unwrap();
+        assert_eq!((merged.seed, merged.rules.len()), (0, 1));
+        assert_eq!(merged.rules[0].scope, FaultScope::Device(0));
+        let merged = faults_config(&ConfigFile::default().over(lower))
+            .unwrap()
+            .unwrap();
+        assert_eq!(merged.seed, 9);
+    }
+
+    #[test]
+    fn the_documented_faults_example_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let block = doc
+            .split("## Fault injection")
+            .nth(1)
+            .and_then(|section| section.split("```toml\n").nth(1))
+            .and_then(|rest| rest.split("```").next())
+            .expect("a toml block under \"## Fault injection\"");
+        let layer = ConfigFile::parse(block, &path).unwrap();
+        let config = faults_config(&layer).unwrap().expect("rules");
+        assert!(config.rules.len() >= 2, "{config:?}");
+        resolve(&layer).unwrap();
     }
 }

@@ -51,10 +51,16 @@ impl Allocator {
     }
 
     /// Picks and takes a free extent for `volume_id`, or `None` when the pool is full.
+    #[cfg(test)]
     pub(crate) fn allocate(&mut self, volume_id: u64) -> Option<PhysExtent> {
+        self.allocate_avoiding(volume_id, 0)
+    }
+
+    /// Like `allocate`, on the devices whose bit is clear in `avoid` (failed devices).
+    pub(crate) fn allocate_avoiding(&mut self, volume_id: u64, avoid: u64) -> Option<PhysExtent> {
         let counts = self.per_volume.get(&volume_id);
         let device = (0..self.device_count())
-            .filter(|&d| !self.free[d].is_empty())
+            .filter(|&d| !self.free[d].is_empty() && avoid & (1u64 << (d % 64)) == 0)
             .min_by_key(|&d| {
                 let mine = counts.map_or(0, |c| c[d]);
                 (mine, std::cmp::Reverse(self.free[d].len()), d)
@@ -91,6 +97,16 @@ impl Allocator {
         if let Some(free) = self.free.get_mut(phys.device as usize) {
             free.insert(phys.index);
         }
+    }
+
+    /// The first device in the bit set `devices` that holds an extent of `volume_id`.
+    pub(crate) fn first_device_holding(&self, volume_id: u64, devices: u64) -> Option<usize> {
+        let counts = self.per_volume.get(&volume_id)?;
+        counts
+            .iter()
+            .enumerate()
+            .find(|&(d, &n)| n > 0 && devices & (1u64 << (d % 64)) != 0)
+            .map(|(d, _)| d)
     }
 
     pub(crate) fn free_extents(&self, device: usize) -> u64 {
@@ -141,6 +157,19 @@ mod tests {
         assert_eq!(a.allocate(7).unwrap().device, 1);
         assert_eq!(a.allocate(7).unwrap().device, 0);
         assert_eq!(a.allocate(9).unwrap().device, 1);
+    }
+
+    #[test]
+    fn avoids_devices_and_finds_holders() {
+        let mut a = Allocator::new(&[4, 4, 4]);
+        let got: Vec<u32> = (0..4)
+            .map(|_| a.allocate_avoiding(1, 0b010).unwrap().device)
+            .collect();
+        assert_eq!(got, vec![0, 2, 0, 2]);
+        assert!(a.allocate_avoiding(1, 0b111).is_none());
+        assert_eq!(a.first_device_holding(1, 0b110), Some(2));
+        assert_eq!(a.first_device_holding(1, 0b010), None);
+        assert_eq!(a.first_device_holding(9, 0b111), None);
     }
 
     #[test]

@@ -12,12 +12,13 @@ use std::io;
 use std::num::NonZeroU64;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{OnceLock, RwLock};
 
 use rustix::fs::{Advice, FallocateFlags, SeekFrom};
 use rustix::io::Errno;
 
+use crate::fault::{self, ActiveRule, Fault, IoClass};
 use crate::layout::EXTENT_SIZE_BYTES;
 use crate::sync::{read, write};
 
@@ -35,7 +36,10 @@ pub(crate) struct Device {
     /// Set after a write or punch lands, cleared by the sync that covers it.
     dirty: AtomicBool,
     /// A sync failed once: dirty pages may have been dropped, so no later sync may claim success.
+    /// Also set when the device disappears (fault injection). New extents avoid failed devices.
     failed: AtomicBool,
+    /// Fault rules scoped to this device (`Store::inject_faults`); unset: none.
+    faults: OnceLock<Vec<ActiveRule>>,
 }
 
 #[derive(Debug)]
@@ -127,6 +131,7 @@ impl Device {
             }),
             dirty: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            faults: OnceLock::new(),
         }
     }
 
@@ -139,7 +144,55 @@ impl Device {
             backend: Backend::Memory(MemoryDevice { slots }),
             dirty: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            faults: OnceLock::new(),
         }
+    }
+
+    /// Installs the fault rules scoped to this device; false if some were installed already.
+    pub(crate) fn install_faults(&self, rules: Vec<ActiveRule>) -> bool {
+        self.faults.set(rules).is_ok()
+    }
+
+    /// Whether a sync failed (or the device disappeared): its data can no longer be made
+    /// durable.
+    pub(crate) fn is_failed(&self) -> bool {
+        if self.failed.load(Ordering::SeqCst) {
+            return true;
+        }
+        let vanished = self
+            .faults
+            .get()
+            .is_some_and(|rules| rules.iter().any(ActiveRule::vanished));
+        if vanished && !self.failed.swap(true, Ordering::SeqCst) {
+            tracing::error!(device = %self.label, "device gone; marked failed");
+        }
+        vanished
+    }
+
+    /// Runs the device's fault rules over one operation at byte `pos`. A device that
+    /// disappears is failed from then on (every later sync fails too).
+    fn inject(&self, class: IoClass, pos: u64, len: u64) -> io::Result<()> {
+        let Some(rules) = self.faults.get() else {
+            return Ok(());
+        };
+        match fault::apply(rules.iter(), class, pos, len) {
+            None => Ok(()),
+            Some((fault, rule)) => {
+                if fault == Fault::Gone && !self.failed.swap(true, Ordering::SeqCst) {
+                    tracing::error!(device = %self.label, "device gone; marked failed");
+                }
+                Err(self.context(pos, fault::io_error(fault, rule, class)))
+            }
+        }
+    }
+
+    /// `e` with the device and the byte position in its text (the kind is kept, so a full
+    /// filesystem's ENOSPC is still `StorageFull`).
+    fn context(&self, pos: u64, e: io::Error) -> io::Error {
+        io::Error::new(
+            e.kind(),
+            format!("device {} at byte {pos}: {e}", self.label),
+        )
     }
 
     pub(crate) fn is_memory(&self) -> bool {
@@ -179,8 +232,12 @@ impl Device {
     /// Reads `buf.len()` bytes at `off` inside physical extent `ext`.
     pub(crate) fn read(&self, ext: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let pos = self.check(ext, off, buf.len() as u64)?;
+        self.inject(IoClass::Read, pos, buf.len() as u64)?;
         match &self.backend {
-            Backend::File(f) => f.file.read_exact_at(buf, pos),
+            Backend::File(f) => f
+                .file
+                .read_exact_at(buf, pos)
+                .map_err(|e| self.context(pos, e)),
             Backend::Memory(m) => {
                 let slot = read(m.slot(ext)?);
                 match slot.as_deref() {
@@ -201,9 +258,12 @@ impl Device {
     /// Writes `data` at `off` inside physical extent `ext`.
     pub(crate) fn write(&self, ext: u32, off: u64, data: &[u8]) -> io::Result<()> {
         let pos = self.check(ext, off, data.len() as u64)?;
+        self.inject(IoClass::Write, pos, data.len() as u64)?;
         match &self.backend {
             Backend::File(f) => {
-                f.file.write_all_at(data, pos)?;
+                f.file
+                    .write_all_at(data, pos)
+                    .map_err(|e| self.context(pos, e))?;
                 self.mark_dirty();
                 Ok(())
             }
@@ -217,6 +277,7 @@ impl Device {
                     .get_mut(start..start + data.len())
                     .ok_or_else(|| invalid("memory extent range"))?;
                 dst.copy_from_slice(data);
+                self.mark_dirty();
                 Ok(())
             }
         }
@@ -225,27 +286,25 @@ impl Device {
     /// Zeroes `[off, off + len)` of extent `ext`, keeping the space allocated (NO_HOLE).
     pub(crate) fn zero(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
         let pos = self.check(ext, off, len)?;
+        self.inject(IoClass::Write, pos, len)?;
         match &self.backend {
-            Backend::File(f) => {
-                f.zero_range(pos, len)?;
-                self.mark_dirty();
-                Ok(())
-            }
-            Backend::Memory(m) => m.zero(ext, off, len, false),
+            Backend::File(f) => f.zero_range(pos, len).map_err(|e| self.context(pos, e))?,
+            Backend::Memory(m) => m.zero(ext, off, len, false)?,
         }
+        self.mark_dirty();
+        Ok(())
     }
 
     /// Deallocates `[off, off + len)` of extent `ext`; the range reads as zeros afterwards.
     pub(crate) fn punch(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
         let pos = self.check(ext, off, len)?;
+        self.inject(IoClass::Other, pos, len)?;
         match &self.backend {
-            Backend::File(f) => {
-                f.punch(pos, len)?;
-                self.mark_dirty();
-                Ok(())
-            }
-            Backend::Memory(m) => m.zero(ext, off, len, true),
+            Backend::File(f) => f.punch(pos, len).map_err(|e| self.context(pos, e))?,
+            Backend::Memory(m) => m.zero(ext, off, len, true)?,
         }
+        self.mark_dirty();
+        Ok(())
     }
 
     /// Deallocates `count` whole extents starting at `first` (one call for a contiguous run).
@@ -256,28 +315,25 @@ impl Device {
         if u64::from(first) + u64::from(count) > u64::from(self.extent_count) {
             return Err(invalid("physical extents outside the device"));
         }
+        let pos = u64::from(first) * EXTENT_SIZE_BYTES;
+        let len = u64::from(count) * EXTENT_SIZE_BYTES;
+        self.inject(IoClass::Other, pos, len)?;
         match &self.backend {
-            Backend::File(f) => {
-                f.punch(
-                    u64::from(first) * EXTENT_SIZE_BYTES,
-                    u64::from(count) * EXTENT_SIZE_BYTES,
-                )?;
-                self.mark_dirty();
-                Ok(())
-            }
+            Backend::File(f) => f.punch(pos, len).map_err(|e| self.context(pos, e))?,
             Backend::Memory(m) => {
                 for ext in first..first + count {
                     *write(m.slot(ext)?) = None;
                 }
-                Ok(())
             }
         }
+        self.mark_dirty();
+        Ok(())
     }
 
     /// Makes every write and punch that completed before this call durable, if any happened
     /// since the last sync. Used by FLUSH and metadata commits.
     pub(crate) fn sync_if_dirty(&self) -> io::Result<()> {
-        if self.failed.load(Ordering::SeqCst) {
+        if self.is_failed() {
             return Err(self.failed_error());
         }
         if self.dirty.swap(false, Ordering::SeqCst)
@@ -291,22 +347,27 @@ impl Device {
 
     /// Unconditional data sync (FUA). Once a sync fails the device stays failed.
     pub(crate) fn sync_now(&self) -> io::Result<()> {
-        if self.failed.load(Ordering::SeqCst) {
+        if self.is_failed() {
             return Err(self.failed_error());
         }
-        match &self.backend {
-            Backend::File(f) => rustix::fs::fdatasync(&f.file).map_err(|e| {
-                self.failed.store(true, Ordering::SeqCst);
+        let result = self
+            .inject(IoClass::Sync, 0, 0)
+            .and_then(|()| match &self.backend {
+                Backend::File(f) => rustix::fs::fdatasync(&f.file).map_err(io::Error::from),
+                Backend::Memory(_) => Ok(()),
+            });
+        result.map_err(|e| {
+            if !self.failed.swap(true, Ordering::SeqCst) {
                 tracing::error!(device = %self.label, error = %e, "fdatasync failed; device marked failed");
-                io::Error::from(e)
-            }),
-            Backend::Memory(_) => Ok(()),
-        }
+            }
+            e
+        })
     }
 
-    fn failed_error(&self) -> io::Error {
+    /// The error of every sync on a failed device.
+    pub(crate) fn failed_error(&self) -> io::Error {
         io::Error::other(format!(
-            "device {} failed an earlier sync; acknowledged data may be lost",
+            "device {} failed (a sync failed or it disappeared); acknowledged data on it may be lost",
             self.label
         ))
     }

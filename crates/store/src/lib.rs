@@ -16,6 +16,7 @@ mod config;
 mod device;
 mod error;
 mod extent_map;
+mod fault;
 mod layout;
 mod meta;
 mod name;
@@ -25,6 +26,7 @@ mod volume;
 
 pub use config::{DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, MAX_DEVICES, StoreConfig};
 pub use error::{MetadataError, StoreError};
+pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENCY_SPIKE_MS};
 pub use layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
 pub use name::{MAX_TENANT_ID_LEN, MAX_VOLUME_NAME_LEN, validate_tenant_id, validate_volume_name};
 pub use store::{DeviceInfo, NewVolume, PoolInfo, Store};

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +25,7 @@ use crate::config::{MAX_DEVICES, StoreConfig};
 use crate::device::{Device, open_device_file};
 use crate::error::{MetadataError, StoreError};
 use crate::extent_map::ExtentMap;
+use crate::fault::{ActiveRule, FaultConfig, FaultScope};
 use crate::layout::{
     EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, PhysExtent, VOLUME_SIZE_ALIGN_BYTES, extent_count,
 };
@@ -78,6 +79,30 @@ pub(crate) struct Shared {
     pub pool: Mutex<PoolState>,
     /// Serialises commits so that a commit's device syncs and its transaction stay ordered.
     commit_lock: Mutex<()>,
+    /// Fault rules scoped to volumes (`Store::inject_faults`); unset: none.
+    pub volume_faults: OnceLock<Vec<ActiveRule>>,
+}
+
+/// A set of device ids (ids are < `MAX_DEVICES` = 64).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct DeviceSet(pub u64);
+
+impl DeviceSet {
+    pub(crate) fn insert(&mut self, device: u32) {
+        self.0 |= 1u64 << (device % 64);
+    }
+
+    pub(crate) fn contains(self, device: u32) -> bool {
+        self.0 & (1u64 << (device % 64)) != 0
+    }
+
+    pub(crate) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub(crate) fn iter(self) -> impl Iterator<Item = usize> {
+        (0..64).filter(move |d| self.0 & (1u64 << d) != 0)
+    }
 }
 
 impl fmt::Debug for Shared {
@@ -98,18 +123,46 @@ impl Shared {
         })
     }
 
+    /// The devices that are failed (a sync failed, or they disappeared).
+    pub(crate) fn failed_devices(&self) -> DeviceSet {
+        let mut set = DeviceSet::default();
+        for d in self.devices.iter().filter(|d| d.is_failed()) {
+            set.insert(d.id);
+        }
+        set
+    }
+
+    /// The error for data on failed device `id`.
+    pub(crate) fn failed_error(&self, id: usize) -> StoreError {
+        match self.devices.get(id) {
+            Some(d) => StoreError::Io(d.failed_error()),
+            None => StoreError::Io(std::io::Error::other(format!("device {id} failed"))),
+        }
+    }
+
     /// The durability point. Makes every write, punch and extent-map change that completed
-    /// before the call durable, together with `ops`. If the transaction fails, the pending
-    /// changes stay pending (and `ops` too when `retain_ops_on_failure`, for changes already
-    /// applied in memory) so that a later commit retries them.
+    /// before the call durable, together with `ops`, and returns the devices whose data could
+    /// not be made durable (failed: a sync failed now or earlier, or the device is gone).
+    /// Extent-map changes are committed whatever the devices did, so one failed device does
+    /// not stop the pool: callers that promise durability check the failed set against what
+    /// they promise it for (a FLUSH: the volume's extents). Committing an allocation whose
+    /// data could not be synced is safe: the extent read zeros durably before it was
+    /// allocated, so after a crash it holds zeros or its own volume's unflushed data. A free
+    /// on a failed device may not have its punch on disk, so the extent is not reused (it
+    /// counts as leaked until the next start punches it). If the transaction fails, the
+    /// pending changes stay pending (and `ops` too when `retain_ops_on_failure`, for changes
+    /// already applied in memory) so that a later commit retries them.
     pub(crate) fn commit(
         &self,
         ops: &[MetaOp],
         retain_ops_on_failure: bool,
-    ) -> Result<(), StoreError> {
+    ) -> Result<DeviceSet, StoreError> {
         let _serial = lock(&self.commit_lock);
+        let mut failed = DeviceSet::default();
         for d in &self.devices {
-            d.sync_if_dirty()?;
+            if d.sync_if_dirty().is_err() {
+                failed.insert(d.id);
+            }
         }
         let (batch, mut all_ops) = {
             let mut pool = lock(&self.pool);
@@ -121,7 +174,7 @@ impl Shared {
         let retried_ops = all_ops.len();
         all_ops.extend_from_slice(ops);
         if batch.is_empty() && all_ops.is_empty() {
-            return Ok(());
+            return Ok(failed);
         }
         let changes: Vec<ExtentChange> = batch
             .iter()
@@ -177,11 +230,24 @@ impl Shared {
                 ..
             } = c
             {
-                pool.allocator.release(phys);
                 pool.quarantined = pool.quarantined.saturating_sub(1);
+                if failed.contains(phys.device) {
+                    pool.leaked += 1;
+                } else {
+                    pool.allocator.release(phys);
+                }
             }
         }
-        Ok(())
+        Ok(failed)
+    }
+
+    /// A commit that promises the durability of everything: any failed device is an error.
+    pub(crate) fn commit_all(&self, ops: &[MetaOp]) -> Result<(), StoreError> {
+        let failed = self.commit(ops, false)?;
+        match failed.iter().next() {
+            Some(id) => Err(self.failed_error(id)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -198,9 +264,16 @@ impl Drop for Shared {
     /// zero (no failed punch), record a clean shutdown so the next open skips the free-space
     /// punch.
     fn drop(&mut self) {
-        let clean = lock(&self.pool).leaked == 0;
+        let clean = lock(&self.pool).leaked == 0 && self.failed_devices().is_empty();
         match self.commit(&[MetaOp::SetClean(clean)], false) {
-            Ok(()) => tracing::debug!(clean, "store closed"),
+            // A device failed in this very commit (or a free on it leaked): not clean after all.
+            Ok(failed) if clean && (!failed.is_empty() || lock(&self.pool).leaked > 0) => {
+                if let Err(e) = self.commit(&[MetaOp::SetClean(false)], false) {
+                    tracing::error!(error = %e, "final commit at close failed");
+                }
+                tracing::debug!(clean = false, "store closed");
+            }
+            Ok(_) => tracing::debug!(clean, "store closed"),
             Err(e) => tracing::error!(error = %e, "final commit at close failed"),
         }
     }
@@ -233,6 +306,10 @@ pub struct DeviceInfo {
     pub free_extents: u64,
     /// Real space used (file blocks or RAM); `None` for block devices.
     pub physical_used_bytes: Option<u64>,
+    /// A sync failed or the device disappeared: its data can no longer be made durable, and
+    /// new extents go elsewhere. Absent from the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
 }
 
 /// What a new volume is created with besides its name and size.
@@ -521,6 +598,7 @@ impl Store {
                 quarantine_limit: (total_extents / 16).clamp(1, MAX_QUARANTINE_EXTENTS),
             }),
             commit_lock: Mutex::new(()),
+            volume_faults: OnceLock::new(),
         });
         let by_name = volumes
             .into_iter()
@@ -593,6 +671,7 @@ impl Store {
             tenant: options.tenant,
             read_only: options.read_only,
         };
+        // Failed devices do not matter here: the new volume has no data yet.
         self.shared.commit(
             &[
                 MetaOp::PutVolume(id, record.clone()),
@@ -706,9 +785,56 @@ impl Store {
         Ok(())
     }
 
-    /// Makes everything acknowledged so far durable (used at shutdown).
+    /// Makes everything acknowledged so far durable (used at shutdown). Fails if a device is
+    /// failed: its acknowledged data may be lost.
     pub fn flush_all(&self) -> Result<(), StoreError> {
-        self.shared.commit(&[], false)
+        self.shared.commit_all(&[])
+    }
+
+    /// Installs fault injection (a testing tool; `crate::fault`): rules scoped to a volume
+    /// act on that volume's requests, rules scoped to a device on every operation of that
+    /// device. Once per store; time-based rules count from this call. `InvalidConfig` for a
+    /// rule out of range, an unknown device id, or a second call.
+    pub fn inject_faults(&self, config: &FaultConfig) -> Result<(), StoreError> {
+        config
+            .validate()
+            .map_err(|e| StoreError::InvalidConfig(format!("faults: {e}")))?;
+        let started = Instant::now();
+        let mut per_device: Vec<Vec<ActiveRule>> =
+            self.shared.devices.iter().map(|_| Vec::new()).collect();
+        let mut per_volume = Vec::new();
+        for (index, rule) in config.rules.iter().enumerate() {
+            let active = ActiveRule::new(rule.clone(), index, config.seed, started);
+            match &rule.scope {
+                FaultScope::Volume(_) => per_volume.push(active),
+                FaultScope::Device(id) => per_device
+                    .get_mut(*id as usize)
+                    .ok_or_else(|| {
+                        StoreError::InvalidConfig(format!(
+                            "faults: rule[{index}].device = {id}: the pool has devices 0 to {}",
+                            self.shared.devices.len().saturating_sub(1)
+                        ))
+                    })?
+                    .push(active),
+            }
+        }
+        let already = || StoreError::InvalidConfig("faults: already installed".into());
+        if self.shared.volume_faults.set(per_volume).is_err() {
+            return Err(already());
+        }
+        for (device, rules) in self.shared.devices.iter().zip(per_device) {
+            if !device.install_faults(rules) {
+                return Err(already());
+            }
+        }
+        for rule in &config.rules {
+            tracing::warn!(
+                seed = config.seed,
+                "fault injection on {}: {rule:?}",
+                rule.scope
+            );
+        }
+        Ok(())
     }
 
     pub fn pool_info(&self) -> PoolInfo {
@@ -736,6 +862,7 @@ impl Store {
                 extent_count: u64::from(d.extent_count),
                 free_extents,
                 physical_used_bytes: d.physical_used_bytes(),
+                failed: d.is_failed(),
             })
             .collect();
         let total: u64 = devices.iter().map(|d| d.extent_count).sum();

@@ -9,16 +9,19 @@
 //! volume.
 
 use std::fmt;
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
 use crate::extent_map::{CHUNK_EXTENTS, ExtentMap};
+use crate::fault::{self, FaultScope, IoClass};
 use crate::layout::{EXTENT_SIZE_BYTES, PENDING_BIT, PhysExtent, Piece, extent_count, pieces};
 use crate::meta::{MetaOp, VolumeRecord};
-use crate::store::{Change, Shared};
+use crate::store::{Change, DeviceSet, Shared};
 use crate::sync::{lock, read, write};
 
 /// What the management API and CLI show about a volume.
@@ -87,6 +90,55 @@ pub struct Volume {
     size_bytes: AtomicU64,
     allocated_extents: AtomicU64,
     deleted: AtomicBool,
+    /// Warnings about failed requests, rate-limited.
+    errors: ErrorLog,
+}
+
+/// Warnings logged per volume and second about failed requests; the rest are counted and
+/// reported with the next failure after the second is over.
+const ERROR_LOG_PER_S: u64 = 10;
+
+/// Milliseconds since the first call (a process-wide monotonic clock for the rate limit).
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A rate-limited log of a volume's failed requests, so that a device that disappears
+/// under a busy client does not flood the log (approximate under races, never blocking).
+#[derive(Debug, Default)]
+struct ErrorLog {
+    window_start_ms: AtomicU64,
+    logged_in_window: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl ErrorLog {
+    fn log(&self, volume: &str, op: &'static str, offset: u64, length: u64, err: &StoreError) {
+        let now = now_ms();
+        let start = self.window_start_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(start) >= 1000
+            && self
+                .window_start_ms
+                .compare_exchange(start, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.logged_in_window.store(0, Ordering::Relaxed);
+            let skipped = self.suppressed.swap(0, Ordering::Relaxed);
+            if skipped > 0 {
+                tracing::warn!(
+                    volume,
+                    skipped,
+                    "{skipped} more failed requests of this volume were not logged (at most {ERROR_LOG_PER_S} a second)"
+                );
+            }
+        }
+        if self.logged_in_window.fetch_add(1, Ordering::Relaxed) < ERROR_LOG_PER_S {
+            tracing::warn!(volume, op, offset, length, error = %err, "request failed");
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl fmt::Debug for Volume {
@@ -102,20 +154,6 @@ impl fmt::Debug for Volume {
 /// Commits a full pool may run to recycle quarantined extents before a write gives up with
 /// `NoSpace` (others may take the recycled extents first).
 const MAX_RECLAIMS: u32 = 8;
-
-/// Devices touched by one request (device ids are < 64).
-#[derive(Clone, Copy, Default)]
-struct DeviceSet(u64);
-
-impl DeviceSet {
-    fn insert(&mut self, device: u32) {
-        self.0 |= 1u64 << (device % 64);
-    }
-
-    fn iter(self) -> impl Iterator<Item = usize> {
-        (0..64).filter(move |d| self.0 & (1u64 << d) != 0)
-    }
-}
 
 enum WriteOutcome {
     Done {
@@ -209,6 +247,7 @@ impl Volume {
             }),
             allocated_extents: AtomicU64::new(allocated_extents),
             deleted: AtomicBool::new(false),
+            errors: ErrorLog::default(),
         })
     }
 
@@ -290,8 +329,66 @@ impl Volume {
         Ok(())
     }
 
+    /// Runs this volume's fault rules (`crate::fault`) over one request, if any are
+    /// installed. Requests that would fail anyway (deleted volume, out of range) are left to
+    /// fail with their own error.
+    fn inject(&self, class: IoClass, offset: u64, len: u64) -> Result<(), StoreError> {
+        let Some(rules) = self.shared.volume_faults.get() else {
+            return Ok(());
+        };
+        if self.check_live().is_err() || check_range(self.size_bytes(), offset, len).is_err() {
+            return Ok(());
+        }
+        let mine = rules
+            .iter()
+            .filter(|r| matches!(&r.rule.scope, FaultScope::Volume(name) if *name == self.name));
+        match fault::apply(mine, class, offset, len) {
+            None => Ok(()),
+            Some((fault, rule)) => Err(StoreError::Io(fault::io_error(fault, rule, class))),
+        }
+    }
+
+    /// A request failed: log device failures and a full pool (rate-limited), and report a
+    /// full device (ENOSPC from the filesystem under a device file) on a write as `NoSpace`.
+    fn failed(&self, op: &'static str, offset: u64, length: u64, err: StoreError) -> StoreError {
+        if matches!(err, StoreError::Io(_) | StoreError::NoSpace) {
+            self.errors.log(&self.name, op, offset, length, &err);
+        }
+        match err {
+            StoreError::Io(e)
+                if e.kind() == io::ErrorKind::StorageFull
+                    && matches!(op, "write" | "write_zeroes") =>
+            {
+                StoreError::NoSpace
+            }
+            other => other,
+        }
+    }
+
+    /// The error for a promise of durability if this volume has extents on a device in
+    /// `failed` (its data there may be lost).
+    fn check_failed(&self, failed: DeviceSet) -> Result<(), StoreError> {
+        if failed.is_empty() {
+            return Ok(());
+        }
+        let holder = lock(&self.shared.pool)
+            .allocator
+            .first_device_holding(self.id, failed.0);
+        match holder {
+            Some(device) => Err(self.shared.failed_error(device)),
+            None => Ok(()),
+        }
+    }
+
     /// Reads `buf.len()` bytes at `offset`. Unwritten ranges read as zeros.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let len = buf.len() as u64;
+        self.inject(IoClass::Read, offset, len)
+            .and_then(|()| self.read_inner(offset, buf))
+            .map_err(|e| self.failed("read", offset, len, e))
+    }
+
+    fn read_inner(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let st = read(&self.state);
         self.check_live()?;
         check_range(st.size_bytes, offset, buf.len() as u64)?;
@@ -312,6 +409,13 @@ impl Volume {
     /// Writes `data` at `offset`, allocating extents on first write. With `fua`, the data (and
     /// the allocation of any extent it created) is durable when this returns.
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
+        let len = data.len() as u64;
+        self.inject(IoClass::Write, offset, len)
+            .and_then(|()| self.write_inner(offset, data, fua))
+            .map_err(|e| self.failed("write", offset, len, e))
+    }
+
+    fn write_inner(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
         let mut reclaims = 0;
         loop {
             match self.write_once(offset, data)? {
@@ -320,6 +424,7 @@ impl Volume {
                     needs_commit,
                 } => {
                     if fua {
+                        self.inject(IoClass::Sync, offset, data.len() as u64)?;
                         self.make_durable(touched, needs_commit)?;
                     }
                     return Ok(());
@@ -375,17 +480,23 @@ impl Volume {
                 size_bytes: st.size_bytes,
             });
         };
+        // New extents go to devices that can still make data durable.
+        let avoid = self.shared.failed_devices();
         let mut pool = lock(&self.shared.pool);
         let current = slot.load(Ordering::Acquire);
         if current != 0 {
             return Ok(Some(current)); // another writer allocated it first
         }
-        let Some(phys) = pool.allocator.allocate(self.id) else {
-            return if pool.quarantined > 0 {
-                Ok(None)
-            } else {
-                Err(StoreError::NoSpace)
-            };
+        let Some(phys) = pool.allocator.allocate_avoiding(self.id, avoid.0) else {
+            if pool.quarantined > 0 {
+                return Ok(None);
+            }
+            if avoid.iter().any(|d| pool.allocator.free_extents(d) > 0) {
+                return Err(StoreError::Io(io::Error::other(
+                    "no free extent on a healthy device (the devices with free space failed)",
+                )));
+            }
+            return Err(StoreError::NoSpace);
         };
         pool.pending.push(Change::Alloc {
             volume: self.me.clone(),
@@ -417,7 +528,11 @@ impl Volume {
     /// request relies on is not yet durable.
     fn make_durable(&self, touched: DeviceSet, needs_commit: bool) -> Result<(), StoreError> {
         if needs_commit {
-            return self.shared.commit(&[], false);
+            let failed = self.shared.commit(&[], false)?;
+            return match touched.iter().find(|&d| failed.contains(d as u32)) {
+                Some(device) => Err(self.shared.failed_error(device)),
+                None => Ok(()),
+            };
         }
         for d in touched.iter() {
             if let Some(dev) = self.shared.devices.get(d) {
@@ -439,6 +554,18 @@ impl Volume {
         may_release: bool,
         fua: bool,
     ) -> Result<(), StoreError> {
+        self.inject(IoClass::Write, offset, len)
+            .and_then(|()| self.write_zeroes_inner(offset, len, may_release, fua))
+            .map_err(|e| self.failed("write_zeroes", offset, len, e))
+    }
+
+    fn write_zeroes_inner(
+        &self,
+        offset: u64,
+        len: u64,
+        may_release: bool,
+        fua: bool,
+    ) -> Result<(), StoreError> {
         if may_release {
             return self.discard(offset, len, fua);
         }
@@ -450,6 +577,7 @@ impl Volume {
                     needs_commit,
                 } => {
                     if fua {
+                        self.inject(IoClass::Sync, offset, len)?;
                         self.make_durable(touched, needs_commit)?;
                     }
                     return Ok(());
@@ -496,7 +624,9 @@ impl Volume {
     /// NBD TRIM: releases the whole extents covered and punches partial ones. Trimmed ranges
     /// read as zeros afterwards (stronger than NBD requires, and deterministic).
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), StoreError> {
-        self.discard(offset, len, fua)
+        self.inject(IoClass::Other, offset, len)
+            .and_then(|()| self.discard(offset, len, fua))
+            .map_err(|e| self.failed("trim", offset, len, e))
     }
 
     /// TRIM and releasing WRITE_ZEROES: punch the allocated partial pieces, release the
@@ -521,7 +651,10 @@ impl Volume {
             self.release_locked(&mut st, first, end)?;
         }
         if fua || (needs_release && self.shared.quarantine_full()) {
-            self.shared.commit(&[], false)?;
+            let failed = self.shared.commit(&[], false)?;
+            if fua {
+                self.check_failed(failed)?;
+            }
         }
         Ok(())
     }
@@ -610,14 +743,21 @@ impl Volume {
 
     /// Makes every write acknowledged before the call durable, on all devices, together with
     /// the extent allocations and frees of every volume (one pool-wide commit).
+    /// Fails if the volume has an extent on a failed device (its data there may be lost);
+    /// other devices' failures do not concern it.
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.check_live()?;
-        self.shared.commit(&[], false)
+        self.check_live()
+            .and_then(|()| self.inject(IoClass::Sync, 0, 0))
+            .and_then(|()| self.shared.commit(&[], false))
+            .and_then(|failed| self.check_failed(failed))
+            .map_err(|e| self.failed("flush", 0, 0, e))
     }
 
     /// Advisory prefetch of `[offset, offset + len)` (NBD CACHE): read-ahead hints for the
     /// allocated parts on file devices; a no-op for holes and RAM.
     pub fn cache(&self, offset: u64, len: u64) -> Result<(), StoreError> {
+        self.inject(IoClass::Other, offset, len)
+            .map_err(|e| self.failed("cache", offset, len, e))?;
         let st = read(&self.state);
         self.check_live()?;
         check_range(st.size_bytes, offset, len)?;
@@ -636,6 +776,9 @@ impl Volume {
     /// allocated extents, ranges the device knows are unallocated (punched) are reported as
     /// holes too. `offset` past the end is `OutOfRange` (unless `len` is 0).
     pub fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
+        let clipped = len.min(self.size_bytes().saturating_sub(offset));
+        self.inject(IoClass::Other, offset, clipped)
+            .map_err(|e| self.failed("block_status", offset, len, e))?;
         let st = read(&self.state);
         self.check_live()?;
         if offset > st.size_bytes || (offset == st.size_bytes && len > 0) {

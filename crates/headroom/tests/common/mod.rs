@@ -153,6 +153,14 @@ impl Server {
         );
     }
 
+    /// SIGTERM and wait for the exit, whatever its status (a server with a failed device
+    /// exits non-zero because it cannot flush); returns the status.
+    pub fn stop_any(mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        signal(child.id(), "TERM");
+        child.wait().expect("wait")
+    }
+
     /// SIGKILL: no chance to flush anything.
     pub fn kill9(mut self) {
         let mut child = self.child.take().expect("running");
