@@ -918,6 +918,16 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     config.inline_max_bytes = sv
         .inline_max_bytes
         .map(|s| u32::try_from(s.0).unwrap_or(u32::MAX));
+    // Injected latency spikes block the thread a request runs on; run inline on a network
+    // thread, a spike would stall every connection of that thread, which no real memory
+    // device does. Unless the operator chose an inline size, nothing runs inline then.
+    let spikes = layer
+        .faults
+        .as_ref()
+        .is_some_and(|f| f.rules.iter().any(|r| r.latency_spike_permille > 0));
+    if spikes && config.inline_max_bytes.is_none() {
+        config.inline_max_bytes = Some(0);
+    }
     config.emulated_device = st.emulated.as_ref().map(emulated_spec);
 
     config.limits = limits(&layer.limits)?;
@@ -1786,6 +1796,19 @@ mod tests {
     fn faults(text: &str) -> Result<Option<FaultConfig>, String> {
         let layer = parse(text).map_err(|e| format!("{e:#}"))?;
         faults_config(&layer).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn latency_spikes_turn_inline_execution_off_unless_it_was_chosen() {
+        let spikes = "[storage]\nmemory = \"1GiB\"\n[[faults.rule]]\nvolume = \"v\"\n\
+                      latency_spike_permille = 5\nlatency_spike_ms = 20\n";
+        assert_eq!(resolved(spikes).inline_max_bytes, Some(0));
+        let chosen = format!("{spikes}[server]\ninline_max_bytes = \"16KiB\"\n");
+        assert_eq!(resolved(&chosen).inline_max_bytes, Some(16 << 10));
+        // Errors only: the backend's own default stays.
+        let errors = "[storage]\nmemory = \"1GiB\"\n[[faults.rule]]\nvolume = \"v\"\n\
+                      eio_read_permille = 5\n";
+        assert_eq!(resolved(errors).inline_max_bytes, None);
     }
 
     #[test]
