@@ -2,6 +2,7 @@
 //! committed corpus, and refuses to pass on a missing or empty corpus (so a replay test can
 //! never pass by not running).
 
+use std::io::Write;
 use std::path::Path;
 
 /// Runs `check` on every file in `corpus_root/<target>/` and returns how many it ran.
@@ -26,11 +27,14 @@ pub fn replay(corpus_root: &Path, target: &str, check: fn(&[u8])) -> usize {
             Ok(bytes) => bytes,
             Err(err) => panic!("cannot read {}: {err}", path.display()),
         };
+        // Captured: shown only when the check fails, naming the input.
         eprintln!("replaying {}", path.display());
         check(&bytes);
     }
-    println!(
-        "{target}: replayed {} corpus inputs from {}",
+    // Straight to stderr, past the test harness's capture, so every `cargo test` run shows it.
+    let _ = writeln!(
+        std::io::stderr(),
+        "fuzz corpus {target}: replayed {} inputs from {}",
         files.len(),
         dir.display()
     );
