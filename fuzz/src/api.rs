@@ -341,7 +341,7 @@ fn check_list_query(data: &[u8]) {
 
 /// Valid bodies for the `api_bodies` target: what the CLI sends.
 pub fn api_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    let seeds: [(&'static str, &str); 9] = [
+    let seeds: [(&'static str, &str); 11] = [
         ("create", r#"{"name":"vol1","size_bytes":1073741824}"#),
         (
             "create_tenant_read_only",
@@ -367,6 +367,14 @@ pub fn api_seeds() -> Vec<(&'static str, Vec<u8>)> {
         (
             "qos_preset_change",
             r#"{"qos":{"preset":"io2:iops=16000"},"size_bytes":8589934592}"#,
+        ),
+        (
+            "create_at_the_limits",
+            r#"{"name":"L","size_bytes":1,"qos":{"baseline_iops":100000000,"ceiling_iops":100000000,"baseline_mbps":1000000,"ceiling_mbps":1000000,"burst":"none","weight":10000}}"#,
+        ),
+        (
+            "qos_change_credits",
+            r#"{"qos":{"baseline_iops":1,"ceiling_iops":99999999,"baseline_mbps":1,"ceiling_mbps":999999,"burst":"credits","weight":9999},"size_bytes":18446744073709551615}"#,
         ),
         ("list_query", "tenant=alice%20b"),
     ];
