@@ -15,7 +15,8 @@
 //!
 //! Checked: nothing panics; a refused body is the client's fault (a 4xx, never a 5xx); a
 //! decoded body re-encodes to JSON that decodes to the same body; an accepted name or tenant
-//! obeys the documented rules; a resolved QoS is valid, honours the fields given, reads back
+//! obeys the documented rules; a resolved QoS is valid, can run I/O (no ceiling of 0), honours
+//! the fields given, reads back
 //! identical from its stored JSON record (so it survives a restart), and a change that gives
 //! nothing changes nothing.
 
@@ -211,6 +212,11 @@ fn check_resolve(spec: &QosSpec, size_bytes: u64) -> Option<StoredQos> {
     let q = &stored.qos;
     assert!(q.validate().is_ok(), "resolved to an invalid QoS {q:?}");
     assert!(q.baseline.le(&q.ceiling), "baseline above ceiling");
+    // A ceiling of 0 in either dimension is a volume that never runs an I/O.
+    assert!(
+        q.ceiling.iops > 0 && q.ceiling.bytes_per_s > 0,
+        "{spec:?} resolved to a volume that can never run an I/O: {q:?}"
+    );
     if let Some(w) = spec.weight {
         assert_eq!(q.weight, w, "weight not honoured");
     }
