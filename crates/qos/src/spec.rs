@@ -33,7 +33,9 @@
 //!      baseline (a given ceiling above the baseline has no effect; one below it has already
 //!      lowered the baseline in step 2). Without a preset, a dimension with no baseline given
 //!      takes its ceiling as that rate (`{burst: none, ceiling_iops: 500}` is a fixed 500 IOPS;
-//!      nothing given at all is a fixed "unlimited"). Credit buckets are dropped.
+//!      nothing given at all is a fixed "unlimited"). Credit buckets are dropped. A baseline
+//!      of 0 (given, or the preset's) is an error here: the fixed rate would be 0, so the
+//!      volume would never run an I/O.
 //!    - `on-demand`: above the baseline up to the ceiling whenever the node has spare
 //!      capacity; credit buckets are dropped and the ceiling is not changed (a fixed-rate
 //!      preset such as gp3 needs a `ceiling_*` to burst at all).
@@ -56,7 +58,7 @@
 //! 6. **Validation** ([`VolumeQos::validate`]).
 //!
 //! Rejected, with [`QosError::InvalidQos`] naming the field and value: a volume size of 0; a
-//! given ceiling of 0 (omit it for no ceiling); a given ceiling below the baseline given in
+//! given ceiling of 0 (omit it for no ceiling); `burst: none` over a baseline of 0; a given ceiling below the baseline given in
 //! the same dimension; a weight of 0 or above [`MAX_WEIGHT`]; any IOPS above [`MAX_IOPS`] or
 //! MB/s above [`MAX_MBPS`]. An unknown or malformed preset, or a size the preset does not
 //! sell, is the presets module's [`QosError::InvalidPreset`], passed through.
@@ -229,6 +231,18 @@ impl QosSpec {
                         (d.set)(&mut q.baseline, ceiling);
                     }
                     let baseline = (d.get)(&q.baseline);
+                    // The fixed rate is the baseline: at 0 the volume could never run an I/O
+                    // (every request would wait forever), the effect of a ceiling of 0.
+                    if baseline == 0 {
+                        return Err(invalid(format!(
+                            "burst none with baseline_{} 0: the volume would be fixed at 0 {} \
+                             and never run an I/O (give baseline_{} > 0, or burst on-demand to \
+                             run on spare capacity)",
+                            d.unit,
+                            d.unit.to_uppercase(),
+                            d.unit
+                        )));
+                    }
                     (d.set)(&mut q.ceiling, baseline);
                 }
                 q.burst = BurstMode::None;
@@ -713,6 +727,43 @@ mod tests {
             GIB,
         );
         assert!(e.contains("baseline_iops 0"), "{e}");
+    }
+
+    /// Found by the `api_bodies` fuzz target (`fuzz/corpus/api_bodies/regression-burst-none-zero-baseline`):
+    /// `{"baseline_iops":0,"burst":"none"}` resolved to a fixed 0 IOPS (baseline = ceiling = 0),
+    /// a volume whose every request waits forever, which a given `ceiling_iops: 0` is refused for.
+    #[test]
+    fn burst_none_over_a_zero_baseline_is_refused() {
+        let e = err_text(
+            &QosSpec {
+                baseline_iops: Some(0),
+                burst: Some(BurstKind::None),
+                weight: Some(10_000),
+                ..QosSpec::default()
+            },
+            1,
+        );
+        assert!(e.contains("burst none with baseline_iops 0"), "{e}");
+        let e = err_text(
+            &QosSpec {
+                baseline_iops: Some(100),
+                baseline_mbps: Some(0),
+                burst: Some(BurstKind::None),
+                ..QosSpec::default()
+            },
+            GIB,
+        );
+        assert!(e.contains("burst none with baseline_mbps 0"), "{e}");
+        // A zero baseline is still fine where the volume may run above it.
+        let q = QosSpec {
+            baseline_iops: Some(0),
+            burst: Some(BurstKind::OnDemand),
+            ..QosSpec::default()
+        }
+        .resolve(GIB)
+        .unwrap();
+        assert_eq!(q.baseline.iops, 0);
+        assert!(q.ceiling.iops > 0);
     }
 
     #[test]

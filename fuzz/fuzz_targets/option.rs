@@ -1,0 +1,5 @@
+//! Fuzz target `option`: see `headroom_fuzz::nbd::check_option` for the input layout and what is
+//! checked.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| headroom_fuzz::nbd::check_option(data));
