@@ -51,7 +51,7 @@
 //! the socket; nothing here grows without a bound.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 
 use headroom_qos::model::is_sequential;
@@ -195,6 +195,9 @@ pub struct VolumeHandle {
     /// volume is bursting and its baseline requests take the gate too. Changed only under the
     /// gate's lock.
     gate_burst_requests: AtomicUsize,
+    /// The volume runs on its home worker only, with its whole QoS: a rate of it is too small
+    /// to split over the workers (see [`too_small_to_split`]).
+    pinned: AtomicBool,
 }
 
 impl VolumeHandle {
@@ -369,13 +372,19 @@ impl<J: Send + 'static> Scheduler<J> {
         self.wakeups.changed.notify_all();
     }
 
-    /// The share of a volume's QoS one worker enforces, and on which workers.
+    /// The share of a volume's QoS one worker enforces, and on which workers. A volume
+    /// [`too_small_to_split`] is registered with its whole QoS on every worker, and
+    /// [`Scheduler::pick_worker`] sends its requests to its home worker only.
     fn shares(&self, home: usize, qos: &VolumeQos) -> Vec<(usize, VolumeQos)> {
         let n = self.workers.len();
         match self.dispatch {
             DispatchMode::OneToOne => vec![(home, *qos)],
             DispatchMode::OneToN | DispatchMode::Stealing => {
-                let share = qos.scaled(1, n as u64);
+                let share = if too_small_to_split(qos, n as u64) {
+                    *qos
+                } else {
+                    qos.scaled(1, n as u64)
+                };
                 (0..n).map(|w| (w, share)).collect()
             }
         }
@@ -405,6 +414,7 @@ impl<J: Send + 'static> Scheduler<J> {
             counters: PhaseCounters::default(),
             qos: Mutex::new(*qos),
             gate_burst_requests: AtomicUsize::new(0),
+            pinned: AtomicBool::new(too_small_to_split(qos, self.workers.len() as u64)),
         });
         let now = self.clock.now_ns();
         for (w, share) in self.shares(handle.home_worker, qos) {
@@ -429,6 +439,10 @@ impl<J: Send + 'static> Scheduler<J> {
     /// bucket) and never refill it, and queued requests are judged by the new QoS at once.
     pub fn update_qos(&self, handle: &Arc<VolumeHandle>, qos: &VolumeQos) {
         *lock(&handle.qos) = *qos;
+        handle.pinned.store(
+            too_small_to_split(qos, self.workers.len() as u64),
+            Ordering::Relaxed,
+        );
         let now = self.clock.now_ns();
         let mut ready = Vec::new();
         for (w, share) in self.shares(handle.home_worker, qos) {
@@ -540,6 +554,9 @@ impl<J: Send + 'static> Scheduler<J> {
         let n = self.workers.len();
         if n == 1 {
             return 0;
+        }
+        if handle.pinned.load(Ordering::Relaxed) {
+            return handle.home_worker;
         }
         match self.dispatch {
             DispatchMode::OneToN => handle.spray.fetch_add(1, Ordering::Relaxed) % n,
@@ -1028,6 +1045,22 @@ fn wake_loop<J: Send + 'static>(
     }
 }
 
+/// Whether splitting `qos` over `workers` would round one of its finite, non-zero rates (or
+/// credit refills) down to zero per worker: a ceiling of 3 IOPS over 4 workers would give each
+/// 0 IOPS, and the volume would never run. Such a volume runs whole on one worker instead
+/// (rounding up would let it exceed its ceiling up to `workers` times).
+fn too_small_to_split(qos: &VolumeQos, workers: u64) -> bool {
+    let small = |r: u64| r > 0 && r != u64::MAX && r < workers;
+    let rate_small = |r: headroom_qos::IoRate| small(r.iops) || small(r.bytes_per_s);
+    let bucket_small = |b: &Option<headroom_qos::CreditBucketSpec>| {
+        b.as_ref().is_some_and(|b| small(b.refill_per_s))
+    };
+    rate_small(qos.baseline)
+        || rate_small(qos.ceiling)
+        || matches!(&qos.burst, headroom_qos::BurstMode::Credits(c)
+            if bucket_small(&c.iops) || bucket_small(&c.bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1107,6 +1140,45 @@ mod tests {
 
     fn waiting(s: &Scheduler<u32>) -> usize {
         lock(&s.gate.state).waiting.len()
+    }
+
+    #[test]
+    fn a_ceiling_below_the_worker_count_still_runs_under_one_to_n() {
+        // 3 IOPS over 4 workers would be 0 IOPS per worker: the volume runs whole on its home
+        // worker instead, under every policy, and its first request runs at once.
+        for kind in PolicyKind::ALL {
+            let config = QosConfig {
+                policy: PolicyChoice::Policy(kind),
+                workers: 4,
+                dispatch: DispatchMode::OneToN,
+                ..QosConfig::default()
+            };
+            let collect = Arc::new(Collect::default());
+            let s =
+                Scheduler::start(&config, Clock::new(), collect.clone(), None).expect("scheduler");
+            let tiny = VolumeQos::fixed(headroom_qos::IoRate::new(3, u64::MAX));
+            let volume = s.add_volume(7, &tiny);
+            let mut ready = Vec::new();
+            s.submit(&volume, read(0), 0, &mut ready);
+            let ran = dispatched(&s, &collect, &volume, ready);
+            assert_eq!(ran.len(), 1, "{kind}: the request never ran");
+            // A QoS that splits again spreads the volume over the workers again.
+            s.update_qos(
+                &volume,
+                &VolumeQos::fixed(headroom_qos::IoRate::new(4_000, u64::MAX)),
+            );
+            assert!(!volume.pinned.load(Ordering::Relaxed), "{kind}");
+            s.stop();
+        }
+        assert!(too_small_to_split(
+            &VolumeQos::fixed(headroom_qos::IoRate::new(u64::MAX, 3)),
+            4
+        ));
+        assert!(!too_small_to_split(&VolumeQos::default(), 4));
+        assert!(!too_small_to_split(
+            &VolumeQos::fixed(headroom_qos::IoRate::new(3, u64::MAX)),
+            1
+        ));
     }
 
     #[test]
@@ -1201,6 +1273,7 @@ mod tests {
             counters: PhaseCounters::default(),
             qos: Mutex::new(VolumeQos::default()),
             gate_burst_requests: AtomicUsize::new(0),
+            pinned: AtomicBool::new(false),
         })
     }
 
