@@ -373,18 +373,17 @@ impl<J: Send + 'static> Scheduler<J> {
     }
 
     /// The share of a volume's QoS one worker enforces, and on which workers. A volume
-    /// [`too_small_to_split`] is registered with its whole QoS on every worker, and
-    /// [`Scheduler::pick_worker`] sends its requests to its home worker only.
+    /// [`too_small_to_split`] runs whole on its home worker, as under 1-to-1
+    /// ([`Scheduler::pick_worker`] sends its requests there).
     fn shares(&self, home: usize, qos: &VolumeQos) -> Vec<(usize, VolumeQos)> {
         let n = self.workers.len();
         match self.dispatch {
             DispatchMode::OneToOne => vec![(home, *qos)],
+            DispatchMode::OneToN | DispatchMode::Stealing if too_small_to_split(qos, n as u64) => {
+                vec![(home, *qos)]
+            }
             DispatchMode::OneToN | DispatchMode::Stealing => {
-                let share = if too_small_to_split(qos, n as u64) {
-                    *qos
-                } else {
-                    qos.scaled(1, n as u64)
-                };
+                let share = qos.scaled(1, n as u64);
                 (0..n).map(|w| (w, share)).collect()
             }
         }
@@ -507,7 +506,13 @@ impl<J: Send + 'static> Scheduler<J> {
     pub fn credits(&self, handle: &VolumeHandle) -> (Option<u64>, Option<u64>) {
         let mut iops: Option<u64> = None;
         let mut bytes: Option<u64> = None;
-        for worker in &self.workers {
+        // A pinned volume's balance is its home worker's (other workers may still hold the
+        // share it had before a QoS change pinned it: stale, and not added).
+        let pinned = handle.pinned.load(Ordering::Relaxed);
+        for (w, worker) in self.workers.iter().enumerate() {
+            if pinned && w != handle.home_worker {
+                continue;
+            }
             let state = lock(&worker.state);
             if let Some(s) = state.policy.snapshot(handle.id) {
                 if let Some(v) = s.iops_credits {
