@@ -5,6 +5,11 @@
 //! fault it was (400 bad input, bad QoS or bad tenant id, 404 unknown volume, 409 name taken,
 //! 507 pool full).
 //!
+//! Bad requests never get axum's plain-text rejections: malformed JSON (400), a body of the
+//! wrong shape or with unknown fields (422), a body over the limit (413), a missing JSON
+//! content type (415), a bad query (400), an unknown route (404) and a method a route does not
+//! have (405) all answer the same JSON error body.
+//!
 //! A volume's QoS is set at creation (`qos` in `POST /v1/volumes`) and changed live
 //! (`qos` in `PATCH /v1/volumes/{name}`): the change reaches the scheduler at once, without
 //! reconnecting clients and without refilling credit buckets. A bad QoS changes nothing.
@@ -17,8 +22,9 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use headroom_qos::QosSpec;
@@ -36,6 +42,7 @@ use crate::volume_qos::{CreditsView, PhasesView, QosView, StoredQos};
 
 /// Body of `POST /v1/volumes`.
 #[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct CreateVolume {
     pub name: String,
     pub size_bytes: u64,
@@ -53,6 +60,7 @@ pub struct CreateVolume {
 
 /// Query of `GET /v1/volumes`.
 #[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only this tenant's volumes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,6 +69,7 @@ pub struct ListQuery {
 
 /// Body of `PATCH /v1/volumes/{name}`.
 #[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct UpdateVolume {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
@@ -151,6 +160,32 @@ pub enum ApiError {
     Store(StoreError),
     /// The QoS asked for is invalid; nothing was changed.
     Qos(String),
+    /// The request itself is wrong (body, query, route, method): its status, kind and reason.
+    Request(StatusCode, &'static str, String),
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        let status = rejection.status();
+        let kind = match &rejection {
+            JsonRejection::JsonSyntaxError(_) => "malformed_json",
+            JsonRejection::JsonDataError(_) => "invalid_body",
+            JsonRejection::MissingJsonContentType(_) => "unsupported_media_type",
+            _ if status == StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+            _ => "invalid_body",
+        };
+        ApiError::Request(status, kind, rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        ApiError::Request(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            rejection.body_text(),
+        )
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -163,6 +198,13 @@ impl IntoResponse for ApiError {
                     kind: "invalid_qos".to_string(),
                 };
                 return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+            }
+            ApiError::Request(status, kind, reason) => {
+                let body = ApiErrorBody {
+                    error: reason,
+                    kind: kind.to_string(),
+                };
+                return (status, Json(body)).into_response();
             }
         };
         let (status, kind) = match &store_err {
@@ -205,7 +247,25 @@ pub fn router(state: ApiState) -> Router {
             "/v1/volumes/{name}",
             get(show_volume).patch(update_volume).delete(delete_volume),
         )
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+async fn unknown_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::Request(
+        StatusCode::NOT_FOUND,
+        "unknown_route",
+        format!("no route {method} {}", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::Request(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not take {method}", uri.path()),
+    )
 }
 
 /// Serves the API until `stop` turns true.
@@ -240,8 +300,9 @@ async fn pool(State(state): State<ApiState>) -> Json<serde_json::Value> {
 
 async fn list_volumes(
     State(state): State<ApiState>,
-    Query(query): Query<ListQuery>,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> ApiResult<Json<Vec<VolumeView>>> {
+    let Query(query) = query?;
     if let Some(tenant) = &query.tenant {
         headroom_store::validate_tenant_id(tenant)?;
     }
@@ -293,8 +354,9 @@ fn view(state: &ApiState, info: &VolumeInfo) -> VolumeView {
 
 async fn create_volume(
     State(state): State<ApiState>,
-    Json(body): Json<CreateVolume>,
+    body: Result<Json<CreateVolume>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<VolumeView>)> {
+    let Json(body) = body?;
     let stored = match body.qos {
         Some(spec) if !spec.is_empty() => {
             Some(StoredQos::resolve(spec, body.size_bytes).map_err(qos_error)?)
@@ -327,8 +389,9 @@ async fn show_volume(
 async fn update_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-    Json(body): Json<UpdateVolume>,
+    body: Result<Json<UpdateVolume>, JsonRejection>,
 ) -> ApiResult<Json<VolumeView>> {
+    let Json(body) = body?;
     let current = state.store.volume_info(&name)?;
     let size_bytes = body.size_bytes.unwrap_or(current.size_bytes);
     let old = stored_qos(&current);

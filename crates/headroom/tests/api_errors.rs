@@ -1,0 +1,156 @@
+//! Every bad request to the management API gets a JSON body `{"error", "kind"}` with the
+//! status that says what was wrong: malformed JSON, unknown fields, a body too large, no JSON
+//! content type, a bad query, an unknown route or method, bad sizes and names, a name taken.
+//! (Volumes are thin: creating one larger than the free pool succeeds, and a full pool fails
+//! the NBD write that finds no free extent with ENOSPC, not the creation.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
+
+mod common;
+
+use common::Server;
+use serde_json::{Value, json};
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// Status and JSON body of a response; fails if the body is not the JSON error shape.
+fn error_of(mut response: ureq::http::Response<ureq::Body>) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let text = response.body_mut().read_to_string().unwrap();
+    let body: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("status {status}: not JSON ({e}): {text:?}"));
+    assert!(
+        body["error"].as_str().is_some_and(|e| !e.is_empty()) && body["kind"].is_string(),
+        "status {status}: not an error body: {body}"
+    );
+    (status, body)
+}
+
+#[test]
+fn bad_requests_get_a_json_error_with_the_right_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_memory(&dir.path().join("mem"), "4GiB");
+    let a = agent();
+    let volumes = format!("{}/v1/volumes", server.api);
+    let post_raw = |body: &str| {
+        a.post(&volumes)
+            .header("content-type", "application/json")
+            .send(body)
+            .unwrap()
+    };
+    let mut cases = 0;
+    let mut check = |what: &str, response, status: u16, kind: &str| {
+        let (got, body) = error_of(response);
+        assert_eq!(
+            (got, body["kind"].as_str()),
+            (status, Some(kind)),
+            "{what}: {body}"
+        );
+        cases += 1;
+    };
+
+    check(
+        "malformed JSON",
+        post_raw("{\"name\": "),
+        400,
+        "malformed_json",
+    );
+    check(
+        "unknown field",
+        post_raw(r#"{"name": "v", "size_bytes": 1048576, "colour": "red"}"#),
+        422,
+        "invalid_body",
+    );
+    check(
+        "wrong type",
+        post_raw(r#"{"name": "v", "size_bytes": "big"}"#),
+        422,
+        "invalid_body",
+    );
+    check(
+        "no content type",
+        a.post(&volumes)
+            .send(r#"{"name":"v","size_bytes":1048576}"#)
+            .unwrap(),
+        415,
+        "unsupported_media_type",
+    );
+    let huge = format!(
+        r#"{{"name": "v", "size_bytes": 1048576, "tenant": "{}"}}"#,
+        "x".repeat(3 << 20)
+    );
+    check("oversized body", post_raw(&huge), 413, "body_too_large");
+    check(
+        "bad query",
+        a.get(format!("{volumes}?bogus=1")).call().unwrap(),
+        400,
+        "invalid_query",
+    );
+    check(
+        "unknown route",
+        a.get(format!("{}/v1/nothing", server.api)).call().unwrap(),
+        404,
+        "unknown_route",
+    );
+    check(
+        "method a route does not take",
+        a.put(&volumes).send("").unwrap(),
+        405,
+        "method_not_allowed",
+    );
+    check(
+        "size zero",
+        post_raw(r#"{"name": "v", "size_bytes": 0}"#),
+        400,
+        "invalid_size",
+    );
+    check(
+        "name with a path character",
+        post_raw(r#"{"name": "a/b", "size_bytes": 1048576}"#),
+        400,
+        "invalid_name",
+    );
+    check(
+        "unknown volume",
+        a.get(format!("{volumes}/missing")).call().unwrap(),
+        404,
+        "not_found",
+    );
+    let created = a
+        .post(&volumes)
+        .send_json(json!({"name": "v", "size_bytes": 1u64 << 20}))
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+    check(
+        "name taken",
+        post_raw(r#"{"name": "v", "size_bytes": 1048576}"#),
+        409,
+        "already_exists",
+    );
+    check(
+        "unknown field in a change",
+        a.patch(format!("{volumes}/v"))
+            .header("content-type", "application/json")
+            .send(r#"{"size": 5}"#)
+            .unwrap(),
+        422,
+        "invalid_body",
+    );
+    check(
+        "size over the largest volume",
+        post_raw(r#"{"name": "w", "size_bytes": 1099511627776000}"#),
+        400,
+        "invalid_size",
+    );
+    println!("api errors: {cases} bad requests, each a JSON error with its status");
+    // Nothing above changed the volume list but the one create.
+    let mut listed = a.get(&volumes).call().unwrap();
+    let list: Value = listed.body_mut().read_json().unwrap();
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+    server.stop();
+}
