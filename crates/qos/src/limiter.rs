@@ -300,46 +300,42 @@ impl Pacer {
         }
     }
 
+    /// Per dimension the request needs (index in [`CostVector::dims`] order), the earliest time
+    /// `>= now_ns` it may pass there: when the dimension is not in debt (a deep bucket does
+    /// not wait for a unit above zero), a `baseline` request when the debt is within the last
+    /// burst request's allowance.
+    fn dim_ready_at(
+        &self,
+        now_ns: u64,
+        cost: &CostVector,
+        baseline: bool,
+    ) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.dims
+            .iter()
+            .zip(cost.dims())
+            .zip(self.allowance)
+            .enumerate()
+            .filter(|(_, ((_, units), _))| *units > 0)
+            .map(move |(i, ((bucket, _), allowance))| {
+                let allowance = if baseline { allowance } else { 0 };
+                (i, bucket.ready_with_allowance_at(now_ns, allowance))
+            })
+    }
+
     /// Earliest time `>= now_ns` at which a request of `cost` may pass; `baseline` requests may
     /// run inside the debt of the last burst request.
     pub fn ready_at(&self, now_ns: u64, cost: &CostVector, baseline: bool) -> u64 {
-        let c = cost.dims();
-        let mut t = now_ns;
-        for ((bucket, units), allowance) in self.dims.iter().zip(c).zip(self.allowance) {
-            if units > 0 {
-                // A request passes when the dimension is not in debt (a deep bucket does not
-                // wait for a unit above zero), a baseline request inside the allowance.
-                let ready =
-                    bucket.ready_with_allowance_at(now_ns, if baseline { allowance } else { 0 });
-                t = t.max(ready);
-            }
-        }
-        t
+        self.dim_ready_at(now_ns, cost, baseline)
+            .fold(now_ns, |t, (_, ready)| t.max(ready))
     }
 
     /// The dimensions (a bit each, [`CostVector::dims_mask`] order) that keep a request of
     /// `cost` from passing at `now_ns`: those it needs whose bucket is not ready. A request
     /// that needs none of them is not held back by them.
     pub fn blocking_dims(&self, now_ns: u64, cost: &CostVector, baseline: bool) -> u8 {
-        let mut mask = 0u8;
-        for (i, ((bucket, units), allowance)) in self
-            .dims
-            .iter()
-            .zip(cost.dims())
-            .zip(self.allowance)
-            .enumerate()
-        {
-            if units > 0 {
-                // A request passes when the dimension is not in debt (a deep bucket does not
-                // wait for a unit above zero), a baseline request inside the allowance.
-                let ready =
-                    bucket.ready_with_allowance_at(now_ns, if baseline { allowance } else { 0 });
-                if ready > now_ns {
-                    mask |= 1 << i;
-                }
-            }
-        }
-        mask
+        self.dim_ready_at(now_ns, cost, baseline)
+            .filter(|&(_, ready)| ready > now_ns)
+            .fold(0u8, |mask, (i, _)| mask | 1 << i)
     }
 
     /// Whether nothing is in debt (every dimension could admit any request now).

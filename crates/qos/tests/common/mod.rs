@@ -174,17 +174,24 @@ impl Driver {
         }
     }
 
+    /// Completes what is due and dispatches what may run now; returns the next event: the
+    /// policy's wake-up, a completion, or `other` (the caller's own next arrival), whichever
+    /// comes first (`u64::MAX`: none).
+    fn settle(&mut self, other: Option<u64>) -> u64 {
+        self.complete_due();
+        let wake = self.drain();
+        let next_completion = self.inflight.iter().map(|(t, _)| *t).min();
+        [wake, next_completion, other]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
     /// Runs the ideal executor until `t_end` (inclusive of events at `t_end`).
     pub fn run_until(&mut self, t_end: u64) {
         loop {
-            self.complete_due();
-            let wake = self.drain();
-            let next_completion = self.inflight.iter().map(|(t, _)| *t).min();
-            let next = [wake, next_completion]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(u64::MAX);
+            let next = self.settle(None);
             if next > t_end {
                 self.now = self.now.max(t_end);
                 self.complete_due();
@@ -213,19 +220,12 @@ impl Driver {
                     issued[i] += 1;
                 }
             }
-            self.complete_due();
-            let wake = self.drain();
-            let next_completion = self.inflight.iter().map(|(t, _)| *t).min();
             let next_arrival = demands
                 .iter()
                 .enumerate()
                 .map(|(i, d)| start + (issued[i] * S).div_ceil(d.1.max(1)))
                 .min();
-            let next = [wake, next_completion, next_arrival]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(u64::MAX);
+            let next = self.settle(next_arrival);
             if next > t_end {
                 self.now = self.now.max(t_end);
                 return;
@@ -259,14 +259,7 @@ impl Driver {
                     self.checked();
                 }
             }
-            self.complete_due();
-            let wake = self.drain();
-            let next_completion = self.inflight.iter().map(|(t, _)| *t).min();
-            let next = [wake, next_completion]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(u64::MAX);
+            let next = self.settle(None);
             if next > t_end {
                 self.now = self.now.max(t_end);
                 return;

@@ -281,6 +281,14 @@ impl BurstRules {
         }
     }
 
+    /// Whether volume `idx` is bursting: it ran a burst request this window or the last. Its
+    /// baseline requests then get no node pacer allowance and are charged to the burst pacer.
+    fn bursting(&self, idx: u32) -> bool {
+        self.slots
+            .get(idx as usize)
+            .is_some_and(|st| st.burst_seen || st.last_bursting)
+    }
+
     fn slot(&mut self, idx: u32) -> &mut WinState {
         let i = idx as usize;
         if self.slots.len() <= i {
@@ -452,9 +460,7 @@ impl Rules for BurstRules {
     }
 
     fn baseline_allowance(&self, _now_ns: u64, idx: u32, _vol: &BurstVol) -> bool {
-        self.slots
-            .get(idx as usize)
-            .is_none_or(|st| !(st.burst_seen || st.last_bursting))
+        !self.bursting(idx)
     }
 
     fn effective_class(&self, now_ns: u64, class: usize, vol: &BurstVol, charge: Charge) -> usize {
@@ -496,10 +502,7 @@ impl Rules for BurstRules {
         vol.ceiling.take(now_ns, charge);
         vol.credits.take(now_ns, charge);
         let cost = req.cost;
-        let bursting = self
-            .slots
-            .get(idx as usize)
-            .is_some_and(|st| st.burst_seen || st.last_bursting);
+        let bursting = self.bursting(idx);
         if phase == Phase::Baseline {
             vol.meter.take(now_ns, charge);
         }
