@@ -229,6 +229,9 @@ struct WorkerState<J> {
     used_baseline: CostVector,
     /// The policy held requests back since the last rebalancing.
     held_back: bool,
+    /// Cost dispatched since start, never reset (node utilisation per dimension:
+    /// [`Scheduler::dispatched_cost_total`]).
+    dispatched_total: CostVector,
 }
 
 struct Worker<J> {
@@ -249,6 +252,8 @@ pub struct Scheduler<J> {
     gate: BurstGate<J>,
     /// The whole node's capacity, shared between the workers (`None`: fixed `1/N` shares).
     pool: Option<GlobalPool>,
+    /// The node's capacity per second, every dimension (`u64::MAX`: unlimited).
+    capacity_per_second: CostVector,
     policy_name: &'static str,
     /// This scheduler, for handing jobs to the runner from `&self` methods.
     me: Weak<Scheduler<J>>,
@@ -315,6 +320,7 @@ impl<J: Send + 'static> Scheduler<J> {
                         used: CostVector::ZERO,
                         used_baseline: CostVector::ZERO,
                         held_back: false,
+                        dispatched_total: CostVector::ZERO,
                     }),
                     queued: AtomicUsize::new(0),
                 }
@@ -342,6 +348,7 @@ impl<J: Send + 'static> Scheduler<J> {
                 period_ns: config.params.window_ns.max(1),
                 last_ns: AtomicU64::new(clock.now_ns()),
             }),
+            capacity_per_second: config.capacity.per_second,
             policy_name,
             me: me.clone(),
         });
@@ -687,6 +694,7 @@ impl<J: Send + 'static> Scheduler<J> {
             match state.policy.next(now) {
                 Decision::Dispatch(request, phase) => {
                     state.used = state.used.saturating_add(request.cost);
+                    state.dispatched_total = state.dispatched_total.saturating_add(request.cost);
                     if phase == Phase::Baseline {
                         state.used_baseline = state.used_baseline.saturating_add(request.cost);
                     }
@@ -783,6 +791,21 @@ impl<J: Send + 'static> Scheduler<J> {
             self.drain(w, &mut state, now, ready);
         }
         self.gate.admit(ready, from);
+    }
+
+    /// The node's capacity per second, as configured (`u64::MAX` in a dimension: unlimited).
+    pub fn capacity_per_second(&self) -> CostVector {
+        self.capacity_per_second
+    }
+
+    /// The estimated cost of every request dispatched since start, summed over the workers.
+    /// Its growth over an interval, divided by [`Scheduler::capacity_per_second`] times the
+    /// interval, is the node's utilisation per dimension as the scheduler sees it (the cost
+    /// model's estimates, not measured device time).
+    pub fn dispatched_cost_total(&self) -> CostVector {
+        self.workers.iter().fold(CostVector::ZERO, |sum, worker| {
+            sum.saturating_add(lock(&worker.state).dispatched_total)
+        })
     }
 
     /// Each worker's current share of the node (per second).

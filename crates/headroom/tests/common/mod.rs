@@ -12,6 +12,10 @@ use std::process::{Child, Command, Output, Stdio};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_headroom");
 
+/// The management API's bearer token every test server is started with (`HEADROOM_TOKEN`);
+/// the CLI gets it the same way, and direct HTTP requests send `Authorization: Bearer` it.
+pub const TEST_TOKEN: &str = "headroom-test-token-0123456789abcdef";
+
 /// True when `tool` is on PATH. When it is missing the test is skipped with a message, unless
 /// HEADROOM_REQUIRE_TOOLS is set (CI), where a missing tool fails the test.
 pub fn have_tool(tool: &str) -> bool {
@@ -78,6 +82,7 @@ impl Server {
             .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
             .args(extra)
             .env("HEADROOM_LOG", "debug")
+            .env("HEADROOM_TOKEN", TEST_TOKEN)
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .spawn()
@@ -127,6 +132,7 @@ impl Server {
         Command::new(BIN)
             .args(args)
             .env("HEADROOM_API", &self.api)
+            .env("HEADROOM_TOKEN", TEST_TOKEN)
             .output()
             .expect("run headroom CLI")
     }
