@@ -167,7 +167,7 @@ impl Fields {
         let mut out = String::new();
         for (key, value) in &self.rows {
             let label = format!("{key}:");
-            out.push_str(&format!("{label:<width$}  {value}").trim_end().to_string());
+            out.push_str(format!("{label:<width$}  {value}").trim_end());
             out.push('\n');
         }
         out

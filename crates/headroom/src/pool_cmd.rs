@@ -96,7 +96,7 @@ fn render(pool: &Value) -> Result<String> {
         ("DEVICE", Align::Right),
         ("CAPACITY", Align::Right),
         ("ALLOCATED", Align::Right),
-        ("USED", Align::Right),
+        ("USE%", Align::Right),
         ("ON DISK", Align::Right),
         ("STATE", Align::Left),
         ("PATH", Align::Left),
