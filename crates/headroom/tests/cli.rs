@@ -622,3 +622,89 @@ fn a_closed_pipe_ends_every_command_quietly() {
     }
     server.stop();
 }
+
+#[test]
+fn sim_and_calibrate_print_a_table_or_json() {
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scenarios/libra-vop.toml"
+    );
+    let report = json_out(
+        &Command::new(BIN)
+            .args(["sim", "run", scenario, "--json"])
+            .output()
+            .unwrap(),
+    );
+    let results = report["results"].as_array().unwrap();
+    let groups: usize = results
+        .iter()
+        .map(|r| r["groups"].as_array().unwrap().len())
+        .sum();
+    assert!(groups > 0, "{report}");
+    let out = Command::new(BIN)
+        .args(["sim", "run", scenario])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // No progress bar when stderr is not a terminal.
+    assert!(out.stderr.is_empty(), "{}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("scenario {} (seed 1)", report["scenario"].as_str().unwrap())
+    );
+    assert!(
+        lines[1]
+            .split_whitespace()
+            .take(3)
+            .eq(["POLICY", "GROUP", "IOPS"]),
+        "{table}"
+    );
+    assert_eq!(
+        lines.len(),
+        2 + groups,
+        "one row per policy and group: {table}"
+    );
+    let first = &results[0]["groups"][0];
+    assert_eq!(
+        right_cell(lines[1], "IOPS", lines[2]),
+        format!("{:.0}", first["iops"].as_f64().unwrap()),
+        "{table}"
+    );
+
+    if !common::have_tool("fio") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("calibration.toml");
+    let report = json_out(
+        &Command::new(BIN)
+            .args([
+                "calibrate",
+                "--memory",
+                "256MiB",
+                "--seconds-per-point",
+                "1",
+            ])
+            .args(["--sizes", "4k", "--json", "--out"])
+            .arg(&file)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(report["file"].as_str(), file.to_str());
+    assert!(file.exists());
+    let points = report["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2, "a read and a write point: {report}");
+    for point in points {
+        assert_eq!(point["size_bytes"], 4096, "{report}");
+        assert!(point["iops"].as_u64().unwrap() > 0, "{report}");
+        assert!(point["cpu_ns"].as_u64().unwrap() > 0, "{report}");
+    }
+    assert!(report["cpu"]["read"]["base_ns"].is_u64(), "{report}");
+    assert_eq!(
+        report["capacity"]["device_units_per_s"].as_u64(),
+        report["vop"]["max_iops"].as_u64().map(|n| n * 1000),
+        "{report}"
+    );
+}
