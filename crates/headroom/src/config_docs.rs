@@ -33,7 +33,31 @@ const TABLE_PATHS: &[(&str, &str)] = &[
     ("TlsSection", "tls"),
     ("FaultsSection", "faults"),
     ("FaultRuleSection", "faults.rule"),
+    ("ApiSection", "api"),
+    ("MetricsSection", "metrics"),
 ];
+
+/// Sections other branches of issue 12 add (`[api]`: authentication, `[metrics]`: series
+/// cardinality), documented ahead of the merge. While serve_config.rs has no such field, their
+/// examples are checked with that table left out and their keys are not required; once it
+/// has, they are checked like every other section.
+const PENDING: &[(&str, &str)] = &[("ApiSection", "api"), ("MetricsSection", "metrics")];
+
+/// True when `section` (a top-level table) is a pending one serve_config.rs does not have yet.
+fn pending_absent(tables: &BTreeMap<String, Vec<String>>, section: &str) -> bool {
+    PENDING.iter().any(|(_, path)| *path == section)
+        && !tables["ConfigFile"].iter().any(|field| field == section)
+}
+
+/// Parses a documented block as a configuration layer, leaving out pending sections.
+fn parse_layer(
+    tables: &BTreeMap<String, Vec<String>>,
+    block: &str,
+) -> Result<ConfigFile, toml::de::Error> {
+    let mut table: toml::Table = toml::from_str(block)?;
+    table.retain(|section, _| !pending_absent(tables, section));
+    toml::Value::Table(table).try_into()
+}
 
 /// The ```toml blocks of a Markdown text.
 fn toml_blocks(markdown: &str) -> Vec<String> {
@@ -117,17 +141,18 @@ fn source_tables() -> BTreeMap<String, Vec<String>> {
 
 #[test]
 fn every_documented_example_parses() {
+    let tables = source_tables();
     let blocks = toml_blocks(REFERENCE);
     assert!(blocks.len() >= 10, "found {} toml blocks", blocks.len());
     for (i, block) in blocks.iter().enumerate() {
-        if let Err(err) = toml::from_str::<ConfigFile>(block) {
+        if let Err(err) = parse_layer(&tables, block) {
             panic!("docs/configuration.md, toml block {i}: {err}\n{block}");
         }
     }
     let operations = toml_blocks(OPERATIONS);
     assert!(!operations.is_empty());
     for block in operations {
-        if let Err(err) = toml::from_str::<ConfigFile>(&block) {
+        if let Err(err) = parse_layer(&tables, &block) {
             panic!("docs/operations.md toml block: {err}\n{block}");
         }
     }
@@ -156,6 +181,9 @@ fn every_key_of_the_configuration_is_documented_and_shown() {
     }
     let mut missing = Vec::new();
     for (name, path) in TABLE_PATHS {
+        if pending_absent(&tables, path) {
+            continue;
+        }
         let fields = tables.get(*name).unwrap_or_else(|| {
             panic!("{name} is no longer in serve_config.rs: update TABLE_PATHS")
         });
@@ -200,4 +228,21 @@ fn the_source_scan_finds_the_tables() {
     );
     assert!(tables["ServerSection"].contains(&"nbd_listen".to_string()));
     assert!(!tables.contains_key("Invalid"), "not a configuration table");
+}
+
+#[test]
+fn a_pending_section_is_checked_once_it_exists() {
+    let mut tables = source_tables();
+    let has_api = tables["ConfigFile"].iter().any(|f| f == "api");
+    assert_eq!(pending_absent(&tables, "api"), !has_api);
+    assert!(!pending_absent(&tables, "qos"), "not pending");
+    // Once ConfigFile has the field, an unknown key in the section is an error again.
+    tables
+        .get_mut("ConfigFile")
+        .unwrap()
+        .push("api".to_string());
+    assert!(!pending_absent(&tables, "api"));
+    if !has_api {
+        assert!(parse_layer(&tables, "[api]\ntoken = \"0123456789abcdef\"\n").is_err());
+    }
 }

@@ -20,7 +20,7 @@ pub struct PoolArgs {
 }
 
 pub fn run(args: PoolArgs) -> Result<()> {
-    let pool = args.api.client().pool_json()?;
+    let pool = args.api.client()?.pool_json()?;
     if args.json {
         return print_json(&pool);
     }
@@ -105,7 +105,9 @@ fn render(pool: &Value) -> Result<String> {
         let capacity = u64_field(device, "capacity_bytes").unwrap_or(0);
         let extents = u64_field(device, "extent_count").unwrap_or(0);
         let free_extents = u64_field(device, "free_extents").unwrap_or(0);
-        let allocated = extents.saturating_sub(free_extents).saturating_mul(extent);
+        // Newer servers say it (quarantined and leaked extents included); else from extents.
+        let allocated = u64_field(device, "allocated_bytes")
+            .unwrap_or_else(|| extents.saturating_sub(free_extents).saturating_mul(extent));
         let failed = device
             .get("failed")
             .and_then(Value::as_bool)
@@ -180,6 +182,16 @@ mod tests {
         );
         pool["overcommit_ratio"] = serde_json::json!(3.0);
         assert!(render(&pool).unwrap().contains("overcommit 3.00x"));
+        // A server that reports each device's allocation is believed.
+        pool["devices"][1]["allocated_bytes"] = serde_json::json!(1u64 << 30);
+        let text = render(&pool).unwrap();
+        assert!(
+            text.lines().any(|l| l
+                .split_whitespace()
+                .take(4)
+                .eq(["1", "2GiB", "1GiB", "50.0%"])),
+            "{text}"
+        );
         assert!(render(&serde_json::json!({})).is_err());
     }
 }

@@ -109,9 +109,11 @@ pub struct ApiArgs {
 }
 
 impl ApiArgs {
-    /// The API client every command uses (the one place it is built).
-    pub fn client(&self) -> Api {
-        Api::new(&self.url)
+    /// The API client every command uses (the one place it is built). A `Result` because
+    /// finding the API token can fail (the `auth` branch moves `ApiArgs` to client.rs with
+    /// this same signature).
+    pub fn client(&self) -> Result<Api> {
+        Ok(Api::new(&self.url))
     }
 }
 
@@ -199,7 +201,7 @@ pub fn run(command: VolumeCommand) -> Result<()> {
                 tenant,
                 read_only,
             };
-            let view = api.client().create(&body)?;
+            let view = api.client()?.create(&body)?;
             if json {
                 return print_json(&view);
             }
@@ -218,7 +220,7 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             );
         }
         VolumeCommand::List { tenant, json, api } => {
-            let api = api.client();
+            let api = api.client()?;
             let tenant = tenant.as_deref();
             if json {
                 print_json(&api.list_json(tenant)?)?;
@@ -227,7 +229,7 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             }
         }
         VolumeCommand::Show { name, json, api } => {
-            let api = api.client();
+            let api = api.client()?;
             if json {
                 print_json(&api.show_json(&name)?)?;
             } else {
@@ -240,7 +242,7 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             json,
             api,
         } => {
-            let api = api.client();
+            let api = api.client()?;
             let view = match qos.spec() {
                 Some(change) => api.set_qos(&name, change)?,
                 None => api.show(&name)?,
@@ -260,7 +262,7 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             json,
             api,
         } => {
-            let view = api.client().resize(&name, size)?;
+            let view = api.client()?.resize(&name, size)?;
             if json {
                 return print_json(&view);
             }
@@ -271,7 +273,7 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             );
         }
         VolumeCommand::Delete { name, json, api } => {
-            api.client().delete(&name)?;
+            api.client()?.delete(&name)?;
             if json {
                 return print_json(&serde_json::json!({ "deleted": name }));
             }
