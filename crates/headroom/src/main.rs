@@ -377,10 +377,14 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
         node.nbd_addr, node.api_addr
     ));
     // systemd (Type=notify): ready once both listeners are bound, as the line above says.
-    sd_notify::notify("READY=1");
+    // STATUS is what `systemctl status headroom` shows.
+    sd_notify::notify(&format!(
+        "READY=1\nSTATUS=serving NBD on {}, API on http://{}",
+        node.nbd_addr, node.api_addr
+    ));
 
     stop.await;
-    sd_notify::notify("STOPPING=1");
+    sd_notify::notify("STOPPING=1\nSTATUS=stopping: flushing devices and metadata");
     tracing::info!("shutting down: flushing");
     node.shutdown().await.context("clean shutdown")?;
     tracing::info!("stopped");

@@ -11,7 +11,8 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixDatagram;
 
-/// Sends `state` (`READY=1`, `STOPPING=1`) to systemd if it asked for notifications.
+/// Sends `state` (`READY=1`, `STOPPING=1`, newline-separated assignments such as
+/// `STATUS=...`) to systemd if it asked for notifications.
 pub fn notify(state: &str) {
     let Some(socket) = std::env::var_os("NOTIFY_SOCKET") else {
         return;

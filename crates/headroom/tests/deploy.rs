@@ -147,8 +147,9 @@ fn grafana_dashboard_reads_only_the_contracts_metrics() {
     }
 }
 
-/// `headroom serve` with `NOTIFY_SOCKET` set, as systemd starts it.
-fn spawn_notified(dir: &Path, notify_socket: &str) -> (Child, String) {
+/// `headroom serve` with `NOTIFY_SOCKET` set, as systemd starts it; its NBD address and API
+/// URL from the ready line.
+fn spawn_notified(dir: &Path, notify_socket: &str) -> (Child, String, String) {
     let mut child = Command::new(BIN)
         .args(["serve", "--memory", "256MiB", "--data-dir"])
         .arg(dir)
@@ -164,8 +165,14 @@ fn spawn_notified(dir: &Path, notify_socket: &str) -> (Child, String) {
         .find_map(|line| line.ok().filter(|l| l.starts_with("nbd://")))
         .expect("the ready line");
     std::thread::spawn(move || for _ in lines {});
-    let api = ready.split_whitespace().nth(2).unwrap().to_string();
-    (child, api)
+    let mut words = ready.split_whitespace();
+    let nbd = words
+        .next()
+        .unwrap()
+        .trim_start_matches("nbd://")
+        .to_string();
+    let api = words.nth(1).unwrap().to_string();
+    (child, nbd, api)
 }
 
 fn receive(socket: &UnixDatagram) -> String {
@@ -206,8 +213,16 @@ fn serve_tells_systemd_it_is_ready_and_stopping() {
         socket
             .set_read_timeout(Some(Duration::from_secs(60)))
             .unwrap();
-        let (child, api) = spawn_notified(&dir.path().join("data"), &env);
-        assert_eq!(receive(socket), "READY=1", "{env}");
+        let (child, nbd, api) = spawn_notified(&dir.path().join("data"), &env);
+        let ready = receive(socket);
+        let mut lines = ready.lines();
+        assert_eq!(lines.next(), Some("READY=1"), "{env}: {ready:?}");
+        // What `systemctl status` shows: where it serves.
+        assert_eq!(
+            lines.next(),
+            Some(format!("STATUS=serving NBD on {nbd}, API on {api}").as_str()),
+            "{ready:?}"
+        );
         // Ready means serving: the API answers.
         let pool: Value = ureq::get(format!("{api}/v1/pool"))
             .header("Authorization", format!("Bearer {TEST_TOKEN}"))
@@ -218,7 +233,12 @@ fn serve_tells_systemd_it_is_ready_and_stopping() {
             .unwrap();
         assert_eq!(pool["capacity_bytes"].as_u64(), Some(256 << 20));
         let status = sigterm_and_wait(child);
-        assert_eq!(receive(socket), "STOPPING=1", "{env}");
+        let stopping = receive(socket);
+        assert_eq!(
+            stopping.lines().next(),
+            Some("STOPPING=1"),
+            "{env}: {stopping:?}"
+        );
         assert!(status.success(), "{status}");
     }
 }
