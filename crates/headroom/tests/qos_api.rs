@@ -336,7 +336,7 @@ fn invalid_qos_is_refused_with_its_reason_and_changes_nothing() {
         assert!(err.contains(reason), "{reason:?} missing: {err}");
         assert_eq!(err.matches("invalid QoS").count(), 1, "{err}");
     }
-    // Not created: not found, exit status 3 (docs/operations.md, "Exit codes").
+    // Not created: not found, exit code 3 (the CLI's contract).
     let out = server.cli(&["volume", "show", "bad"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert!(
