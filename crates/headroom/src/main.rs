@@ -45,12 +45,12 @@ enum Command {
     Serve(ServeArgs),
     /// Run the server on a default data directory with a sample volume, and print how to use it.
     Demo(DemoArgs),
-    /// Manage volumes through a running server's API.
-    #[command(subcommand, after_help = EXIT_CODES)]
-    Volume(volume_cmd::VolumeCommand),
     /// Show the pool: capacity, allocation and each device, from a running server's API.
     #[command(after_help = EXIT_CODES)]
     Pool(pool_cmd::PoolArgs),
+    /// Manage volumes through a running server's API.
+    #[command(subcommand, after_help = EXIT_CODES)]
+    Volume(volume_cmd::VolumeCommand),
     /// Quality-of-service tools.
     #[command(subcommand)]
     Qos(qos_cmd::QosCommand),
@@ -224,8 +224,8 @@ fn run(cli: Cli) -> Result<()> {
             init_logging("info", args.serve.log_format);
             runtime()?.block_on(serve(args.serve, Some((args.volume, args.size))))
         }
-        Command::Volume(command) => volume_cmd::run(command),
         Command::Pool(args) => pool_cmd::run(args),
+        Command::Volume(command) => volume_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),
         Command::Calibrate(args) => calibrate::run(args),
