@@ -64,6 +64,9 @@ pub struct CalibrateArgs {
     /// Requests in flight (fio --iodepth).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
     iodepth: u32,
+    /// Print the measured points, the fitted model and the file written as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Read or write.
@@ -136,7 +139,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         );
     }
     let fio_version = fio_version()?;
-    crate::init_logging("warn");
+    crate::init_logging("warn", crate::LogFormat::Text);
 
     let data_dir = args
         .data_dir
@@ -217,20 +220,68 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     let text = render(&measurement, &fit);
     write_atomically(&out, &text)?;
 
-    print!("{}", table(&measurement, &fit));
-    println!("\nwrote {}", out.display());
-    if args.out.is_none() {
-        println!(
-            "`headroom serve --data-dir {}` loads it under --config and the flags",
-            data_dir.display()
-        );
-    } else {
-        println!(
-            "use it with `headroom serve --config {}`, or copy it to DATA_DIR/{CALIBRATION_FILE}",
-            out.display()
-        );
+    if args.json {
+        return crate::output::print_json(&json_report(&measurement, &fit, &out));
     }
+    let mut text = table(&measurement, &fit, crate::output::stdout_styled());
+    text.push_str(&format!("\nwrote {}\n", out.display()));
+    if args.out.is_none() {
+        text.push_str(&format!(
+            "`headroom serve --data-dir {}` loads it under --config and the flags\n",
+            data_dir.display()
+        ));
+    } else {
+        text.push_str(&format!(
+            "use it with `headroom serve --config {}`, or copy it to DATA_DIR/{CALIBRATION_FILE}\n",
+            out.display()
+        ));
+    }
+    crate::output::emit(&text);
     Ok(())
+}
+
+/// `--json`: what was measured, the model fitted to it and where it was written.
+fn json_report(m: &Measurement, fit: &Fit, out: &Path) -> serde_json::Value {
+    let line =
+        |l: &LinearCpu| serde_json::json!({ "base_ns": l.base_ns, "per_kib_ps": l.per_kib_ps });
+    let points: Vec<serde_json::Value> = m
+        .points
+        .iter()
+        .map(|p| {
+            let model = match p.op {
+                Op::Read => fit.read,
+                Op::Write => fit.write,
+            };
+            serde_json::json!({
+                "op": p.op.name(),
+                "size_bytes": p.size_bytes,
+                "requests": p.requests,
+                "iops": p.iops,
+                "cpu_ns": p.cpu_ns,
+                "model_cpu_ns": model.cpu_ns(p.size_bytes),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "file": out.display().to_string(),
+        "backend": m.backend,
+        "fio_version": m.fio_version,
+        "seconds_per_point": m.seconds_per_point,
+        "iodepth": m.iodepth,
+        "cpus": m.cpus,
+        "unix_s": m.unix_s,
+        "points": points,
+        "cpu": { "read": line(&fit.read), "write": line(&fit.write), "other": line(&fit.other) },
+        "capacity": {
+            "cpu_ns_per_s": fit.cpu_ns_per_s,
+            "device_units_per_s": fit.device_units_per_s,
+        },
+        "vop": {
+            "max_iops": fit.curve.max_iops,
+            "read": fit.curve.read,
+            "write": fit.curve.write,
+        },
+    })
 }
 
 fn fio_version() -> Result<String> {
@@ -491,26 +542,30 @@ pub fn utc(unix_s: u64) -> String {
     )
 }
 
-fn table(m: &Measurement, fit: &Fit) -> String {
-    let mut out = format!(
-        "{:<6} {:>8} {:>10} {:>14} {:>12}\n",
-        "op", "size", "IOPS", "CPU ns/req", "model ns"
-    );
+/// The points and the model's cost at each; `styled`: bold header (a terminal, not the file).
+fn table(m: &Measurement, fit: &Fit, styled: bool) -> String {
+    use crate::output::{Align, Table};
+    let mut table = Table::new(&[
+        ("OP", Align::Left),
+        ("SIZE", Align::Right),
+        ("IOPS", Align::Right),
+        ("CPU NS/REQ", Align::Right),
+        ("MODEL NS", Align::Right),
+    ]);
     for p in &m.points {
         let line = match p.op {
             Op::Read => fit.read,
             Op::Write => fit.write,
         };
-        out.push_str(&format!(
-            "{:<6} {:>8} {:>10} {:>14} {:>12}\n",
-            p.op.name(),
+        table.row(vec![
+            p.op.name().to_string(),
             format_size(p.size_bytes),
-            p.iops,
-            p.cpu_ns,
-            line.cpu_ns(p.size_bytes)
-        ));
+            crate::output::grouped(p.iops),
+            crate::output::grouped(p.cpu_ns),
+            crate::output::grouped(line.cpu_ns(p.size_bytes)),
+        ]);
     }
-    out
+    table.render(styled)
 }
 
 fn line_toml(l: &LinearCpu) -> String {
@@ -547,7 +602,7 @@ pub fn render(m: &Measurement, fit: &Fit) -> String {
         m.seconds_per_point,
         m.cpus
     ));
-    for row in table(m, fit).lines() {
+    for row in table(m, fit, false).lines() {
         out.push_str(&format!("#   {row}\n").replace("#   \n", "#\n"));
     }
     out.push_str(

@@ -161,3 +161,15 @@ fn server_error(mut response: Response<ureq::Body>) -> anyhow::Error {
         Err(_) => anyhow::anyhow!("the API answered {status}"),
     }
 }
+
+impl Api {
+    /// `GET /v1/pool`, as the API answered it (for `headroom pool`).
+    pub fn pool_json(&self) -> Result<Value> {
+        let response = self
+            .agent
+            .get(self.url("/v1/pool"))
+            .call()
+            .with_context(|| self.unreachable())?;
+        decode(response)
+    }
+}

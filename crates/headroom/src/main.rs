@@ -4,17 +4,24 @@
 
 mod calibrate;
 mod client;
+#[cfg(test)]
+mod config_docs;
+mod output;
+mod pool_cmd;
 mod qos_cmd;
+mod sd_notify;
 mod serve_config;
 mod sim_cmd;
 mod size;
 mod volume_cmd;
 
+use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use headroom_node::config::PolicyChoice;
 use headroom_node::{Node, StoreBackend};
 
@@ -24,7 +31,8 @@ use crate::size::{format_size, parse_size};
 #[command(
     name = "headroom",
     version,
-    about = "Multi-tenant, burst-aware NBD block storage"
+    about = "Multi-tenant, burst-aware NBD block storage",
+    after_help = EXIT_CODES
 )]
 struct Cli {
     #[command(subcommand)]
@@ -37,8 +45,11 @@ enum Command {
     Serve(ServeArgs),
     /// Run the server on a default data directory with a sample volume, and print how to use it.
     Demo(DemoArgs),
+    /// Show the pool: capacity, allocation and each device, from a running server's API.
+    #[command(after_help = EXIT_CODES)]
+    Pool(pool_cmd::PoolArgs),
     /// Manage volumes through a running server's API.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = EXIT_CODES)]
     Volume(volume_cmd::VolumeCommand),
     /// Quality-of-service tools.
     #[command(subcommand)]
@@ -109,7 +120,31 @@ struct ServeArgs {
     /// Refuse clients that do not start TLS (NBD_REP_ERR_TLS_REQD).
     #[arg(long)]
     tls_required: bool,
+    /// Log lines on stderr as text (no colour unless stderr is a terminal) or as one JSON
+    /// object per line (for journald, Loki, Elasticsearch).
+    #[arg(long, value_enum, env = "HEADROOM_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One human line per event.
+    Text,
+    /// One JSON object per event: timestamp, level, target, fields.
+    Json,
+}
+
+/// The exit codes, for `--help` (and docs/operations.md, "Exit codes"; a shared contract).
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success (also when the reader of stdout went away, as in `| head`)
+  1  other failure
+  2  usage error (bad flags or arguments)
+  3  not found (the API answered 404: no such volume)
+  4  server unreachable (is `headroom serve` running? --api or HEADROOM_API)
+  5  authentication failed (the API answered 401: check HEADROOM_TOKEN)
+  6  conflict (the API answered 409: name taken, tenant still has volumes)";
 
 impl ServeArgs {
     /// The flags as the top configuration layer.
@@ -163,21 +198,81 @@ struct DemoArgs {
     size: u64,
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
+    // Usage errors exit 2 here, with clap's message.
     let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            let code = exit_code(&err);
+            eprintln!("error: {err:#}");
+            if let Some(hint) = hint(code) {
+                eprintln!("hint: {hint}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Serve(args) => {
-            init_logging("info");
+            init_logging("info", args.log_format);
             runtime()?.block_on(serve(args, None))
         }
         Command::Demo(args) => {
-            init_logging("info");
+            init_logging("info", args.serve.log_format);
             runtime()?.block_on(serve(args.serve, Some((args.volume, args.size))))
         }
+        Command::Pool(args) => pool_cmd::run(args),
         Command::Volume(command) => volume_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),
         Command::Calibrate(args) => calibrate::run(args),
+    }
+}
+
+/// Exit codes of the shared contract (see [`EXIT_CODES`]).
+const EXIT_FAILURE: u8 = 1;
+const EXIT_NOT_FOUND: u8 = 3;
+const EXIT_UNREACHABLE: u8 = 4;
+const EXIT_UNAUTHORIZED: u8 = 5;
+const EXIT_CONFLICT: u8 = 6;
+
+/// THE place an error becomes an exit code.
+///
+/// LEAD, when merging the `auth` branch: replace the body's text matching with
+/// `if let Some(api) = err.chain().find_map(|e| e.downcast_ref::<client::ApiCallError>()) {
+/// return api.exit_code(); }` (keep the `EXIT_FAILURE` fallback). Until then client.rs
+/// reports API errors as text: `REASON (404 Not Found)` and, for a transport failure,
+/// `cannot reach the Headroom API at URL ...`; the status in brackets is what is matched.
+fn exit_code(err: &anyhow::Error) -> u8 {
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if text.starts_with("cannot reach the Headroom API") {
+            return EXIT_UNREACHABLE;
+        }
+        for (status, code) in [
+            ("404", EXIT_NOT_FOUND),
+            ("401", EXIT_UNAUTHORIZED),
+            ("409", EXIT_CONFLICT),
+        ] {
+            if text.ends_with(')') && text.contains(&format!("({status} ")) {
+                return code;
+            }
+        }
+    }
+    EXIT_FAILURE
+}
+
+/// What to try, for the codes whose message may not say it.
+fn hint(code: u8) -> Option<&'static str> {
+    match code {
+        EXIT_NOT_FOUND => Some("`headroom volume list` shows the volumes there are"),
+        EXIT_UNAUTHORIZED => {
+            Some("set HEADROOM_TOKEN to the server's API token (docs/operations.md)")
+        }
+        _ => None,
     }
 }
 
@@ -190,14 +285,21 @@ fn parse_inline_bytes(text: &str) -> Result<u32, String> {
     u32::try_from(bytes).map_err(|_| format!("{text} is larger than 4 GiB"))
 }
 
-/// Logs to stderr at `default_level` unless `HEADROOM_LOG` says otherwise (tracing filter syntax).
-fn init_logging(default_level: &str) {
+/// Logs to stderr at `default_level` unless `HEADROOM_LOG` says otherwise (tracing filter
+/// syntax), as text or JSON lines. Colour only when stderr is a terminal and `NO_COLOR` is
+/// unset: a log file or journald gets no escape codes.
+pub fn init_logging(default_level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HEADROOM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(colour).init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -268,10 +370,21 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
     // Handlers first: a script that sends SIGTERM as soon as it reads the line below must
     // get a clean stop, not the default action.
     let stop = stop_signal()?;
-    // Printed for scripts and tests that start us on port 0.
-    println!("nbd://{}  api http://{}", node.nbd_addr, node.api_addr);
+    // Printed for scripts and tests that start us on port 0. A closed stdout must not stop
+    // a server: the write's error is ignored.
+    say(&format!(
+        "nbd://{}  api http://{}\n",
+        node.nbd_addr, node.api_addr
+    ));
+    // systemd (Type=notify): ready once both listeners are bound, as the line above says.
+    // STATUS is what `systemctl status headroom` shows.
+    sd_notify::notify(&format!(
+        "READY=1\nSTATUS=serving NBD on {}, API on http://{}",
+        node.nbd_addr, node.api_addr
+    ));
 
     stop.await;
+    sd_notify::notify("STOPPING=1\nSTATUS=stopping: flushing devices and metadata");
     tracing::info!("shutting down: flushing");
     node.shutdown().await.context("clean shutdown")?;
     tracing::info!("stopped");
@@ -297,7 +410,7 @@ const DEMO_QOS_CLASS: &str = "qemu:iops-total=1000,iops-total-max=5000,iops-tota
 fn print_demo_help(name: &str, capped: &str, size_bytes: u64, nbd: SocketAddr, api: SocketAddr) {
     let uri = format!("nbd://{nbd}/{name}");
     let capped_uri = format!("nbd://{nbd}/{capped}");
-    println!(
+    say(&format!(
         "\nHeadroom is serving volume {name:?} ({size}, no QoS limit) at {uri}\n\
          and {capped:?} ({size}, QoS class {DEMO_QOS_CLASS}) at {capped_uri}\n\n\
          Try, from another terminal:\n  \
@@ -309,7 +422,16 @@ fn print_demo_help(name: &str, capped: &str, size_bytes: u64, nbd: SocketAddr, a
          fio --name=qos --ioengine=nbd --uri={capped_uri} --rw=randread --bs=4k --iodepth=32 --size=256M --runtime=20 --time_based --status-interval=1\n  \
          HEADROOM_API=http://{api} headroom volume show {capped}     # credits and I/Os per phase\n  \
          HEADROOM_API=http://{api} headroom volume list\n\n\
-         Stop with Ctrl-C (data is flushed and credit balances saved first).\n",
+         Stop with Ctrl-C (data is flushed and credit balances saved first).\n\n",
         size = format_size(size_bytes),
-    );
+    ));
+}
+
+/// Writes to stdout for `serve`/`demo`, ignoring errors: a server keeps running when nobody
+/// reads its stdout any more.
+fn say(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
 }

@@ -7,6 +7,7 @@ use clap::Subcommand;
 use headroom_qos::presets::Preset;
 use headroom_qos::preview::{PreviewRequest, preview};
 
+use crate::output::{Align, Table, bytes_rate, grouped, print_json};
 use crate::size::parse_size;
 
 #[derive(Subcommand, Debug)]
@@ -32,7 +33,8 @@ pub enum QosCommand {
         /// Seconds to simulate.
         #[arg(long, default_value_t = 60)]
         seconds: u64,
-        /// Print JSON: {"rows": [{"t_s", "iops", "bytes_per_s", "credit_balance"}, ...]}.
+        /// Print JSON: {"rows": [{"t_s", "iops", "bytes_per_s", "credit_balance"}, ...]}
+        /// (the table shows the same per second, in human units).
         #[arg(long)]
         json: bool,
     },
@@ -60,25 +62,23 @@ pub fn run(command: QosCommand) -> Result<()> {
             };
             let rows = preview(&request).map_err(|err| anyhow!("{err}"))?;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&serde_json::json!({ "rows": rows }))?
-                );
-            } else {
-                println!(
-                    "{:>8} {:>12} {:>14} {:>16}",
-                    "t_s", "iops", "bytes_per_s", "credit_balance"
-                );
-                for row in &rows {
-                    let credits = row
-                        .credit_balance
-                        .map_or_else(|| "-".to_string(), |c| c.to_string());
-                    println!(
-                        "{:>8} {:>12} {:>14} {:>16}",
-                        row.t_s, row.iops, row.bytes_per_s, credits
-                    );
-                }
+                return print_json(&serde_json::json!({ "rows": rows }));
             }
+            let mut table = Table::new(&[
+                ("T_S", Align::Right),
+                ("IOPS", Align::Right),
+                ("THROUGHPUT", Align::Right),
+                ("CREDITS", Align::Right),
+            ]);
+            for row in &rows {
+                table.row(vec![
+                    row.t_s.to_string(),
+                    grouped(row.iops),
+                    bytes_rate(row.bytes_per_s),
+                    row.credit_balance.map_or_else(|| "-".to_string(), grouped),
+                ]);
+            }
+            table.print();
             Ok(())
         }
     }

@@ -1,12 +1,17 @@
 //! `headroom sim run`: runs a scenario through the discrete-event simulator with the shipped
-//! QoS policies and prints a table or the JSON report.
+//! QoS policies and prints a table or the JSON report. A progress bar on stderr follows the
+//! simulator's own progress callback (fraction of simulated time over every policy); it is
+//! hidden when stderr is not a terminal, so logs and CI output stay clean.
 
-use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use headroom_sim::{RunOptions, Scenario, run as run_scenario};
+use headroom_sim::{RunOptions, Scenario, SimReport, run as run_scenario};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::output::{Align, Table, emit, mb_per_s, print_json};
 
 #[derive(Subcommand, Debug)]
 pub enum SimCommand {
@@ -20,7 +25,7 @@ pub enum SimCommand {
         /// Policies to compare (repeatable); default: the scenario's own list.
         #[arg(long = "policy")]
         policies: Vec<String>,
-        /// Print one JSON object instead of a table.
+        /// Print the JSON report instead of a table.
         #[arg(long)]
         json: bool,
         /// Folder for CSV, JSON and SVG outputs.
@@ -28,6 +33,9 @@ pub enum SimCommand {
         out: Option<PathBuf>,
     },
 }
+
+/// Steps of the bar: per mille of the whole run.
+const BAR_STEPS: u64 = 1000;
 
 pub fn run(command: SimCommand) -> Result<()> {
     match command {
@@ -40,32 +48,74 @@ pub fn run(command: SimCommand) -> Result<()> {
         } => {
             let scenario = Scenario::load(&file)
                 .with_context(|| format!("loading scenario {}", file.display()))?;
-            let show_progress = !json;
-            let progress: Option<Box<dyn FnMut(f64)>> = if show_progress {
-                Some(Box::new(|fraction: f64| {
-                    eprint!("\r{:5.1}%", fraction * 100.0);
-                    let _ = std::io::stderr().flush();
-                }))
-            } else {
-                None
-            };
+            // Hidden by indicatif itself when stderr is not a terminal.
+            let bar = ProgressBar::with_draw_target(Some(BAR_STEPS), ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:30} {percent:>3}% simulated, {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.set_message(scenario.name().to_string());
+            bar.enable_steady_tick(Duration::from_millis(200));
+            let progress_bar = bar.clone();
             let options = RunOptions {
                 seed,
                 policies,
                 out_dir: out,
-                progress,
+                progress: Some(Box::new(move |fraction: f64| {
+                    let step = (fraction.clamp(0.0, 1.0) * BAR_STEPS as f64) as u64;
+                    progress_bar.set_position(step);
+                })),
             };
-            let report = run_scenario(&scenario, options)
-                .with_context(|| format!("simulation failed (seed {seed})"))?;
-            if show_progress {
-                eprintln!();
-            }
+            let report = run_scenario(&scenario, options);
+            bar.finish_and_clear();
+            let report = report.with_context(|| format!("simulation failed (seed {seed})"))?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                print_json(&report)
             } else {
-                print!("{}", report.to_table());
+                emit(&table(&report));
+                Ok(())
             }
-            Ok(())
         }
     }
+}
+
+/// Per policy (and variant) and tenant group: throughput and latency percentiles.
+fn table(report: &SimReport) -> String {
+    let mut table = Table::new(&[
+        ("POLICY", Align::Left),
+        ("GROUP", Align::Left),
+        ("IOPS", Align::Right),
+        ("THROUGHPUT", Align::Right),
+        ("MEAN µS", Align::Right),
+        ("P50 µS", Align::Right),
+        ("P99 µS", Align::Right),
+        ("P99.9 µS", Align::Right),
+    ]);
+    for result in &report.results {
+        let policy = if result.variant.is_empty() {
+            result.policy.clone()
+        } else {
+            format!("{} [{}]", result.policy, result.variant)
+        };
+        for group in &result.groups {
+            table.row(vec![
+                policy.clone(),
+                group.name.clone(),
+                format!("{:.0}", group.iops),
+                mb_per_s(group.bytes_per_s),
+                format!("{:.1}", group.lat_mean_us),
+                format!("{:.1}", group.lat_p50_us),
+                format!("{:.1}", group.lat_p99_us),
+                format!("{:.1}", group.lat_p999_us),
+            ]);
+        }
+    }
+    format!(
+        "scenario {} (seed {})\n{}",
+        report.scenario,
+        report.seed,
+        table.render(crate::output::stdout_styled())
+    )
 }

@@ -14,6 +14,8 @@ use headroom_qos::{BurstKind, QosSpec};
 use serde_json::Value;
 
 use crate::client::Api;
+use crate::outln;
+use crate::output::{Align, Table, bytes_rate, human_bytes, percent, print_json};
 use crate::size::{format_size, parse_size};
 
 #[derive(Subcommand, Debug)]
@@ -35,6 +37,9 @@ pub enum VolumeCommand {
         read_only: bool,
         #[command(flatten)]
         qos: QosArgs,
+        /// Print the API's JSON (`VolumeView`) instead of a sentence.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -64,6 +69,9 @@ pub enum VolumeCommand {
         name: String,
         #[command(flatten)]
         qos: QosArgs,
+        /// Print the API's JSON (`VolumeView`) instead of a sentence.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -72,12 +80,18 @@ pub enum VolumeCommand {
         name: String,
         #[arg(long, value_parser = parse_size)]
         size: u64,
+        /// Print the API's JSON (`VolumeView`) instead of a sentence.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         api: ApiArgs,
     },
     /// Delete a volume and free its space.
     Delete {
         name: String,
+        /// Print `{"deleted": NAME}` instead of a sentence.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -92,6 +106,15 @@ pub struct ApiArgs {
         default_value = "http://127.0.0.1:10810"
     )]
     url: String,
+}
+
+impl ApiArgs {
+    /// The API client every command uses (the one place it is built). A `Result` because
+    /// finding the API token can fail (the `auth` branch moves `ApiArgs` to client.rs with
+    /// this same signature).
+    pub fn client(&self) -> Result<Api> {
+        Ok(Api::new(&self.url))
+    }
 }
 
 /// The QoS flags shared by `volume create` and `volume qos`.
@@ -159,15 +182,8 @@ impl QosArgs {
     }
 }
 
+/// Runs a volume command; errors go back to `main`, which maps them to exit codes.
 pub fn run(command: VolumeCommand) -> Result<()> {
-    if let Err(err) = execute(command) {
-        eprintln!("error: {err:#}");
-        std::process::exit(1);
-    }
-    Ok(())
-}
-
-fn execute(command: VolumeCommand) -> Result<()> {
     match command {
         VolumeCommand::Create {
             name,
@@ -175,6 +191,7 @@ fn execute(command: VolumeCommand) -> Result<()> {
             tenant,
             read_only,
             qos,
+            json,
             api,
         } => {
             let body = CreateVolume {
@@ -184,7 +201,10 @@ fn execute(command: VolumeCommand) -> Result<()> {
                 tenant,
                 read_only,
             };
-            let view = Api::new(&api.url).create(&body)?;
+            let view = api.client()?.create(&body)?;
+            if json {
+                return print_json(&view);
+            }
             let mut access = String::new();
             if let Some(tenant) = &view.info.tenant {
                 access.push_str(&format!(", tenant {tenant}"));
@@ -192,7 +212,7 @@ fn execute(command: VolumeCommand) -> Result<()> {
             if view.info.read_only {
                 access.push_str(", read-only");
             }
-            println!(
+            outln!(
                 "created {} ({}{access}), {}",
                 view.info.name,
                 format_size(view.info.size_bytes),
@@ -200,83 +220,95 @@ fn execute(command: VolumeCommand) -> Result<()> {
             );
         }
         VolumeCommand::List { tenant, json, api } => {
-            let api = Api::new(&api.url);
+            let api = api.client()?;
             let tenant = tenant.as_deref();
             if json {
-                println!("{}", serde_json::to_string_pretty(&api.list_json(tenant)?)?);
+                print_json(&api.list_json(tenant)?)?;
             } else {
                 print_list(&api.list(tenant)?);
             }
         }
         VolumeCommand::Show { name, json, api } => {
-            let api = Api::new(&api.url);
+            let api = api.client()?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&api.show_json(&name)?)?);
+                print_json(&api.show_json(&name)?)?;
             } else {
                 print_volume(&api.show(&name)?);
             }
         }
-        VolumeCommand::Qos { name, qos, api } => {
-            let api = Api::new(&api.url);
+        VolumeCommand::Qos {
+            name,
+            qos,
+            json,
+            api,
+        } => {
+            let api = api.client()?;
             let view = match qos.spec() {
                 Some(change) => api.set_qos(&name, change)?,
                 None => api.show(&name)?,
             };
-            println!(
+            if json {
+                return print_json(&view);
+            }
+            outln!(
                 "{}: {}",
                 view.info.name,
                 qos_summary(view.qos_class.as_ref(), &view.credits)
             );
         }
-        VolumeCommand::Resize { name, size, api } => {
-            let view = Api::new(&api.url).resize(&name, size)?;
-            println!(
+        VolumeCommand::Resize {
+            name,
+            size,
+            json,
+            api,
+        } => {
+            let view = api.client()?.resize(&name, size)?;
+            if json {
+                return print_json(&view);
+            }
+            outln!(
                 "resized {} to {}",
                 view.info.name,
                 format_size(view.info.size_bytes)
             );
         }
-        VolumeCommand::Delete { name, api } => {
-            Api::new(&api.url).delete(&name)?;
-            println!("deleted {name}");
+        VolumeCommand::Delete { name, json, api } => {
+            api.client()?.delete(&name)?;
+            if json {
+                return print_json(&serde_json::json!({ "deleted": name }));
+            }
+            outln!("deleted {name}");
         }
     }
     Ok(())
 }
 
 fn print_list(volumes: &[VolumeView]) {
-    let rows: Vec<[String; 7]> = volumes
-        .iter()
-        .map(|view| {
-            [
-                view.info.name.clone(),
-                view.info.tenant.clone().unwrap_or_else(|| "-".to_string()),
-                access_column(view.info.read_only).to_string(),
-                format_size(view.info.size_bytes),
-                human_bytes(view.info.allocated_bytes),
-                qos_column(view.qos_class.as_ref()),
-                credits_column(&view.credits),
-            ]
-        })
-        .collect();
-    let width = |column: usize, header: &str| {
-        rows.iter()
-            .map(|row| row[column].chars().count())
-            .chain([header.len()])
-            .max()
-            .unwrap_or(0)
-    };
-    let name_w = width(0, "NAME");
-    let tenant_w = width(1, "TENANT");
     // QOS last: a QEMU preset spelled out is long.
-    println!(
-        "{:<name_w$}  {:<tenant_w$}  {:<6}  {:>10}  {:>10}  {:>12}  QOS",
-        "NAME", "TENANT", "ACCESS", "SIZE", "ALLOCATED", "CREDITS"
-    );
-    for [name, tenant, access, size, allocated, qos, credits] in rows {
-        println!(
-            "{name:<name_w$}  {tenant:<tenant_w$}  {access:<6}  {size:>10}  {allocated:>10}  {credits:>12}  {qos}"
-        );
+    let mut table = Table::new(&[
+        ("NAME", Align::Left),
+        ("TENANT", Align::Left),
+        ("ACCESS", Align::Left),
+        ("SIZE", Align::Right),
+        ("ALLOCATED", Align::Right),
+        ("CREDITS", Align::Right),
+        ("QOS", Align::Left),
+    ]);
+    for view in volumes {
+        table.row(vec![
+            view.info.name.clone(),
+            view.info.tenant.clone().unwrap_or_else(|| "-".to_string()),
+            access_column(view.info.read_only).to_string(),
+            format_size(view.info.size_bytes),
+            human_bytes(view.info.allocated_bytes),
+            credits_column(&view.credits),
+            qos_column(view.qos_class.as_ref()),
+        ]);
+    }
+    table.print();
+    if volumes.is_empty() {
+        // On stderr: stdout stays the table alone, for scripts that read it.
+        eprintln!("no volumes yet: create one with `headroom volume create NAME --size 10GiB`");
     }
 }
 
@@ -307,59 +339,74 @@ fn credits_column(credits: &CreditsView) -> String {
 }
 
 fn print_volume(view: &VolumeView) {
+    use std::fmt::Write as _;
     let info = &view.info;
-    println!("name:        {}", info.name);
-    println!("id:          {}", info.id);
-    println!(
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let mut line = |args: std::fmt::Arguments| {
+        let _ = text.write_fmt(args);
+        text.push('\n');
+    };
+    line(format_args!("name:        {}", info.name));
+    line(format_args!("id:          {}", info.id));
+    line(format_args!(
         "size:        {} ({} bytes)",
         format_size(info.size_bytes),
         info.size_bytes
-    );
-    println!(
-        "allocated:   {} ({} bytes)",
+    ));
+    line(format_args!(
+        "allocated:   {} ({} bytes, {} of the size)",
         human_bytes(info.allocated_bytes),
-        info.allocated_bytes
-    );
-    println!("created:     {} (unix seconds)", info.created_unix_s);
+        info.allocated_bytes,
+        percent(info.allocated_bytes, info.size_bytes)
+    ));
+    line(format_args!(
+        "created:     {} UTC",
+        crate::calibrate::utc(info.created_unix_s)
+    ));
     match &info.tenant {
-        Some(tenant) => println!("tenant:      {tenant}"),
-        None => println!("tenant:      - (served to NBD clients without a TLS identity)"),
+        Some(tenant) => line(format_args!("tenant:      {tenant}")),
+        None => line(format_args!(
+            "tenant:      - (served to NBD clients without a TLS identity)"
+        )),
     }
-    println!(
+    line(format_args!(
         "access:      {}",
         if info.read_only {
             "read-only"
         } else {
             "read-write"
         }
-    );
-    println!("policy:      {}", view.policy);
+    ));
+    line(format_args!("policy:      {}", view.policy));
     match &view.qos_class {
-        None => println!("qos:         unlimited (no baseline promise, no ceiling)"),
+        None => line(format_args!(
+            "qos:         unlimited (no baseline promise, no ceiling)"
+        )),
         Some(qos) => {
-            println!("qos:         {}", spec_label(&qos.spec));
-            println!("  baseline:  {}", rate_full(&qos.baseline));
-            println!("  ceiling:   {}", rate_full(&qos.ceiling));
-            println!("  burst:     {}", qos.burst);
-            println!("  weight:    {}", qos.weight);
+            line(format_args!("qos:         {}", spec_label(&qos.spec)));
+            line(format_args!("  baseline:  {}", rate_full(&qos.baseline)));
+            line(format_args!("  ceiling:   {}", rate_full(&qos.ceiling)));
+            line(format_args!("  burst:     {}", qos.burst));
+            line(format_args!("  weight:    {}", qos.weight));
             if qos.io_unit_bytes > 0 {
-                println!(
+                line(format_args!(
                     "  io unit:   {} (larger requests count as several I/Os)",
                     human_bytes(u64::from(qos.io_unit_bytes))
-                );
+                ));
             }
             if let Some(bucket) = &qos.iops_bucket {
-                println!(
+                line(format_args!(
                     "  iops bucket:  {} credits, refill {}/s",
                     bucket.capacity, bucket.refill_per_s
-                );
+                ));
             }
             if let Some(bucket) = &qos.bytes_bucket {
-                println!(
+                line(format_args!(
                     "  bytes bucket: {}, refill {}/s",
                     human_bytes(bucket.capacity),
                     human_bytes(bucket.refill_per_s)
-                );
+                ));
             }
         }
     }
@@ -373,43 +420,56 @@ fn print_volume(view: &VolumeView) {
     if credits.is_empty() {
         credits.push("-".to_string());
     }
-    println!("credits:     {}", credits.join(", "));
-    println!("queued:      {} requests", view.queued_requests);
-    println!();
-    println!(
-        "{:<24} {:>12} {:>12} {:>12} {:>16}",
-        "PHASE", "I/OS", "BYTES", "TIME (S)", "MEAN (µS/I/O)"
-    );
+    line(format_args!("credits:     {}", credits.join(", ")));
+    line(format_args!(
+        "queued:      {} requests",
+        view.queued_requests
+    ));
+    text.push('\n');
+
+    let mut table = Table::new(&[
+        ("PHASE", Align::Left),
+        ("I/OS", Align::Right),
+        ("BYTES", Align::Right),
+        ("TIME (S)", Align::Right),
+        ("MEAN (µS/I/O)", Align::Right),
+    ]);
     let phases = &view.phases;
     for (label, phase) in [
         ("baseline", &phases.baseline),
         ("burst on credits", &phases.burst_credit),
         ("burst on spare capacity", &phases.burst_spare),
     ] {
-        print_phase(label, phase.ios, Some(phase.bytes), phase.time_ns);
+        table.row(phase_row(
+            label,
+            phase.ios,
+            Some(phase.bytes),
+            phase.time_ns,
+        ));
     }
-    print_phase(
+    table.row(phase_row(
         "throttled (waiting)",
         phases.throttled.ios,
         None,
         phases.throttled.time_ns,
-    );
+    ));
+    text.push_str(&table.render(crate::output::stdout_styled()));
+    crate::output::emit(&text);
 }
 
-fn print_phase(label: &str, ios: u64, bytes: Option<u64>, time_ns: u64) {
+fn phase_row(label: &str, ios: u64, bytes: Option<u64>, time_ns: u64) -> Vec<String> {
     let mean = if ios == 0 {
         "-".to_string()
     } else {
         format!("{:.1}", time_ns as f64 / ios as f64 / 1e3)
     };
-    println!(
-        "{:<24} {:>12} {:>12} {:>12.3} {:>16}",
-        label,
-        ios,
+    vec![
+        label.to_string(),
+        ios.to_string(),
         bytes.map_or_else(|| "-".to_string(), human_bytes),
-        time_ns as f64 / 1e9,
-        mean
-    );
+        format!("{:.3}", time_ns as f64 / 1e9),
+        mean,
+    ]
 }
 
 /// One line: `qos gp2: baseline 300 IOPS, ceiling 3000 IOPS, credits 5400000`.
@@ -500,46 +560,9 @@ fn rate_full(rate: &RateView) -> String {
     format!("{iops}, {bytes}")
 }
 
-/// Bytes per second as MB/s (10^6) when exact, else MiB/s when exact, else MB/s rounded.
-fn bytes_rate(bytes_per_s: u64) -> String {
-    const MB: u64 = 1_000_000;
-    const MIB: u64 = 1 << 20;
-    if bytes_per_s.is_multiple_of(MB) {
-        format!("{} MB/s", bytes_per_s / MB)
-    } else if bytes_per_s.is_multiple_of(MIB) {
-        format!("{} MiB/s", bytes_per_s / MIB)
-    } else {
-        format!("{:.1} MB/s", bytes_per_s as f64 / MB as f64)
-    }
-}
-
-/// Bytes for people: exact binary units when they divide, else one decimal (`1.5GiB`).
-fn human_bytes(bytes: u64) -> String {
-    for (unit, name) in crate::size::BINARY_UNITS {
-        if bytes >= unit {
-            if bytes.is_multiple_of(unit) {
-                return format!("{}{name}", bytes / unit);
-            }
-            return format!("{:.1}{name}", bytes as f64 / unit as f64);
-        }
-    }
-    format!("{bytes}B")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn human_sizes_and_rates() {
-        assert_eq!(human_bytes(0), "0B");
-        assert_eq!(human_bytes(1000), "1000B");
-        assert_eq!(human_bytes(1 << 30), "1GiB");
-        assert_eq!(human_bytes(3 << 29), "1.5GiB");
-        assert_eq!(bytes_rate(125_000_000), "125 MB/s");
-        assert_eq!(bytes_rate(250 << 20), "250 MiB/s");
-        assert_eq!(bytes_rate(1_500_001), "1.5 MB/s");
-    }
 
     #[test]
     fn no_flag_means_no_spec() {

@@ -1,5 +1,7 @@
-//! The CLI contract: `headroom volume ...` against a running server, and `headroom qos preview`
-//! reproducing the published burst timelines.
+//! The CLI contract: `headroom volume ...` and `headroom pool` against a running server (a
+//! table for people, `--json` for scripts, the exit codes of docs/operations.md), `headroom
+//! qos preview` reproducing the published burst timelines, and a closed stdout pipe ending
+//! every command quietly.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
 
 mod common;
@@ -73,7 +75,7 @@ fn volume_commands_follow_the_contract() {
         text(&out)
     );
     let out = server.cli(&["volume", "show", "nope"]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("404"),
         "{}",
@@ -109,16 +111,37 @@ fn volume_commands_follow_the_contract() {
 
 #[test]
 fn cli_reports_an_unreachable_api() {
-    let out = Command::new(BIN)
-        .args(["volume", "list", "--api", "http://127.0.0.1:9"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("cannot reach"),
-        "{}",
-        text(&out)
-    );
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let api = format!("http://127.0.0.1:{port}");
+    for args in [
+        &["volume", "list"][..],
+        &["volume", "show", "v1"],
+        &["volume", "create", "v1", "--size", "1GiB"],
+        &["pool"],
+    ] {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--api", &api])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // What went wrong, and what to try.
+        assert!(
+            stderr.contains("cannot reach")
+                && stderr.contains(&api)
+                && stderr.contains("headroom serve")
+                && stderr.contains("HEADROOM_API"),
+            "{args:?}: {}",
+            text(&out)
+        );
+        assert!(out.stdout.is_empty(), "{}", text(&out));
+    }
 }
 
 fn preview(args: &[&str]) -> Vec<Value> {
@@ -244,4 +267,444 @@ fn demo_serves_a_sample_volume_and_stops_on_sigint() {
     assert!(status.success());
     let exit = child.wait().unwrap();
     assert!(exit.success(), "demo exited with {exit} after SIGINT");
+}
+
+/// The cell of a right-aligned column: the last word of `row` ending where `header` ends in
+/// the header line.
+fn right_cell<'a>(header_line: &str, header: &str, row: &'a str) -> &'a str {
+    let end = header_line.find(header).expect("header present") + header.len();
+    assert!(
+        row.len() >= end && row[end..].chars().next().is_none_or(|c| c == ' '),
+        "{header} not aligned in {row:?}"
+    );
+    row[..end].split_whitespace().last().unwrap_or_default()
+}
+
+fn json_out(out: &std::process::Output) -> Value {
+    assert!(out.status.success(), "{}", text(out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|err| panic!("{err}: {}", text(out)))
+}
+
+#[test]
+fn every_command_prints_a_table_or_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_memory(&dir.path().join("mem"), "8GiB");
+
+    // create: a sentence, or the VolumeView.
+    let view = json_out(&server.cli(&[
+        "volume", "create", "big", "--size", "100GiB", "--qos", "gp2", "--json",
+    ]));
+    assert_eq!(view["name"], "big");
+    assert_eq!(view["size_bytes"].as_u64(), Some(100 << 30));
+    assert_eq!(view["qos_class"]["spec"]["preset"], "gp2");
+    let out = server.cli(&["volume", "create", "small", "--size", "512MiB"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "created small (512MiB), qos unlimited",
+        "{}",
+        text(&out)
+    );
+
+    // list: aligned columns (SIZE and CREDITS right-aligned under their header).
+    let out = server.cli(&["volume", "list"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        !listing.contains('\x1b'),
+        "no colour into a pipe: {listing:?}"
+    );
+    let mut lines = listing.lines();
+    let header = lines.next().unwrap();
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 2, "{listing}");
+    let row = |name: &str| *rows.iter().find(|r| r.starts_with(name)).unwrap();
+    assert_eq!(
+        right_cell(header, "SIZE", row("big")),
+        "100GiB",
+        "{listing}"
+    );
+    assert_eq!(
+        right_cell(header, "SIZE", row("small")),
+        "512MiB",
+        "{listing}"
+    );
+    assert_eq!(
+        right_cell(header, "CREDITS", row("small")),
+        "-",
+        "{listing}"
+    );
+    assert!(
+        right_cell(header, "CREDITS", row("big"))
+            .parse::<u64>()
+            .unwrap()
+            > 5_000_000,
+        "{listing}"
+    );
+
+    // qos, resize: sentences or the VolumeView.
+    let view = json_out(&server.cli(&["volume", "qos", "big", "--ceiling-iops", "800", "--json"]));
+    assert_eq!(view["qos_class"]["ceiling"]["iops"], 800, "{view}");
+    let view = json_out(&server.cli(&["volume", "qos", "small", "--json"]));
+    assert!(view.get("qos_class").is_none_or(Value::is_null), "{view}");
+    let view = json_out(&server.cli(&["volume", "resize", "small", "--size", "1GiB", "--json"]));
+    assert_eq!(view["size_bytes"].as_u64(), Some(1 << 30));
+    let out = server.cli(&["volume", "resize", "small", "--size", "2GiB"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "resized small to 2GiB"
+    );
+
+    // show: the phase table's columns line up.
+    let out = server.cli(&["volume", "show", "big"]);
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    let phase_header = shown
+        .lines()
+        .find(|l| l.starts_with("PHASE"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    let baseline = shown.lines().find(|l| l.starts_with("baseline ")).unwrap();
+    assert_eq!(right_cell(phase_header, "I/OS", baseline), "0", "{shown}");
+    assert_eq!(
+        right_cell(phase_header, "TIME (S)", baseline),
+        "0.000",
+        "{shown}"
+    );
+
+    // pool: the summary and one row per device, or the API's JSON.
+    let pool = json_out(&server.cli(&["pool", "--json"]));
+    assert_eq!(pool["capacity_bytes"].as_u64(), Some(8 << 30), "{pool}");
+    let devices = pool["devices"].as_array().unwrap();
+    let out = server.cli(&["pool"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let capacity_line = table.lines().find(|l| l.starts_with("capacity:")).unwrap();
+    assert!(
+        capacity_line.contains(&format!("8GiB on {} device(s)", devices.len())),
+        "{table}"
+    );
+    let header = table.lines().find(|l| l.contains("DEVICE")).unwrap();
+    let device_rows: Vec<&str> = table
+        .lines()
+        .skip_while(|l| !l.contains("DEVICE"))
+        .skip(1)
+        .collect();
+    assert_eq!(device_rows.len(), devices.len(), "{table}");
+    for (row, device) in device_rows.iter().zip(devices) {
+        assert_eq!(
+            right_cell(header, "DEVICE", row),
+            device["id"].to_string(),
+            "{table}"
+        );
+        assert!(row.ends_with(device["path"].as_str().unwrap()), "{table}");
+    }
+    let allocated = pool["allocated_extents"].as_u64().unwrap();
+    assert!(
+        allocated > 0 || devices.is_empty() || table.contains("0B ("),
+        "{table}"
+    );
+
+    // delete: a sentence, or {"deleted": NAME}.
+    let gone = json_out(&server.cli(&["volume", "delete", "small", "--json"]));
+    assert_eq!(gone, serde_json::json!({"deleted": "small"}));
+    let out = server.cli(&["volume", "delete", "big"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "deleted big");
+    let list = json_out(&server.cli(&["volume", "list", "--json"]));
+    assert_eq!(list, serde_json::json!([]));
+    server.stop();
+
+    // qos preview: per second, in human units.
+    let out = Command::new(BIN)
+        .args(["qos", "preview", "--preset", "gp2", "--size", "100GiB"])
+        .args(["--demand-iops", "3000", "--seconds", "3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 4, "{table}");
+    assert!(
+        lines[0]
+            .split_whitespace()
+            .eq(["T_S", "IOPS", "THROUGHPUT", "CREDITS"]),
+        "{table}"
+    );
+    assert_eq!(right_cell(lines[0], "IOPS", lines[1]), "3,000", "{table}");
+    assert_eq!(right_cell(lines[0], "T_S", lines[3]), "2", "{table}");
+}
+
+#[test]
+fn exit_codes_follow_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_memory(&dir.path().join("mem"), "4GiB");
+    server.create_volume("v1", "1GiB");
+    let code = |args: &[&str]| {
+        let out = server.cli(args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    // 3: not found, with a hint.
+    for args in [
+        &["volume", "show", "nope"][..],
+        &["volume", "delete", "nope"],
+        &["volume", "resize", "nope", "--size", "2GiB"],
+        &["volume", "qos", "nope", "--ceiling-iops", "100"],
+    ] {
+        let (status, stderr) = code(args);
+        assert_eq!(status, Some(3), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains("nope"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("headroom volume list"), "{stderr}");
+    }
+    // 6: conflict (the name is taken).
+    let (status, stderr) = code(&["volume", "create", "v1", "--size", "1GiB"]);
+    assert_eq!(status, Some(6), "{stderr}");
+    assert!(stderr.contains("v1"), "{stderr}");
+    // 1: other failures (an invalid class, a bad name).
+    let (status, stderr) = code(&[
+        "volume",
+        "create",
+        "v2",
+        "--size",
+        "1GiB",
+        "--baseline-iops",
+        "500",
+        "--ceiling-iops",
+        "100",
+    ]);
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(stderr.contains("invalid QoS"), "{stderr}");
+    let (status, stderr) = code(&["volume", "create", "bad/name", "--size", "1GiB"]);
+    assert_eq!(status, Some(1), "{stderr}");
+    // 2: usage errors, with clap's message.
+    for args in [
+        &["volume", "create", "v3", "--size", "lots"][..],
+        &[
+            "volume",
+            "create",
+            "v3",
+            "--size",
+            "1GiB",
+            "--burst",
+            "sometimes",
+        ],
+        &["volume", "list", "--bogus"],
+        &["pool", "extra"],
+        &["nonsense"],
+    ] {
+        let (status, stderr) = code(args);
+        assert_eq!(status, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("--help"), "{stderr}");
+    }
+    server.stop();
+
+    // 5: the API refused the token (a one-shot HTTP server answering 401).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = format!("http://{}", listener.local_addr().unwrap());
+    let responder = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).unwrap();
+            assert!(n > 0, "client closed early");
+            request.extend_from_slice(&buf[..n]);
+        }
+        let body = r#"{"error":"missing or wrong bearer token","kind":"unauthorized"}"#;
+        write!(
+            stream,
+            "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+    });
+    let out = Command::new(BIN)
+        .args(["volume", "list", "--api", &api])
+        .output()
+        .unwrap();
+    responder.join().unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("HEADROOM_TOKEN"),
+        "{}",
+        text(&out)
+    );
+
+    // The codes are in --help.
+    for args in [&["--help"][..], &["volume", "--help"], &["pool", "--help"]] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            help.contains("Exit codes:") && help.contains("4  server unreachable"),
+            "{args:?}: {help}"
+        );
+    }
+}
+
+/// No panic message, status 0, nothing on stderr.
+fn assert_quiet(what: &str, status: std::process::ExitStatus, stderr: &[u8]) {
+    let stderr = String::from_utf8_lossy(stderr);
+    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    assert!(stderr.trim().is_empty(), "{what}: {stderr}");
+    assert_eq!(status.code(), Some(0), "{what}: {status}, {stderr}");
+}
+
+#[test]
+fn a_closed_pipe_ends_every_command_quietly() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+
+    // `qos preview ... | head -1`: a table far larger than the pipe buffer; the reader takes
+    // one line and goes away while the writer is blocked on the full pipe.
+    let mut child = Command::new(BIN)
+        .args(["qos", "preview", "--preset", "gp2", "--size", "100GiB"])
+        .args(["--demand-iops", "3000", "--seconds", "30000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap();
+    assert!(first.contains("T_S"), "{first}");
+    drop(reader);
+    let mut stderr = Vec::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
+    assert_quiet("qos preview | head -1", child.wait().unwrap(), &stderr);
+
+    // Commands with short output: the reader is gone before they write (a pipe whose read
+    // end is closed), which is `| head -0` or a reader that exited early.
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_memory(&dir.path().join("mem"), "2GiB");
+    server.create_volume("v1", "1GiB");
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scenarios/libra-vop.toml"
+    );
+    for args in [
+        &["volume", "list"][..],
+        &["volume", "list", "--json"],
+        &["volume", "show", "v1"],
+        &["pool"],
+        &["sim", "run", scenario],
+        &["sim", "run", scenario, "--json"],
+        &[
+            "qos",
+            "preview",
+            "--preset",
+            "gp2",
+            "--json",
+            "--seconds",
+            "10",
+        ],
+    ] {
+        let (read_end, write_end) = std::io::pipe().unwrap();
+        drop(read_end);
+        let out = Command::new(BIN)
+            .args(args)
+            .env("HEADROOM_API", &server.api)
+            .env("HEADROOM_TOKEN", common::TEST_TOKEN)
+            .stdout(Stdio::from(write_end))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert_quiet(&format!("{args:?}"), out.status, &out.stderr);
+    }
+    server.stop();
+}
+
+#[test]
+fn sim_and_calibrate_print_a_table_or_json() {
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scenarios/libra-vop.toml"
+    );
+    let report = json_out(
+        &Command::new(BIN)
+            .args(["sim", "run", scenario, "--json"])
+            .output()
+            .unwrap(),
+    );
+    let results = report["results"].as_array().unwrap();
+    let groups: usize = results
+        .iter()
+        .map(|r| r["groups"].as_array().unwrap().len())
+        .sum();
+    assert!(groups > 0, "{report}");
+    let out = Command::new(BIN)
+        .args(["sim", "run", scenario])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // No progress bar when stderr is not a terminal.
+    assert!(out.stderr.is_empty(), "{}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("scenario {} (seed 1)", report["scenario"].as_str().unwrap())
+    );
+    assert!(
+        lines[1]
+            .split_whitespace()
+            .take(3)
+            .eq(["POLICY", "GROUP", "IOPS"]),
+        "{table}"
+    );
+    assert_eq!(
+        lines.len(),
+        2 + groups,
+        "one row per policy and group: {table}"
+    );
+    let first = &results[0]["groups"][0];
+    assert_eq!(
+        right_cell(lines[1], "IOPS", lines[2]),
+        format!("{:.0}", first["iops"].as_f64().unwrap()),
+        "{table}"
+    );
+
+    if !common::have_tool("fio") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("calibration.toml");
+    let report = json_out(
+        &Command::new(BIN)
+            .args([
+                "calibrate",
+                "--memory",
+                "256MiB",
+                "--seconds-per-point",
+                "1",
+            ])
+            .args(["--sizes", "4k", "--json", "--out"])
+            .arg(&file)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(report["file"].as_str(), file.to_str());
+    assert!(file.exists());
+    let points = report["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2, "a read and a write point: {report}");
+    for point in points {
+        assert_eq!(point["size_bytes"], 4096, "{report}");
+        assert!(point["iops"].as_u64().unwrap() > 0, "{report}");
+        assert!(point["cpu_ns"].as_u64().unwrap() > 0, "{report}");
+    }
+    assert!(report["cpu"]["read"]["base_ns"].is_u64(), "{report}");
+    assert_eq!(
+        report["capacity"]["device_units_per_s"].as_u64(),
+        report["vop"]["max_iops"].as_u64().map(|n| n * 1000),
+        "{report}"
+    );
 }

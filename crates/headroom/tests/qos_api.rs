@@ -336,8 +336,14 @@ fn invalid_qos_is_refused_with_its_reason_and_changes_nothing() {
         assert!(err.contains(reason), "{reason:?} missing: {err}");
         assert_eq!(err.matches("invalid QoS").count(), 1, "{err}");
     }
-    let err = fails(&server, &["volume", "show", "bad"]);
-    assert!(err.contains("404"), "{err}");
+    // Not created: not found, exit code 3 (the CLI's contract).
+    let out = server.cli(&["volume", "show", "bad"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("404"),
+        "{}",
+        text(&out)
+    );
 
     // Changes: refused, and the volume keeps its class and credits.
     ok(
