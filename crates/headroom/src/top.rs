@@ -119,8 +119,7 @@ fn execute(args: &TopArgs) -> Result<()> {
         let body = fetch_stats(&args.api, args.limit)?;
         if args.json {
             // As the server wrote it (compact, one line), once it is known to be JSON.
-            serde_json::from_str::<serde_json::Value>(&body)
-                .context("reading the API's answer")?;
+            serde_json::from_str::<serde_json::Value>(&body).context("reading the API's answer")?;
             writeln!(stdout, "{}", body.trim())?;
         } else {
             let report: StatsReport = serde_json::from_str(&body)
@@ -162,7 +161,7 @@ fn thousands(value: f64) -> String {
     let digits = whole.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -256,7 +255,11 @@ fn utilisation_line(report: &StatsReport) -> String {
 
 /// One frame: title, node line, the table, who bursts and who lends.
 fn render(report: &StatsReport, api: &str, height: Option<usize>, ansi: bool) -> String {
-    let (bold, reset) = if ansi { ("\x1b[1m", "\x1b[0m") } else { ("", "") };
+    let (bold, reset) = if ansi {
+        ("\x1b[1m", "\x1b[0m")
+    } else {
+        ("", "")
+    };
     let mut out = String::new();
     let time = report.samples.last().map_or_else(
         || "waiting for the first sample".to_string(),
@@ -329,7 +332,10 @@ fn render(report: &StatsReport, api: &str, height: Option<usize>, ansi: bool) ->
         }
         text.trim_end().to_string()
     };
-    out.push_str(&format!("{bold}{}{reset}\n", line(&header.map(String::from))));
+    out.push_str(&format!(
+        "{bold}{}{reset}\n",
+        line(&header.map(String::from))
+    ));
     for row in rows.iter().take(shown) {
         out.push_str(&line(row));
         out.push('\n');
@@ -347,7 +353,10 @@ fn render(report: &StatsReport, api: &str, height: Option<usize>, ansi: bool) ->
         .map(|b| {
             let mut parts = Vec::new();
             if b.burst_credit_iops > 0.0 {
-                parts.push(format!("{} IOPS on credits", thousands(b.burst_credit_iops)));
+                parts.push(format!(
+                    "{} IOPS on credits",
+                    thousands(b.burst_credit_iops)
+                ));
             }
             if b.burst_spare_iops > 0.0 {
                 parts.push(format!("{} IOPS on spare", thousands(b.burst_spare_iops)));

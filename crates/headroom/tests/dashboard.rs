@@ -145,6 +145,16 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// The full path of `tool` on PATH (checked by `have_tool` first).
+fn on_path(tool: &str) -> String {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join(tool))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("{tool} not on PATH"))
+        .display()
+        .to_string()
+}
+
 /// Every process under `pid` (children first found, then theirs), from /proc.
 fn descendants(pid: u32) -> Vec<u32> {
     let mut parent_of: Vec<(u32, u32)> = Vec::new();
@@ -170,7 +180,12 @@ fn descendants(pid: u32) -> Vec<u32> {
     let mut i = 0;
     while i < found.len() {
         let parent = found[i];
-        found.extend(parent_of.iter().filter(|(_, p)| *p == parent).map(|(c, _)| *c));
+        found.extend(
+            parent_of
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
         i += 1;
     }
     found.remove(0);
@@ -203,7 +218,10 @@ impl Browser {
             _profile: profile,
         };
         wait_for("chromedriver to listen", Duration::from_secs(30), || {
-            let response = agent().get(format!("{}/status", browser.base)).call().ok()?;
+            let response = agent()
+                .get(format!("{}/status", browser.base))
+                .call()
+                .ok()?;
             (response.status() == 200).then_some(())
         });
         let args = [
@@ -224,7 +242,7 @@ impl Browser {
             "/session",
             Some(json!({"capabilities": {"alwaysMatch": {
                 "browserName": "chrome",
-                "goog:chromeOptions": {"binary": "/usr/bin/chromium", "args": args},
+                "goog:chromeOptions": {"binary": on_path("chromium"), "args": args},
             }}})),
         );
         browser.session = created["sessionId"]
@@ -241,7 +259,9 @@ impl Browser {
         let result = match (method, body) {
             ("GET", _) => agent.get(&url).call(),
             ("DELETE", _) => agent.delete(&url).call(),
-            (_, body) => agent.post(&url).send_json(body.unwrap_or_else(|| json!({}))),
+            (_, body) => agent
+                .post(&url)
+                .send_json(body.unwrap_or_else(|| json!({}))),
         };
         let mut response = result.unwrap_or_else(|err| panic!("{method} {path}: {err}"));
         let status = response.status();
@@ -255,7 +275,11 @@ impl Browser {
     }
 
     fn navigate(&self, url: &str) {
-        self.call("POST", &self.session_path("/url"), Some(json!({"url": url})));
+        self.call(
+            "POST",
+            &self.session_path("/url"),
+            Some(json!({"url": url})),
+        );
     }
 
     /// Runs `script` (a function body) in the page and returns what it returns.
@@ -379,13 +403,17 @@ fn the_dashboard_shows_live_numbers_that_match_the_api() {
 
     // Live: both loaded volumes show I/O, and two more samples arrive after that, so the
     // sample read is a full second of steady load.
-    let first = wait_for("live data for busy and credit", Duration::from_secs(60), || {
-        let dom = read_dom(&browser);
-        let busy = dom["rows"]["busy"]["iops"].as_f64().unwrap_or(0.0);
-        let credit = dom["rows"]["credit"]["iops"].as_f64().unwrap_or(0.0);
-        (dom["status"] == "live" && busy > 0.0 && credit > 0.0)
-            .then(|| dom["unix_ms"].as_u64().unwrap())
-    });
+    let first = wait_for(
+        "live data for busy and credit",
+        Duration::from_secs(60),
+        || {
+            let dom = read_dom(&browser);
+            let busy = dom["rows"]["busy"]["iops"].as_f64().unwrap_or(0.0);
+            let credit = dom["rows"]["credit"]["iops"].as_f64().unwrap_or(0.0);
+            (dom["status"] == "live" && busy > 0.0 && credit > 0.0)
+                .then(|| dom["unix_ms"].as_u64().unwrap())
+        },
+    );
     let ios_before = (Instant::now(), volume_ios(&server, "credit"));
     let mut seen = vec![first];
     let dom = wait_for("two more samples", Duration::from_secs(20), || {
@@ -450,7 +478,10 @@ fn the_dashboard_shows_live_numbers_that_match_the_api() {
         close(credit, counted, counted * 0.25),
         "credit shows {credit} IOPS, its counters say {counted:.0}"
     );
-    assert!(credit <= CREDIT_CEILING_IOPS * 1.05, "credit at {credit} IOPS");
+    assert!(
+        credit <= CREDIT_CEILING_IOPS * 1.05,
+        "credit at {credit} IOPS"
+    );
 
     // Bursting and lending: the unlimited volume runs on spare capacity, the QEMU class on
     // credits; the idle volume lends its whole baseline.
@@ -512,13 +543,52 @@ fn the_dashboard_shows_live_numbers_that_match_the_api() {
 fn stats_reject_out_of_range_queries() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_memory(&dir.path().join("mem"), "1GiB");
-    for query in ["seconds=0", "seconds=601", "limit=0", "limit=10001", "seconds=x", "bogus=1"] {
+    for query in [
+        "seconds=0",
+        "seconds=601",
+        "limit=0",
+        "limit=10001",
+        "seconds=x",
+        "bogus=1",
+    ] {
         let (status, body) = get_with(&format!("{}/v1/stats?{query}", server.api), TEST_TOKEN);
         assert_eq!(status, 400, "{query}: {body}");
         assert_eq!(body["kind"], "invalid_query", "{query}: {body}");
     }
     let (status, body) = get_with(&format!("{}/assets/nope.js", server.api), TEST_TOKEN);
     assert_eq!(status, 404, "{body}");
+    server.stop();
+}
+
+#[test]
+fn stats_without_a_scheduler_say_why_numbers_are_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        &dir.path().join("mem"),
+        &["--memory", "1GiB", "--policy", "off"],
+    );
+    server.create_volume("plain", "64MiB");
+    let stats = wait_for("a sample with the volume", Duration::from_secs(10), || {
+        let stats = api_get(&server, "/v1/stats?seconds=5");
+        (stats["volumes"].as_array()?.len() == 1 && !stats["samples"].as_array()?.is_empty())
+            .then_some(stats)
+    });
+    assert_eq!(stats["policy"], "off");
+    assert_eq!(stats["scheduler"], false);
+    assert!(
+        stats["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("no scheduler"))
+    );
+    let volume = &stats["volumes"][0];
+    assert_eq!(volume["name"], "plain");
+    assert!(
+        volume["iops"].is_null() && volume["credits"].is_null(),
+        "{volume}"
+    );
+    let out = server.cli(&["top", "--once"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no scheduler"));
     server.stop();
 }
 
@@ -549,7 +619,9 @@ fn top_once_prints_the_loaded_volumes_busiest_first() {
     assert!(!frame.contains('\x1b'), "--once into a pipe has no escapes");
     let lines: Vec<&str> = frame.lines().collect();
     assert!(
-        lines.iter().any(|l| l.starts_with("node") && l.contains("cpu")),
+        lines
+            .iter()
+            .any(|l| l.starts_with("node") && l.contains("cpu")),
         "no node line:\n{frame}"
     );
     let header = lines
@@ -558,7 +630,9 @@ fn top_once_prints_the_loaded_volumes_busiest_first() {
         .unwrap_or_else(|| panic!("no header:\n{frame}"));
     assert_eq!(
         lines[header].split_whitespace().collect::<Vec<_>>(),
-        ["VOLUME", "TENANT", "IOPS", "MB/s", "LATENCY", "QUEUE", "CREDITS", "PHASE", "BASELINE"]
+        [
+            "VOLUME", "TENANT", "IOPS", "MB/s", "LATENCY", "QUEUE", "CREDITS", "PHASE", "BASELINE"
+        ]
     );
     let rows: Vec<Vec<&str>> = lines[header + 1..]
         .iter()
@@ -577,7 +651,10 @@ fn top_once_prints_the_loaded_volumes_busiest_first() {
     assert!(iops(&rows[1]) > 0.0 && iops(&rows[1]) <= CREDIT_CEILING_IOPS * 1.05);
     let acme = rows.iter().find(|r| r[0] == "acme-data").unwrap();
     assert_eq!(acme[1], "acme");
-    assert!(frame.contains("lending") && frame.contains("idle"), "{frame}");
+    assert!(
+        frame.contains("lending") && frame.contains("idle"),
+        "{frame}"
+    );
 
     // --json: the /v1/stats document, one per line.
     let out = server.cli(&["top", "--once", "--json"]);

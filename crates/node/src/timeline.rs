@@ -327,9 +327,8 @@ pub fn volume_rates(
 
 /// What a volume left unused of its baseline at `iops` and `bytes_per_s`.
 pub fn lending(baseline: IoRate, iops: f64, bytes_per_s: f64) -> Option<Lending> {
-    let unused = |limit: u64, used: f64| {
-        (limit != u64::MAX).then(|| round1((limit as f64 - used).max(0.0)))
-    };
+    let unused =
+        |limit: u64, used: f64| (limit != u64::MAX).then(|| round1((limit as f64 - used).max(0.0)));
     let lending = Lending {
         unused_iops: unused(baseline.iops, iops),
         unused_bytes_per_s: unused(baseline.bytes_per_s, bytes_per_s),
@@ -411,7 +410,8 @@ impl Timeline {
                 baseline: baseline.into(),
                 ..VolumeSample::default()
             };
-            if let Some((scheduler, handle)) = scheduler.and_then(|s| s.handle(info.id).map(|h| (s, h)))
+            if let Some((scheduler, handle)) =
+                scheduler.and_then(|s| s.handle(info.id).map(|h| (s, h)))
             {
                 let stats = handle.counters.snapshot();
                 let before = previous
@@ -439,8 +439,8 @@ impl Timeline {
             latest.push(row);
         }
         if let Some(previous) = &previous {
-            let elapsed_ms = u64::try_from(now.duration_since(previous.at).as_millis())
-                .unwrap_or(u64::MAX);
+            let elapsed_ms =
+                u64::try_from(now.duration_since(previous.at).as_millis()).unwrap_or(u64::MAX);
             let node = match (scheduler, cost, previous.cost) {
                 (Some(scheduler), Some(cost), Some(before)) => {
                     let capacity = scheduler.capacity_per_second();
@@ -584,9 +584,11 @@ mod tests {
     #[test]
     fn rates_come_from_counter_differences() {
         let before = stats([100, 0, 0], [409_600, 0, 0], [1_000_000, 0, 0]);
-        let now = stats([1_100, 300, 100], [4_505_600, 1_228_800, 409_600], [
-            11_000_000, 9_000_000, 5_000_000,
-        ]);
+        let now = stats(
+            [1_100, 300, 100],
+            [4_505_600, 1_228_800, 409_600],
+            [11_000_000, 9_000_000, 5_000_000],
+        );
         let (iops, bytes, latency, phases, bursting) = volume_rates(&before, &now, 2.0);
         assert_eq!(iops, 700.0);
         assert_eq!(bytes, (4_096_000.0 + 1_228_800.0 + 409_600.0) / 2.0);
