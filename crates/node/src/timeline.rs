@@ -379,7 +379,12 @@ impl Timeline {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = ticker.tick() => self.sample(),
+                _ = ticker.tick() => {
+                    // Off the network threads: with thousands of volumes a sample takes
+                    // milliseconds (a short lock per volume and worker for credits and queue).
+                    let timeline = Arc::clone(&self);
+                    let _ = tokio::task::spawn_blocking(move || timeline.sample()).await;
+                }
                 _ = stop.changed() => return,
             }
             if *stop.borrow() {
@@ -396,23 +401,27 @@ impl Timeline {
         let infos = self.sources.store.list_volumes();
         let volumes_total = infos.len();
         let mut counters: HashMap<u64, PhaseStats> = HashMap::new();
-        let mut history = lock(&self.history);
-        let previous = history.previous.take();
+        // Only the sampler writes; readers wait for the history lock only while a sample is
+        // appended, not while the counters are read.
+        let previous = lock(&self.history).previous.take();
         let interval_s = previous
             .as_ref()
             .map_or(0.0, |p| now.duration_since(p.at).as_secs_f64());
         let mut latest = Vec::with_capacity(infos.len().min(MAX_VOLUMES));
         for info in infos.iter().take(MAX_VOLUMES) {
-            let baseline = effective_qos(info.qos.as_deref(), info.size_bytes).baseline;
+            let handle = scheduler.and_then(|s| s.handle(info.id).map(|h| (s, h)));
+            // The scheduler's copy is parsed already; without one, parse the stored class.
+            let baseline = match &handle {
+                Some((_, handle)) => handle.qos().baseline,
+                None => effective_qos(info.qos.as_deref(), info.size_bytes).baseline,
+            };
             let mut row = VolumeSample {
                 name: info.name.clone(),
                 tenant: info.tenant.clone(),
                 baseline: baseline.into(),
                 ..VolumeSample::default()
             };
-            if let Some((scheduler, handle)) =
-                scheduler.and_then(|s| s.handle(info.id).map(|h| (s, h)))
-            {
+            if let Some((scheduler, handle)) = handle {
                 let stats = handle.counters.snapshot();
                 let before = previous
                     .as_ref()
@@ -438,6 +447,7 @@ impl Timeline {
             }
             latest.push(row);
         }
+        let mut history = lock(&self.history);
         if let Some(previous) = &previous {
             let elapsed_ms =
                 u64::try_from(now.duration_since(previous.at).as_millis()).unwrap_or(u64::MAX);
