@@ -124,12 +124,15 @@ fn execute(args: &TopArgs) -> Result<()> {
         } else {
             let report: StatsReport = serde_json::from_str(&body)
                 .context("reading the API's answer (is the server the same version?)")?;
-            let height = if live && terminal {
-                terminal_rows()
+            let size = if live && terminal {
+                terminal_size()
             } else {
                 None
             };
-            let frame = render(&report, &args.api, height, terminal);
+            let mut frame = render(&report, &args.api, size.map(|(rows, _)| rows), terminal);
+            if let Some((_, cols)) = size {
+                frame = fit_width(&frame, cols);
+            }
             if live && terminal {
                 // Home and clear, then the frame: one write, so it does not flicker.
                 write!(stdout, "\x1b[H\x1b[2J{frame}")?;
@@ -148,12 +151,41 @@ fn execute(args: &TopArgs) -> Result<()> {
     }
 }
 
-/// The terminal's height in rows, when stdout is one.
-fn terminal_rows() -> Option<usize> {
+/// The terminal's size (rows, columns), when stdout is one.
+fn terminal_size() -> Option<(usize, usize)> {
     rustix::termios::tcgetwinsize(std::io::stdout())
         .ok()
-        .map(|size| usize::from(size.ws_row))
-        .filter(|rows| *rows > 0)
+        .map(|size| (usize::from(size.ws_row), usize::from(size.ws_col)))
+        .filter(|(rows, cols)| *rows > 0 && *cols > 0)
+}
+
+/// Cuts every line without escapes to `cols` characters (a wrapped line would scroll the
+/// frame).
+fn fit_width(frame: &str, cols: usize) -> String {
+    let mut out = String::with_capacity(frame.len());
+    for line in frame.lines() {
+        if line.contains('\x1b') || line.chars().count() <= cols {
+            out.push_str(line);
+        } else {
+            out.extend(line.chars().take(cols.saturating_sub(1)));
+            out.push('>');
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// At most `max` names of a list, then how many more.
+fn first_few(items: Vec<String>, max: usize) -> String {
+    if items.is_empty() {
+        return "none".to_string();
+    }
+    let more = items.len().saturating_sub(max);
+    let mut text = items.into_iter().take(max).collect::<Vec<_>>().join(", ");
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    text
 }
 
 fn thousands(value: f64) -> String {
@@ -364,14 +396,7 @@ fn render(report: &StatsReport, api: &str, height: Option<usize>, ansi: bool) ->
             format!("{} ({})", b.name, parts.join(", "))
         })
         .collect();
-    out.push_str(&format!(
-        "bursting: {}\n",
-        if bursting.is_empty() {
-            "none".to_string()
-        } else {
-            bursting.join(", ")
-        }
-    ));
+    out.push_str(&format!("bursting: {}\n", first_few(bursting, 5)));
     let lending: Vec<String> = report
         .lending
         .iter()
@@ -386,20 +411,38 @@ fn render(report: &StatsReport, api: &str, height: Option<usize>, ansi: bool) ->
             format!("{} ({} unused)", l.name, parts.join(", "))
         })
         .collect();
-    out.push_str(&format!(
-        "lending:  {}\n",
-        if lending.is_empty() {
-            "none".to_string()
-        } else {
-            lending.join(", ")
-        }
-    ));
+    let spare = &report.spare;
+    let total = match (
+        spare.lending_volumes,
+        spare.unused_baseline_bytes_per_s > 0.0,
+    ) {
+        (0, _) => String::new(),
+        (_, false) => format!("; in all {} IOPS", thousands(spare.unused_baseline_iops)),
+        (_, true) => format!(
+            "; in all {} IOPS, {} MB/s",
+            thousands(spare.unused_baseline_iops),
+            mbps(spare.unused_baseline_bytes_per_s)
+        ),
+    };
+    out.push_str(&format!("lending:  {}{total}\n", first_few(lending, 5)));
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_lines_are_cut_to_the_terminal() {
+        let frame = "short\nabcdefghij\n\x1b[1mbold header that is long\x1b[0m\n";
+        assert_eq!(
+            fit_width(frame, 6),
+            "short\nabcde>\n\x1b[1mbold header that is long\x1b[0m\n"
+        );
+        let names = (0..7).map(|i| format!("v{i}")).collect();
+        assert_eq!(first_few(names, 5), "v0, v1, v2, v3, v4 and 2 more");
+        assert_eq!(first_few(Vec::new(), 5), "none");
+    }
 
     #[test]
     fn thousands_groups_digits() {
