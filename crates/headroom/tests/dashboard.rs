@@ -463,10 +463,11 @@ fn the_dashboard_shows_live_numbers_that_match_the_api() {
     assert_eq!(dom["node_iops"].as_f64(), sample["node"]["iops"].as_f64());
     assert_eq!(dom["rows"]["acme-data"]["tenant"], "acme");
 
-    // 2. Close to fio's fixed rate (±15 %: fio's pacing and one-second sampling).
+    // 2. Close to fio's fixed rate (±25 %: fio catches up after a stall on a busy machine,
+    //    and one second is a short window).
     let busy = dom["rows"]["busy"]["iops"].as_f64().unwrap();
     assert!(
-        close(busy, BUSY_IOPS as f64, BUSY_IOPS as f64 * 0.15),
+        close(busy, BUSY_IOPS as f64, BUSY_IOPS as f64 * 0.25),
         "busy shows {busy} IOPS, fio runs {BUSY_IOPS}"
     );
     // 3. Close to the credit volume's own counters over the same seconds (±25 %: the windows
@@ -645,7 +646,7 @@ fn top_once_prints_the_loaded_volumes_busiest_first() {
     assert_eq!(&order[..2], ["busy", "credit"], "{frame}");
     let iops = |row: &Vec<&str>| row[2].replace(',', "").parse::<f64>().unwrap();
     assert!(
-        close(iops(&rows[0]), BUSY_IOPS as f64, BUSY_IOPS as f64 * 0.15),
+        close(iops(&rows[0]), BUSY_IOPS as f64, BUSY_IOPS as f64 * 0.25),
         "{frame}"
     );
     assert!(iops(&rows[1]) > 0.0 && iops(&rows[1]) <= CREDIT_CEILING_IOPS * 1.05);
