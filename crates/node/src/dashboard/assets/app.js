@@ -52,6 +52,8 @@ function clearMessage() {
 }
 
 function setStatus(kind, text) {
+  // Anything but live dims the numbers on screen: they are no longer current.
+  document.body.dataset.state = kind;
   const el = $("status");
   el.dataset.state = kind;
   el.textContent = text;
