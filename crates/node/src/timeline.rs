@@ -395,7 +395,11 @@ impl Timeline {
 
     /// Reads the counters and, from the second call on, appends a sample.
     pub fn sample(&self) {
-        let now = Instant::now();
+        self.sample_at(Instant::now());
+    }
+
+    /// [`Timeline::sample`] as if the time were `now` (tests choose the interval).
+    fn sample_at(&self, now: Instant) {
         let scheduler = self.sources.scheduler.as_ref();
         let cost = scheduler.map(|s| s.dispatched_cost_total());
         let infos = self.sources.store.list_volumes();
@@ -649,6 +653,125 @@ mod tests {
         let (rows, active) = history_rows(&latest, 1);
         assert_eq!((rows.len(), active), (1, 2));
         assert_eq!(rows[0].name, "c");
+    }
+
+    struct Nop;
+    impl crate::scheduler::Runner<IoJob> for Nop {
+        fn run(&self, _: &Arc<Scheduler<IoJob>>, _: Vec<crate::scheduler::Ready<IoJob>>) {}
+    }
+
+    fn scheduler() -> Arc<Scheduler<IoJob>> {
+        Scheduler::start(
+            &crate::config::QosConfig::default(),
+            crate::clock::Clock::new(),
+            Arc::new(Nop),
+            None,
+        )
+        .expect("scheduler")
+    }
+
+    /// Adds completed I/Os to a volume's counters as the session would.
+    fn complete(handle: &crate::scheduler::VolumeHandle, phase: usize, ios: u64, latency_ns: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        handle.counters.ios[phase].fetch_add(ios, Relaxed);
+        handle.counters.bytes[phase].fetch_add(ios * 4096, Relaxed);
+        handle.counters.latency_ns[phase].fetch_add(ios * latency_ns, Relaxed);
+    }
+
+    #[test]
+    fn samples_show_who_bursts_and_who_lends() {
+        let store = Arc::new(Store::open_memory(1 << 30).expect("memory store"));
+        let scheduler = scheduler();
+        let qos = |baseline_iops| headroom_qos::VolumeQos {
+            baseline: IoRate::new(baseline_iops, u64::MAX),
+            ..headroom_qos::VolumeQos::default()
+        };
+        let mut handles = Vec::new();
+        for (name, baseline) in [("bursty", 100), ("lender", 1_000), ("plain", 0)] {
+            let info = store.create_volume(name, 1 << 20).expect("volume");
+            handles.push(scheduler.add_volume(info.id, &qos(baseline)));
+        }
+        let timeline = Timeline::new(
+            Sources {
+                store,
+                scheduler: Some(scheduler),
+            },
+            1_000,
+        );
+        let start = Instant::now();
+        timeline.sample_at(start);
+        complete(&handles[0], 0, 100, 50_000);
+        complete(&handles[0], 2, 400, 150_000);
+        complete(&handles[1], 0, 200, 20_000);
+        timeline.sample_at(start + Duration::from_secs(2));
+        let report = timeline.report(60, 10);
+        assert!(report.scheduler && report.note.is_none());
+        assert_eq!(report.samples.len(), 1);
+        let sample = &report.samples[0];
+        assert_eq!(sample.volumes_active, 2);
+        assert_eq!(sample.interval_ms, 2_000);
+        let row = |name: &str| {
+            report
+                .volumes
+                .iter()
+                .find(|v| v.name == name)
+                .expect("row")
+                .clone()
+        };
+        let bursty = row("bursty");
+        assert!(bursty.bursting);
+        assert_eq!(bursty.iops, Some(250.0));
+        assert_eq!(bursty.bytes_per_s, Some(250.0 * 4096.0));
+        let phases = bursty.phase_iops.expect("phases");
+        assert_eq!((phases.baseline, phases.burst_spare), (50.0, 200.0));
+        // (100 × 50 µs + 400 × 150 µs) / 500.
+        assert_eq!(bursty.latency_us_mean, Some(130.0));
+        assert_eq!(bursty.lending, None);
+        let lender = row("lender");
+        assert!(!lender.bursting);
+        assert_eq!(lender.iops, Some(100.0));
+        assert_eq!(
+            lender.lending.and_then(|l| l.unused_iops),
+            Some(900.0),
+            "1,000 IOPS baseline, 100 used"
+        );
+        assert_eq!(report.spare.unused_baseline_iops, 900.0);
+        assert_eq!(report.bursting.len(), 1);
+        assert_eq!(report.bursting[0].name, "bursty");
+        // A zero baseline lends nothing: "plain" is no lender.
+        let lenders: Vec<&str> = report.lending.iter().map(|l| l.name.as_str()).collect();
+        assert!(lenders.contains(&"lender") && !lenders.contains(&"plain"));
+        assert_eq!(report.volumes[0].name, "bursty", "busiest first");
+        assert!(sample.node.utilisation.ingress_bytes.is_none(), "unlimited");
+    }
+
+    #[test]
+    fn memory_is_bounded_at_ten_thousand_volumes() {
+        let store = Arc::new(Store::open_memory(64 << 30).expect("memory store"));
+        let scheduler = scheduler();
+        for i in 0..MAX_VOLUMES + 3 {
+            let info = store
+                .create_volume(&format!("v{i:05}"), 1 << 20)
+                .expect("volume");
+            scheduler.add_volume(info.id, &headroom_qos::VolumeQos::default());
+        }
+        let timeline = Timeline::new(
+            Sources {
+                store,
+                scheduler: Some(scheduler),
+            },
+            1_000,
+        );
+        timeline.sample();
+        let started = Instant::now();
+        timeline.sample();
+        let took = started.elapsed();
+        eprintln!("one sample of {} volumes took {took:?}", MAX_VOLUMES + 3);
+        let report = timeline.report(60, MAX_VOLUMES);
+        assert_eq!(report.volumes_total, MAX_VOLUMES + 3);
+        assert_eq!(report.volumes_tracked, MAX_VOLUMES);
+        assert_eq!(report.samples[0].volumes.len(), HISTORY_VOLUMES);
+        assert_eq!(timeline.report(60, 7).volumes.len(), 7);
     }
 
     #[test]
