@@ -163,8 +163,8 @@ function lineChart(svg, series, opts) {
     for (let k = 0; k * step * 1000 <= opts.spanMs; k++) {
       const ago = k * step;
       const label = ago === 0 ? "now" : ago % 60 === 0 ? `−${ago / 60} min` : `−${ago} s`;
-      svg.append(el("text", { x: x(t1 - ago * 1000), y: h - 5,
-        "text-anchor": ago === 0 ? "end" : "middle" }, label));
+      const edge = ago === 0 ? "end" : ago * 1000 >= opts.spanMs ? "start" : "middle";
+      svg.append(el("text", { x: x(t1 - ago * 1000), y: h - 5, "text-anchor": edge }, label));
     }
   } else {
     svg.append(el("line", { class: "grid", x1: 0, x2: w, y1: y(0), y2: y(0), stroke: "#e3e7ee" }));
@@ -349,7 +349,8 @@ function renderCharts(report) {
   lineChart($("chart-iops"), series((v) => v.iops), { t1, spanMs: span, empty });
   lineChart($("chart-mbps"), series((v) => (v.bytes_per_s === null ? null : v.bytes_per_s / 1e6)), { t1, spanMs: span, empty });
   lineChart($("chart-latency"), series((v) => v.latency_us_mean),
-    { t1, spanMs: span, empty, axis: (v) => (v >= 1000 ? fmtAxis(v / 1000) + " ms" : fmtAxis(v) + " µs") });
+    { t1, spanMs: span, empty,
+      axis: (v) => (v === 0 ? "0" : v >= 1000 ? fmtAxis(v / 1000) + " ms" : fmtAxis(v) + " µs") });
   lineChart($("chart-credits"), series((v) => (v.credits ? v.credits.iops : null)),
     { t1, spanMs: span, empty: "no volume with IOPS credits" });
 }
