@@ -13,6 +13,7 @@ mod sd_notify;
 mod serve_config;
 mod sim_cmd;
 mod size;
+mod top;
 mod volume_cmd;
 
 use std::io::{IsTerminal, Write};
@@ -60,6 +61,8 @@ enum Command {
     /// Measure this machine's CPU cost per request and the backend's IOPS per request size,
     /// and write them as a configuration file `serve` loads.
     Calibrate(calibrate::CalibrateArgs),
+    /// Live per-volume view of a running server (IOPS, MB/s, latency, credits, bursting).
+    Top(top::TopArgs),
 }
 
 /// Flags of `serve` and `demo`. Every one is optional: a flag given here overrides the
@@ -229,6 +232,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),
         Command::Calibrate(args) => calibrate::run(args),
+        Command::Top(args) => top::run(args),
     }
 }
 

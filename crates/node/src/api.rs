@@ -134,6 +134,8 @@ pub struct ApiState {
     pub budget: Arc<Budget>,
     /// Payload buffers (their idle bytes, `GET /v1/connections`).
     pub buffers: Arc<BufferPool>,
+    /// The sampled history (`GET /v1/stats`, the dashboard, `headroom top`).
+    pub timeline: Arc<crate::timeline::Timeline>,
 }
 
 /// Body of `GET /v1/connections`: the NBD connections and what they hold.
@@ -247,6 +249,7 @@ pub fn router(state: ApiState) -> Router {
             "/v1/volumes/{name}",
             get(show_volume).patch(update_volume).delete(delete_volume),
         )
+        .merge(crate::dashboard::routes())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

@@ -13,12 +13,14 @@ pub mod budget;
 pub mod buffers;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod emulated;
 pub mod exec;
 pub mod global_pool;
 pub mod scheduler;
 pub mod server;
 pub mod session;
+pub mod timeline;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod volume_qos;

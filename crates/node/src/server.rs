@@ -184,12 +184,21 @@ impl Node {
             Arc::clone(&connections),
             stop_rx.clone(),
         ));
+        let timeline = crate::timeline::Timeline::new(
+            crate::timeline::Sources {
+                store: Arc::clone(&store),
+                scheduler: scheduler.clone(),
+            },
+            crate::timeline::DEFAULT_SAMPLE_INTERVAL_MS,
+        );
+        let sampler_task = tokio::spawn(Arc::clone(&timeline).run(stop_rx.clone()));
         let api_state = crate::api::ApiState {
             store: Arc::clone(&store),
             scheduler: scheduler.clone(),
             connections,
             budget,
             buffers,
+            timeline,
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state, stop_rx));
         tracing::info!(
@@ -202,7 +211,7 @@ impl Node {
             store,
             scheduler,
             stop,
-            tasks: vec![accept_task, api_task],
+            tasks: vec![accept_task, api_task, sampler_task],
             saver,
         })
     }

@@ -1,0 +1,118 @@
+//! The live views' HTTP side: `GET /v1/stats` (the timeline as JSON) and the dashboard at `/`.
+//!
+//! The dashboard is three files compiled into the binary (`include_str!`): plain HTML, CSS and
+//! JavaScript with hand-drawn SVG charts, no CDN and no build step, so a node on an isolated
+//! network serves it as it is. The page holds no data: it is public, and every data request it
+//! makes carries the operator's bearer token, which the page reads from the URL fragment
+//! (`/#token=...`, never sent to the server) or a form, and keeps in `sessionStorage`. A strict
+//! Content-Security-Policy (scripts and styles from this origin only) keeps a hostile volume
+//! name from running script; the page also only ever sets text, never HTML.
+
+use axum::Json;
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{ApiError, ApiState};
+use crate::timeline::{HISTORY_SAMPLES, MAX_VOLUMES, StatsReport};
+
+const INDEX_HTML: &str = include_str!("assets/index.html");
+const APP_JS: &str = include_str!("assets/app.js");
+const STYLE_CSS: &str = include_str!("assets/style.css");
+
+/// Default `seconds` of `GET /v1/stats`.
+pub const DEFAULT_STATS_SECONDS: u64 = 60;
+/// Default `limit` of `GET /v1/stats`.
+pub const DEFAULT_STATS_LIMIT: usize = 100;
+
+/// Query of `GET /v1/stats`.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsQuery {
+    /// History to return, seconds (1 up to the history kept; default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<u64>,
+    /// Rows per latest-interval list (1-10,000; default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+/// The dashboard's and the stats' routes (merged into the API's router).
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/", get(index))
+        .route("/assets/{file}", get(asset))
+        .route("/v1/stats", get(stats))
+}
+
+fn bad_query(reason: String) -> ApiError {
+    ApiError::Request(StatusCode::BAD_REQUEST, "invalid_query", reason)
+}
+
+async fn stats(
+    State(state): State<ApiState>,
+    query: Result<Query<StatsQuery>, QueryRejection>,
+) -> Result<Json<StatsReport>, ApiError> {
+    let Query(query) = query?;
+    let timeline = &state.timeline;
+    let max_seconds = (HISTORY_SAMPLES as u64)
+        .saturating_mul(timeline.interval_ms())
+        .div_ceil(1000);
+    let seconds = query.seconds.unwrap_or(DEFAULT_STATS_SECONDS);
+    if seconds == 0 || seconds > max_seconds {
+        return Err(bad_query(format!(
+            "seconds must be 1 to {max_seconds} (the history kept), not {seconds}"
+        )));
+    }
+    let limit = query.limit.unwrap_or(DEFAULT_STATS_LIMIT);
+    if limit == 0 || limit > MAX_VOLUMES {
+        return Err(bad_query(format!(
+            "limit must be 1 to {MAX_VOLUMES}, not {limit}"
+        )));
+    }
+    Ok(Json(timeline.report(seconds, limit)))
+}
+
+/// A static file: never cached stale across upgrades, never sniffed, never framed.
+fn static_file(content_type: &'static str, body: &'static str) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+             img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        ),
+    );
+    response
+}
+
+async fn index() -> Response {
+    static_file("text/html; charset=utf-8", INDEX_HTML)
+}
+
+async fn asset(Path(file): Path<String>) -> Result<Response, ApiError> {
+    match file.as_str() {
+        "app.js" => Ok(static_file("text/javascript; charset=utf-8", APP_JS)),
+        "style.css" => Ok(static_file("text/css; charset=utf-8", STYLE_CSS)),
+        _ => Err(ApiError::Request(
+            StatusCode::NOT_FOUND,
+            "unknown_route",
+            format!("no asset {file:?}"),
+        )),
+    }
+}
