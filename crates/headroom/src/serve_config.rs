@@ -29,6 +29,7 @@ use anyhow::{Context, Result};
 use headroom_node::config::{DispatchMode, PolicyChoice, QosConfig};
 use headroom_node::config::{LimitRule, LimitsError};
 use headroom_node::emulated::{EmulatedDeviceSpec, EmulatedError};
+use headroom_node::metrics::{MAX_MAX_VOLUME_SERIES, MetricsConfig};
 use headroom_node::{Limits, NodeConfig, StoreBackend, TlsConfig};
 use headroom_qos::model::{CpuModel, DeviceModel, IoCostModel, LinearCpu, VopCurve};
 use headroom_qos::{CostModel, CostVector, NS_PER_S, NodeCapacity, PolicyParams};
@@ -154,8 +155,19 @@ pub struct ConfigFile {
     pub limits: LimitsSection,
     pub qos: QosSection,
     pub tls: TlsSection,
+    pub metrics: MetricsSection,
     /// Fault injection (a testing tool); absent: off.
     pub faults: Option<FaultsSection>,
+}
+
+/// `[metrics]`: which volumes get series of their own in `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Volumes idle longer than this are folded into `volume="_other"`.
+    pub volume_series_idle_s: Option<u64>,
+    /// Most volumes with series of their own.
+    pub max_volume_series: Option<usize>,
 }
 
 /// `[tls]`: TLS on the NBD port (needs a build with `--features tls`).
@@ -670,12 +682,18 @@ impl ConfigFile {
             cert_dir: s.cert_dir.or(l.cert_dir),
             required: s.required.or(l.required),
         };
+        let (s, l) = (self.metrics, lower.metrics);
+        let metrics = MetricsSection {
+            volume_series_idle_s: s.volume_series_idle_s.or(l.volume_series_idle_s),
+            max_volume_series: s.max_volume_series.or(l.max_volume_series),
+        };
         ConfigFile {
             server,
             storage,
             limits,
             qos,
             tls,
+            metrics,
             faults: self.faults.or(lower.faults),
         }
     }
@@ -936,6 +954,35 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     }
     config.qos = qos_config(&layer.qos)?;
     config.tls = tls_config(&layer.tls)?;
+    config.metrics = metrics_config(&layer.metrics)?;
+    Ok(config)
+}
+
+/// The `[metrics]` table over [`MetricsConfig::default`].
+fn metrics_config(m: &MetricsSection) -> Result<MetricsConfig, Invalid> {
+    let mut config = MetricsConfig::default();
+    if let Some(s) = m.volume_series_idle_s {
+        // A year: anything longer is "never idle" anyway, and keeps the arithmetic small.
+        const MAX_IDLE_S: u64 = 366 * 24 * 3600;
+        if s > MAX_IDLE_S {
+            return Err(Invalid::new(
+                "metrics.volume_series_idle_s",
+                s,
+                format!("must be between 0 and {MAX_IDLE_S}"),
+            ));
+        }
+        config.volume_series_idle_s = s;
+    }
+    if let Some(n) = m.max_volume_series {
+        if n > MAX_MAX_VOLUME_SERIES {
+            return Err(Invalid::new(
+                "metrics.max_volume_series",
+                n,
+                format!("must be between 0 and {MAX_MAX_VOLUME_SERIES}"),
+            ));
+        }
+        config.max_volume_series = n;
+    }
     Ok(config)
 }
 

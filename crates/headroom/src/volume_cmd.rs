@@ -394,6 +394,22 @@ fn print_volume(view: &VolumeView) {
         None,
         phases.throttled.time_ns,
     );
+    let audit = &view.audit;
+    println!();
+    println!(
+        "promise audit ({} seconds judged since the node started):",
+        audit.seconds_judged
+    );
+    println!(
+        "  short:     {} s below baseline while asking for it (node's fault), short by {} I/Os, {}",
+        audit.short_seconds,
+        audit.shortfall_ops,
+        human_bytes(audit.shortfall_bytes)
+    );
+    println!(
+        "  own limit: {} s held at its own ceiling or empty credits",
+        audit.own_limit_seconds
+    );
 }
 
 fn print_phase(label: &str, ios: u64, bytes: Option<u64>, time_ns: u64) {

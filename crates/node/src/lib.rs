@@ -16,6 +16,7 @@ pub mod config;
 pub mod emulated;
 pub mod exec;
 pub mod global_pool;
+pub mod metrics;
 pub mod scheduler;
 pub mod server;
 pub mod session;
