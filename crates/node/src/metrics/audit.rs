@@ -81,6 +81,8 @@ pub(super) struct Audit {
     idle_ns: AtomicU64,
     /// End of the open window (ns, a whole second).
     window_end_ns: AtomicU64,
+    /// Second (node clock) of the last request arrival.
+    last_active_s: AtomicU64,
     state: Mutex<AuditState>,
     short_seconds: AtomicU64,
     shortfall_ops: AtomicU64,
@@ -202,6 +204,7 @@ impl Audit {
             idle_since_ns: AtomicU64::new(now_ns / NS_PER_S * NS_PER_S),
             idle_ns: AtomicU64::new(0),
             window_end_ns: AtomicU64::new((now_ns / NS_PER_S + 1) * NS_PER_S),
+            last_active_s: AtomicU64::new(0),
             state: Mutex::new(AuditState {
                 qos: *qos,
                 served_ops: 0,
@@ -227,6 +230,11 @@ impl Audit {
 
     #[inline]
     pub(super) fn arrive(&self, now_ns: u64, payload_bytes: u64) {
+        // A load per request, a store once per second.
+        let now_s = now_ns / NS_PER_S;
+        if self.last_active_s.load(Ordering::Relaxed) != now_s {
+            self.last_active_s.store(now_s, Ordering::Relaxed);
+        }
         if payload_bytes > 0 {
             self.arrived_bytes
                 .fetch_add(payload_bytes, Ordering::Relaxed);
@@ -246,7 +254,7 @@ impl Audit {
     }
 
     pub(super) fn last_active_s(&self) -> u64 {
-        (self.window_end_ns.load(Ordering::Relaxed) / NS_PER_S).saturating_sub(1)
+        self.last_active_s.load(Ordering::Relaxed)
     }
 
     /// Closes the open window if `now_ns` is past its end.
