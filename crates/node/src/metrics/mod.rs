@@ -311,3 +311,68 @@ impl MetricsRegistry {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_qos::IoRate;
+
+    const S: u64 = 1_000_000_000;
+
+    fn volume(baseline_iops: u64) -> (Arc<MetricsRegistry>, Arc<VolumeStats>) {
+        let registry = MetricsRegistry::new(MetricsConfig::default(), Clock::new());
+        let qos = VolumeQos {
+            baseline: IoRate::new(baseline_iops, u64::MAX),
+            ..VolumeQos::default()
+        };
+        let stats = Arc::new(VolumeStats::new(1, "v", &qos, 10 * S));
+        (registry, stats)
+    }
+
+    /// A closed loop of `depth` requests served at `iops` for the whole second `second`.
+    fn closed_loop(r: &MetricsRegistry, v: &VolumeStats, second: u64, depth: u64, iops: u64) {
+        let start = second * S;
+        for _ in 0..depth {
+            v.arrive(r, start, 4096);
+        }
+        for i in 0..iops {
+            let t = start + (i + 1) * (S - 1) / (iops + 1);
+            v.complete(r, VolumeOp::Read, 4096, false, start, t);
+            v.arrive(r, t, 4096);
+        }
+    }
+
+    #[test]
+    fn a_closed_loop_served_below_its_baseline_is_short_by_the_difference() {
+        let (r, v) = volume(1000);
+        closed_loop(&r, &v, 11, 32, 600);
+        closed_loop(&r, &v, 12, 0, 990);
+        let audit = v.audit(&r, 13 * S + 1);
+        assert_eq!(audit.short_seconds, 1, "{audit:?}");
+        assert_eq!(audit.shortfall_ops, 400);
+        assert_eq!(audit.shortfall_bytes, 400 * 4096);
+        assert_eq!(audit.own_limit_seconds, 0);
+        // Reading again closes nothing new.
+        assert_eq!(v.audit(&r, 13 * S + 2), audit);
+        // Counts are exact whatever the audit does.
+        assert_eq!(v.ops()[0].ops, 1590);
+        assert_eq!(v.ops()[0].bytes, 1590 * 4096);
+    }
+
+    #[test]
+    fn a_stalled_node_makes_every_silent_second_short_and_an_idle_volume_none() {
+        let (r, v) = volume(1000);
+        // Second 11: one request arrives and is never answered.
+        v.arrive(&r, 11 * S + S / 2, 4096);
+        // Read at 15.5: second 11 was mostly idle (not short); 12, 13 and 14 were stalled.
+        let audit = v.audit(&r, 15 * S + S / 2);
+        assert_eq!(audit.short_seconds, 3, "{audit:?}");
+        assert_eq!(audit.shortfall_ops, 3000);
+        // Answered at 15.6; nothing more for a while: idle seconds are not short.
+        v.complete(&r, VolumeOp::Read, 4096, true, 11 * S, 15 * S + S * 6 / 10);
+        let later = v.audit(&r, 30 * S);
+        assert_eq!(later.short_seconds, 3, "{later:?}");
+        assert_eq!(v.ops()[0].errors, 1);
+        assert_eq!(v.last_active_s(), 11);
+    }
+}
