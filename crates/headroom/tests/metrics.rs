@@ -1,7 +1,8 @@
 //! `GET /metrics` end to end: the real server, real fio, the real scrape.
 //!
-//! * Operation and byte counts equal exactly what fio did (its JSON report), on a node with a
-//!   scheduler and on one without (`--policy off`: the statistics do not depend on it).
+//! * Operation and byte counts equal exactly what fio did (its JSON report), on a memory node
+//!   with a scheduler and on a file-backed one without (`--policy off`: the statistics do not
+//!   depend on it); device counters see every write, and file devices time theirs.
 //! * Rates from two scrapes match the rate fio was told to keep (`--rate_iops`) within 5 %.
 //! * 10,000 volumes: per-volume series only for the busiest 1,000, the rest summed into
 //!   `volume="_other"` (so sums over volumes stay exact), the folded gauge right, the scrape
@@ -212,6 +213,18 @@ fn counts_match_fio(server: &Server, volume: &str) {
         "{device_writes} device writes for {writes} volume writes"
     );
     assert_eq!(sum(&samples, "headroom_device_errors_total", &[]), 0.0);
+    // File devices are timed (every operation in the histogram); RAM devices are not.
+    let timed = sum(
+        &samples,
+        "headroom_device_latency_seconds_count",
+        &[("op", "write")],
+    ) as u64;
+    let memory = samples.iter().any(|s| {
+        s.labels
+            .get("device")
+            .is_some_and(|d| d.starts_with("memory:"))
+    });
+    assert_eq!(timed, if memory { 0 } else { device_writes });
 }
 
 #[test]
@@ -222,7 +235,7 @@ fn operation_and_byte_counts_equal_what_fio_did_with_and_without_a_scheduler() {
     let dir = tempfile::tempdir().unwrap();
     for (i, flags) in [
         &["--memory", "2GiB"][..],
-        &["--memory", "2GiB", "--policy", "off"][..],
+        &["--devices", "2", "--device-size", "4GiB", "--policy", "off"][..],
     ]
     .into_iter()
     .enumerate()

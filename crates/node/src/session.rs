@@ -651,7 +651,6 @@ struct ReplyPath {
     tx: ReplySender,
     stats: Arc<VolumeStats>,
     metrics: Arc<MetricsRegistry>,
-    clock: Clock,
 }
 
 /// What the statistics need of a request when its reply is handed to the writer.
@@ -680,10 +679,9 @@ impl Tally {
 }
 
 impl ReplyPath {
-    /// Hands a reply to the writer and counts it (arrival to now).
-    fn send(&self, tally: Tally, reply: Reply) {
+    /// Hands a reply to the writer at `now_ns` and counts it (arrival to then).
+    fn send(&self, tally: Tally, reply: Reply, now_ns: u64) {
         let failed = matches!(reply.body, ReplyBody::Error(..));
-        let now_ns = self.clock.now_ns();
         // Counted first, so a client that has its reply finds it counted.
         self.stats.complete(
             &self.metrics,
@@ -745,7 +743,6 @@ where
         tx: reply_tx.clone(),
         stats: volume_stats(&ctx.metrics, &volume),
         metrics: Arc::clone(&ctx.metrics),
-        clock,
     });
     let mut last_end_bytes = u64::MAX / 2;
     let mut ready: Vec<Ready<IoJob>> = Vec::new();
@@ -810,7 +807,7 @@ where
                                 arrival_ns,
                             };
                             path.stats.arrive(&ctx.metrics, arrival_ns, 0);
-                            path.send(tally, reply);
+                            path.send(tally, reply, clock.now_ns());
                         }
                         None => {
                             let _ = reply_tx.send(reply);
@@ -1052,7 +1049,7 @@ impl SplitRequest {
     }
 
     /// Records one piece's outcome; answers the request when it was the last.
-    fn piece_done(&self, index: usize, body: ReplyBody) {
+    fn piece_done(&self, index: usize, body: ReplyBody, now_ns: u64) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let ReplyBody::Error(errno, message) = body
             && state.failure.is_none_or(|(first, _, _)| index < first)
@@ -1077,6 +1074,7 @@ impl SplitRequest {
                 body,
                 _permits: permits,
             },
+            now_ns,
         );
     }
 }
@@ -1098,7 +1096,8 @@ enum Answer {
 }
 
 impl Answer {
-    fn deliver(self, cookie: u64, body: ReplyBody) {
+    /// Answers the request at `now_ns` (node clock).
+    fn deliver(self, cookie: u64, body: ReplyBody, now_ns: u64) {
         match self {
             Answer::Whole {
                 permits,
@@ -1111,8 +1110,9 @@ impl Answer {
                     body,
                     _permits: permits,
                 },
+                now_ns,
             ),
-            Answer::Piece { split, index } => split.piece_done(index, body),
+            Answer::Piece { split, index } => split.piece_done(index, body, now_ns),
         }
     }
 }
@@ -1254,11 +1254,14 @@ fn execute_and_finish(
     } = job;
     let body = execute(&io.buffers, &volume, &request, write_payload);
     let cookie = request.cookie;
+    let clock = io.clock;
     let finish = move |scheduler: Option<&Arc<Scheduler<IoJob>>>| {
-        answer.deliver(cookie, body);
+        // One clock read for the reply's statistics and the scheduler's completion.
+        let now_ns = clock.now_ns();
+        answer.deliver(cookie, body, now_ns);
         let mut released = Vec::new();
         if let (Some(scheduler), Scheduled(ticket)) = (scheduler, admission) {
-            scheduler.complete(ticket, &mut released);
+            scheduler.complete_at(ticket, now_ns, &mut released);
         }
         released
     };

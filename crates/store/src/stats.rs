@@ -114,10 +114,12 @@ impl DeviceOp {
     }
 }
 
-/// Counters of one operation on one device. Operations = histogram count.
+/// Counters of one operation on one device. Operations = histogram count + untimed.
 #[derive(Debug, Default)]
 pub(crate) struct DeviceOpCounters {
     errors: AtomicU64,
+    /// Operations counted without a duration (RAM devices).
+    untimed: AtomicU64,
     latency: LatencyHistogram,
 }
 
@@ -138,11 +140,21 @@ impl DeviceCounters {
         }
     }
 
+    /// Counts one operation without timing it.
+    #[inline]
+    pub(crate) fn count(&self, op: DeviceOp, failed: bool) {
+        let c = &self.ops[op as usize];
+        c.untimed.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            c.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> [DeviceOpStats; 5] {
         let mut out = [DeviceOpStats::default(); 5];
         for (o, c) in out.iter_mut().zip(self.ops.iter()) {
             o.latency = c.latency.snapshot();
-            o.ops = o.latency.count();
+            o.ops = o.latency.count() + c.untimed.load(Ordering::Relaxed);
             o.errors = c.errors.load(Ordering::Relaxed);
         }
         out
@@ -165,6 +177,8 @@ pub struct DeviceStats {
     pub device: String,
     /// Per operation, in [`DeviceOp::ALL`] order.
     pub ops: [DeviceOpStats; 5],
+    /// Operations are timed (not on RAM devices: their latency histograms stay empty).
+    pub timed: bool,
 }
 
 #[cfg(test)]

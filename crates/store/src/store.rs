@@ -888,6 +888,7 @@ impl Store {
             .map(|d| crate::stats::DeviceStats {
                 device: d.label.clone(),
                 ops: d.stats(),
+                timed: !d.is_memory(),
             })
             .collect()
     }

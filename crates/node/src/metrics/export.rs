@@ -482,7 +482,7 @@ impl Collector for Scrape {
             Some(&Unit::Seconds),
             MetricType::Histogram,
         )?;
-        for d in &devices {
+        for d in devices.iter().filter(|d| d.timed) {
             for op in DeviceOp::ALL {
                 histogram(
                     m.encode_family(&dev_op(&d.device, op))?,
