@@ -121,6 +121,9 @@ impl VolumeSample {
     }
 }
 
+/// An audit counter: name, help, and how to read it.
+type AuditSeries = (&'static str, &'static str, fn(&super::AuditView) -> u64);
+
 /// A rate as a gauge value (0: none).
 fn finite_rate(rate: u64) -> u64 {
     if rate == u64::MAX { 0 } else { rate }
@@ -375,7 +378,7 @@ impl Collector for Scrape {
         for s in &series {
             gauge(m.encode_family(&vol(s))?, gauge_u64(s.baseline_bytes_per_s))?;
         }
-        let audit: [(&str, &str, fn(&super::AuditView) -> u64); 4] = [
+        let audit: [AuditSeries; 4] = [
             (
                 "headroom_volume_promise_short_seconds",
                 "Seconds in which the volume asked for its baseline and was served less",
