@@ -1919,6 +1919,27 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_metrics_example_gives_the_defaults_and_bounds_are_checked() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let block = doc
+            .split("## Metrics")
+            .nth(1)
+            .and_then(|section| section.split("```toml\n").nth(1))
+            .and_then(|rest| rest.split("```").next())
+            .expect("a toml block under \"## Metrics\"");
+        let c = resolve(&ConfigFile::parse(block, &path).unwrap()).unwrap();
+        assert_eq!(c.metrics, MetricsConfig::default());
+        let c = resolved("[metrics]\nvolume_series_idle_s = 60\nmax_volume_series = 5\n");
+        assert_eq!(c.metrics.volume_series_idle_s, 60);
+        assert_eq!(c.metrics.max_volume_series, 5);
+        let e = err("[metrics]\nmax_volume_series = 1000000\n");
+        assert!(e.contains("metrics.max_volume_series = 1000000"), "{e}");
+        let e = err("[metrics]\nseries = 1\n");
+        assert!(e.contains("series"), "{e}");
+    }
+
+    #[test]
     fn the_documented_faults_example_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md");
         let doc = std::fs::read_to_string(&path).unwrap();
