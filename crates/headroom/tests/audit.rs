@@ -19,11 +19,19 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 
 use common::{Server, TEST_TOKEN, have_tool};
 use serde_json::Value;
 
 const BASELINE_IOPS: u64 = 5_000;
+/// The tests compare rates second by second: one at a time, so that they do not starve each
+/// other's fio of CPU on a small machine.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 const RUN_S: u64 = 8;
 
 fn node_config() -> PathBuf {
@@ -118,6 +126,7 @@ fn the_audit_sees_the_seconds_a_victim_was_short_as_fio_did() {
     if !have_tool("fio") {
         return;
     }
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let (seen, audit) = victim_next_to_burster(dir.path(), "wild");
     let threshold = BASELINE_IOPS * 95 / 100;
@@ -153,6 +162,7 @@ fn where_the_scheduler_keeps_the_promise_no_second_is_short() {
     if !have_tool("fio") {
         return;
     }
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let (seen, audit) = victim_next_to_burster(dir.path(), "burst");
     let threshold = BASELINE_IOPS * 95 / 100;
@@ -170,6 +180,7 @@ fn a_volume_driven_above_its_ceiling_alone_is_held_by_its_own_limit() {
     if !have_tool("fio") {
         return;
     }
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), "burst");
     server.create_volume_with(
@@ -181,9 +192,9 @@ fn a_volume_driven_above_its_ceiling_alone_is_held_by_its_own_limit() {
     let mut job = fio(&server, "capped", "4k", RUN_S, &prefix);
     assert!(job.wait().unwrap().success());
     let seen = iops_per_second(&PathBuf::from(format!("{}_iops.1.log", prefix.display())));
-    // fio saw the ceiling every second.
+    // fio saw the ceiling every second (but the first, which includes connecting).
     assert!(
-        seen.iter().all(|&v| v.abs_diff(1000) <= 50),
+        seen.iter().skip(1).all(|&v| v.abs_diff(1000) <= 50),
         "fio saw {seen:?}"
     );
     let audit = audit(&server, "capped");

@@ -829,8 +829,6 @@ where
                 // NBD_CMD_DISC.
                 break Ok(());
             };
-            path.stats
-                .arrive(&ctx.metrics, arrival_ns, tally.payload_bytes);
             // READ and WRITE are charged their buffer: first against this connection's budget
             // (waiting for its own replies), then against its tenant's and the node's.
             let bytes_permit = match request.command {
@@ -867,6 +865,10 @@ where
                     Err(err) => break Err(err.into()),
                 }
             }
+            // Counted as arrived (at its header's time) only now that nothing can stop it
+            // from being answered: the audit must see every arrival leave.
+            path.stats
+                .arrive(&ctx.metrics, arrival_ns, tally.payload_bytes);
             let mut submit = |job: IoJob| {
                 let io = job.desc();
                 match (&ctx.scheduler, &handle) {
