@@ -8,6 +8,8 @@
 //! * Under `burst` the scheduler keeps the promise: no short second, and fio agrees.
 //! * A volume driven above its ceiling alone is held by its own limit: own-limit seconds, not
 //!   short ones.
+//! * A client that leaves in the middle of a request (a WRITE without its payload) leaves no
+//!   request outstanding: the seconds after it are not judged as a stalled node.
 //!
 //! Tolerances: the node's windows are seconds of its clock and fio's are seconds since it
 //! started, so the first and last (partial) seconds of a run can fall either way: the count
@@ -21,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
+use common::raw::Client;
 use common::{Server, TEST_TOKEN, have_tool};
 use serde_json::Value;
 
@@ -219,5 +222,29 @@ fn a_volume_driven_above_its_ceiling_alone_is_held_by_its_own_limit() {
         printed == own || printed == own + 1,
         "volume show says {printed}, the API {own}:\n{shown}"
     );
+    server.stop();
+}
+
+#[test]
+fn a_client_that_leaves_mid_request_leaves_no_request_outstanding_in_the_audit() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_memory(&dir.path().join("data"), "1GiB");
+    server.create_volume_with("v", "64MiB", &["--baseline-iops", "1000"]);
+    let mut client = Client::open(server.nbd, "v");
+    client.read(1, 0, 4096).expect("read");
+    // A WRITE header whose payload never comes: the session ends without answering it.
+    client.send_request(0, common::raw::CMD_WRITE, 2, 0, 4096);
+    drop(client);
+    // A request left outstanding would make every later second look like a stalled node
+    // (short by the whole baseline). Wait until a few seconds have been judged.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut audit = audit(&server, "v");
+    while field(&audit, "seconds_judged") < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        audit = self::audit(&server, "v");
+    }
+    assert!(field(&audit, "seconds_judged") >= 4, "{audit}");
+    assert_eq!(field(&audit, "short_seconds"), 0, "{audit}");
     server.stop();
 }
