@@ -184,6 +184,7 @@ impl ServeArgs {
                 cert_dir: self.tls_cert_dir.clone(),
                 required: self.tls_required.then_some(true),
             },
+            metrics: serve_config::MetricsSection::default(),
             faults: None,
         }
     }

@@ -29,6 +29,7 @@ use anyhow::{Context, Result};
 use headroom_node::config::{DispatchMode, PolicyChoice, QosConfig};
 use headroom_node::config::{LimitRule, LimitsError};
 use headroom_node::emulated::{EmulatedDeviceSpec, EmulatedError};
+use headroom_node::metrics::{MAX_MAX_VOLUME_SERIES, MetricsConfig};
 use headroom_node::{Limits, NodeConfig, StoreBackend, TlsConfig};
 use headroom_qos::model::{CpuModel, DeviceModel, IoCostModel, LinearCpu, VopCurve};
 use headroom_qos::{CostModel, CostVector, NS_PER_S, NodeCapacity, PolicyParams};
@@ -154,8 +155,19 @@ pub struct ConfigFile {
     pub limits: LimitsSection,
     pub qos: QosSection,
     pub tls: TlsSection,
+    pub metrics: MetricsSection,
     /// Fault injection (a testing tool); absent: off.
     pub faults: Option<FaultsSection>,
+}
+
+/// `[metrics]`: which volumes get series of their own in `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Volumes idle longer than this are folded into `volume="_other"`.
+    pub volume_series_idle_s: Option<u64>,
+    /// Most volumes with series of their own.
+    pub max_volume_series: Option<usize>,
 }
 
 /// `[tls]`: TLS on the NBD port (needs a build with `--features tls`).
@@ -670,12 +682,18 @@ impl ConfigFile {
             cert_dir: s.cert_dir.or(l.cert_dir),
             required: s.required.or(l.required),
         };
+        let (s, l) = (self.metrics, lower.metrics);
+        let metrics = MetricsSection {
+            volume_series_idle_s: s.volume_series_idle_s.or(l.volume_series_idle_s),
+            max_volume_series: s.max_volume_series.or(l.max_volume_series),
+        };
         ConfigFile {
             server,
             storage,
             limits,
             qos,
             tls,
+            metrics,
             faults: self.faults.or(lower.faults),
         }
     }
@@ -936,6 +954,35 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     }
     config.qos = qos_config(&layer.qos)?;
     config.tls = tls_config(&layer.tls)?;
+    config.metrics = metrics_config(&layer.metrics)?;
+    Ok(config)
+}
+
+/// The `[metrics]` table over [`MetricsConfig::default`].
+fn metrics_config(m: &MetricsSection) -> Result<MetricsConfig, Invalid> {
+    let mut config = MetricsConfig::default();
+    if let Some(s) = m.volume_series_idle_s {
+        // A year: anything longer is "never idle" anyway, and keeps the arithmetic small.
+        const MAX_IDLE_S: u64 = 366 * 24 * 3600;
+        if s > MAX_IDLE_S {
+            return Err(Invalid::new(
+                "metrics.volume_series_idle_s",
+                s,
+                format!("must be between 0 and {MAX_IDLE_S}"),
+            ));
+        }
+        config.volume_series_idle_s = s;
+    }
+    if let Some(n) = m.max_volume_series {
+        if n > MAX_MAX_VOLUME_SERIES {
+            return Err(Invalid::new(
+                "metrics.max_volume_series",
+                n,
+                format!("must be between 0 and {MAX_MAX_VOLUME_SERIES}"),
+            ));
+        }
+        config.max_volume_series = n;
+    }
     Ok(config)
 }
 
@@ -1869,6 +1916,27 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(merged.seed, 9);
+    }
+
+    #[test]
+    fn the_documented_metrics_example_gives_the_defaults_and_bounds_are_checked() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let block = doc
+            .split("## Metrics")
+            .nth(1)
+            .and_then(|section| section.split("```toml\n").nth(1))
+            .and_then(|rest| rest.split("```").next())
+            .expect("a toml block under \"## Metrics\"");
+        let c = resolve(&ConfigFile::parse(block, &path).unwrap()).unwrap();
+        assert_eq!(c.metrics, MetricsConfig::default());
+        let c = resolved("[metrics]\nvolume_series_idle_s = 60\nmax_volume_series = 5\n");
+        assert_eq!(c.metrics.volume_series_idle_s, 60);
+        assert_eq!(c.metrics.max_volume_series, 5);
+        let e = err("[metrics]\nmax_volume_series = 1000000\n");
+        assert!(e.contains("metrics.max_volume_series = 1000000"), "{e}");
+        let e = err("[metrics]\nseries = 1\n");
+        assert!(e.contains("series"), "{e}");
     }
 
     #[test]

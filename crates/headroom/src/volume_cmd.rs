@@ -454,6 +454,21 @@ fn print_volume(view: &VolumeView) {
         phases.throttled.time_ns,
     ));
     text.push_str(&table.render(crate::output::stdout_styled()));
+    let audit = &view.audit;
+    text.push_str(&format!(
+        "\npromise audit ({} seconds judged since the node started):\n",
+        audit.seconds_judged
+    ));
+    text.push_str(&format!(
+        "  short:     {} s below baseline while asking for it (node's fault), short by {} I/Os, {}\n",
+        audit.short_seconds,
+        audit.shortfall_ops,
+        human_bytes(audit.shortfall_bytes)
+    ));
+    text.push_str(&format!(
+        "  own limit: {} s held at its own ceiling or empty credits\n",
+        audit.own_limit_seconds
+    ));
     crate::output::emit(&text);
 }
 

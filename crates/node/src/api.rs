@@ -92,6 +92,10 @@ pub struct VolumeView {
     pub credits: CreditsView,
     pub queued_requests: usize,
     pub phases: PhasesView,
+    /// The promise audit (docs/operations.md, "Promise audit"); zero for a volume that has
+    /// done no I/O since the node started.
+    #[serde(default)]
+    pub audit: crate::metrics::AuditView,
 }
 
 /// The store's view of a volume, with the QoS record left out (it is shown parsed).
@@ -136,6 +140,8 @@ pub struct ApiState {
     pub buffers: Arc<BufferPool>,
     /// The sampled history (`GET /v1/stats`, the dashboard, `headroom top`).
     pub timeline: Arc<crate::timeline::Timeline>,
+    /// Per-volume statistics and the promise audit (`GET /metrics`, `audit` in a volume).
+    pub metrics: Arc<crate::metrics::MetricsRegistry>,
 }
 
 /// Body of `GET /v1/connections`: the NBD connections and what they hold.
@@ -250,6 +256,7 @@ pub fn router(state: ApiState) -> Router {
             get(show_volume).patch(update_volume).delete(delete_volume),
         )
         .merge(crate::dashboard::routes())
+        .merge(crate::metrics::routes())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -341,7 +348,13 @@ fn view(state: &ApiState, info: &VolumeInfo) -> VolumeView {
         }
         None => (CreditsView::default(), 0, PhasesView::default()),
     };
+    let audit = state
+        .metrics
+        .get(info.id)
+        .map(|stats| stats.audit(&state.metrics, state.metrics.clock().now_ns()))
+        .unwrap_or_default();
     VolumeView {
+        audit,
         info: info.into(),
         policy: state
             .scheduler
@@ -374,10 +387,11 @@ async fn create_volume(
     };
     let info =
         blocking(move || store.create_volume_with(&body.name, body.size_bytes, options)).await?;
+    let qos = stored.map_or_else(headroom_qos::VolumeQos::default, |s| s.qos);
     if let Some(scheduler) = &state.scheduler {
-        let qos = stored.map_or_else(headroom_qos::VolumeQos::default, |s| s.qos);
         scheduler.add_volume(info.id, &qos);
     }
+    state.metrics.volume(info.id, &info.name, &qos);
     Ok((StatusCode::CREATED, Json(view(&state, &info))))
 }
 
@@ -426,6 +440,9 @@ async fn update_volume(
         let record = new_qos.to_json();
         let name = name.clone();
         info = blocking(move || store.set_volume_qos(&name, Some(record))).await?;
+        if let Some(stats) = state.metrics.get(info.id) {
+            stats.set_qos(&new_qos.qos);
+        }
         if let Some(scheduler) = &state.scheduler {
             match scheduler.handle(info.id) {
                 Some(handle) => scheduler.update_qos(&handle, &new_qos.qos),
@@ -448,6 +465,7 @@ async fn delete_volume(
     if let Some(scheduler) = &state.scheduler {
         scheduler.remove_volume(info.id);
     }
+    state.metrics.remove(info.id);
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -248,6 +248,8 @@ pub struct NodeConfig {
     pub credit_save_period_ms: u64,
     /// TLS on the NBD port; `None`: plaintext only (STARTTLS is answered `NBD_REP_ERR_UNSUP`).
     pub tls: Option<TlsConfig>,
+    /// Which volumes get series of their own in `/metrics` (`[metrics]`).
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 impl NodeConfig {
@@ -280,6 +282,7 @@ impl NodeConfig {
             emulated_device: None,
             credit_save_period_ms: 1_000,
             tls: None,
+            metrics: crate::metrics::MetricsConfig::default(),
         }
     }
 }

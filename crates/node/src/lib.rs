@@ -17,6 +17,7 @@ pub mod dashboard;
 pub mod emulated;
 pub mod exec;
 pub mod global_pool;
+pub mod metrics;
 pub mod scheduler;
 pub mod server;
 pub mod session;

@@ -638,7 +638,12 @@ impl<J: Send + 'static> Scheduler<J> {
 
     /// Reports a completed request; appends requests that may run now to `ready`.
     pub fn complete(&self, ticket: Ticket, ready: &mut Vec<Ready<J>>) {
-        let now = self.clock.now_ns();
+        self.complete_at(ticket, self.clock.now_ns(), ready);
+    }
+
+    /// [`Scheduler::complete`] with the time of completion already read from the node's
+    /// clock (the session reads it once for its statistics and for this).
+    pub fn complete_at(&self, ticket: Ticket, now: u64, ready: &mut Vec<Ready<J>>) {
         let payload = ticket.request.payload_bytes();
         let phase = ticket.phase as usize;
         let counters = &ticket.volume.counters;

@@ -121,6 +121,7 @@ impl Node {
             clock,
             runtime: tokio::runtime::Handle::current(),
         });
+        let metrics = crate::metrics::MetricsRegistry::new(config.metrics, clock);
         let scheduler = match config.qos.policy.kind() {
             None => None,
             Some(_) => {
@@ -128,6 +129,7 @@ impl Node {
                 let parallelism = config.emulated_device.map(|d| d.parallelism);
                 let scheduler = Scheduler::start(&config.qos, clock, runner, parallelism)?;
                 register_volumes(&store, &scheduler)?;
+                metrics.attach_scheduler(&scheduler);
                 Some(scheduler)
             }
         };
@@ -176,6 +178,7 @@ impl Node {
             tls,
             tls_required: config.tls.as_ref().is_some_and(|tls| tls.required),
             budget: Arc::clone(&budget),
+            metrics: Arc::clone(&metrics),
         });
         let buffers = Arc::clone(&ctx.io.buffers);
         let accept_task = tokio::spawn(accept_loop(
@@ -199,6 +202,7 @@ impl Node {
             budget,
             buffers,
             timeline,
+            metrics,
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state, stop_rx));
         tracing::info!(

@@ -35,6 +35,7 @@ use crate::clock::Clock;
 use crate::config::Limits;
 use crate::emulated::EmulatedDevice;
 use crate::exec::Executor;
+use crate::metrics::{MetricsRegistry, VolumeOp, VolumeStats};
 use crate::scheduler::{IoDesc, Ready, Runner, Scheduler, Ticket, VolumeHandle};
 
 /// The one metadata context we serve.
@@ -58,6 +59,8 @@ pub struct SessionContext {
     pub tls_required: bool,
     /// The node's payload byte budget, per tenant and in all (`node::budget`).
     pub budget: Arc<Budget>,
+    /// Per-volume statistics and the promise audit (`node::metrics`).
+    pub metrics: Arc<MetricsRegistry>,
 }
 
 /// What upgrades a session to TLS.
@@ -642,6 +645,57 @@ struct Reply {
 
 type ReplySender = mpsc::UnboundedSender<Reply>;
 
+/// Where a session's replies go, and what counts them: one `Arc` per request in flight.
+#[derive(Debug)]
+struct ReplyPath {
+    tx: ReplySender,
+    stats: Arc<VolumeStats>,
+    metrics: Arc<MetricsRegistry>,
+}
+
+/// What the statistics need of a request when its reply is handed to the writer.
+#[derive(Clone, Copy, Debug)]
+struct Tally {
+    op: VolumeOp,
+    /// Payload bytes (READ and WRITE).
+    payload_bytes: u64,
+    /// When its header was read (node clock).
+    arrival_ns: u64,
+}
+
+impl Tally {
+    fn of(request: &nbd::ValidRequest, arrival_ns: u64) -> Option<Tally> {
+        let op = VolumeOp::of(request.command)?;
+        let payload_bytes = match op {
+            VolumeOp::Read | VolumeOp::Write => u64::from(request.length),
+            _ => 0,
+        };
+        Some(Tally {
+            op,
+            payload_bytes,
+            arrival_ns,
+        })
+    }
+}
+
+impl ReplyPath {
+    /// Hands a reply to the writer at `now_ns` and counts it (arrival to then).
+    fn send(&self, tally: Tally, reply: Reply, now_ns: u64) {
+        let failed = matches!(reply.body, ReplyBody::Error(..));
+        // Counted first, so a client that has its reply finds it counted.
+        self.stats.complete(
+            &self.metrics,
+            tally.op,
+            tally.payload_bytes,
+            failed,
+            tally.arrival_ns,
+            now_ns,
+        );
+        // If the writer is gone the client is gone; dropping the reply releases its permits.
+        let _ = self.tx.send(reply);
+    }
+}
+
 /// Runs transmission on a connection's two halves: plain TCP halves (no lock between them) or
 /// the halves of a TLS stream. Generic, so the plaintext path pays nothing for TLS.
 async fn transmit<R, W>(
@@ -684,6 +738,12 @@ where
         .scheduler
         .as_ref()
         .map(|scheduler| scheduler_handle(scheduler, &volume));
+    let clock = ctx.io.clock;
+    let path = Arc::new(ReplyPath {
+        tx: reply_tx.clone(),
+        stats: volume_stats(&ctx.metrics, &volume),
+        metrics: Arc::clone(&ctx.metrics),
+    });
     let mut last_end_bytes = u64::MAX / 2;
     let mut ready: Vec<Ready<IoJob>> = Vec::new();
     // Ends with the writer: when it gives up on a client that stopped reading, the reader
@@ -706,6 +766,7 @@ where
                 Ok(header) => header,
                 Err(err) => break Err(err.into()),
             };
+            let arrival_ns = clock.now_ns();
             let Ok(request_permit) = request_slots.clone().acquire_owned().await else {
                 break Ok(());
             };
@@ -733,11 +794,25 @@ where
                     {
                         break Err(err.into());
                     }
-                    let _ = reply_tx.send(Reply {
+                    let reply = Reply {
                         cookie: header.cookie,
                         body: ReplyBody::Error(rejection.errno(), rejection.message()),
                         _permits: permits,
-                    });
+                    };
+                    match VolumeOp::of_type(header.command) {
+                        Some(op) => {
+                            let tally = Tally {
+                                op,
+                                payload_bytes: 0,
+                                arrival_ns,
+                            };
+                            path.stats.arrive(&ctx.metrics, arrival_ns, 0);
+                            path.send(tally, reply, clock.now_ns());
+                        }
+                        None => {
+                            let _ = reply_tx.send(reply);
+                        }
+                    }
                     if !fatal {
                         continue;
                     }
@@ -750,9 +825,10 @@ where
                 length = request.length,
                 "request"
             );
-            if matches!(request.command, nbd::Command::Disc) {
+            let Some(tally) = Tally::of(&request, arrival_ns) else {
+                // NBD_CMD_DISC.
                 break Ok(());
-            }
+            };
             // READ and WRITE are charged their buffer: first against this connection's budget
             // (waiting for its own replies), then against its tenant's and the node's.
             let bytes_permit = match request.command {
@@ -789,6 +865,10 @@ where
                     Err(err) => break Err(err.into()),
                 }
             }
+            // Counted as arrived (at its header's time) only now that nothing can stop it
+            // from being answered: the audit must see every arrival leave.
+            path.stats
+                .arrive(&ctx.metrics, arrival_ns, tally.payload_bytes);
             let mut submit = |job: IoJob| {
                 let io = job.desc();
                 match (&ctx.scheduler, &handle) {
@@ -815,7 +895,8 @@ where
                 // One reply for the request, sent when its last piece completes; each piece is
                 // scheduled, charged and run as a request of its own.
                 let pieces = pieces(&request, piece_bytes);
-                let split = SplitRequest::new(&request, pieces.len(), permits, reply_tx.clone());
+                let split =
+                    SplitRequest::new(&request, pieces.len(), permits, Arc::clone(&path), tally);
                 for (index, piece) in pieces.into_iter().enumerate() {
                     submit(IoJob {
                         volume: Arc::clone(&volume),
@@ -835,7 +916,8 @@ where
                 write_payload,
                 answer: Answer::Whole {
                     permits,
-                    reply_tx: reply_tx.clone(),
+                    reply: Arc::clone(&path),
+                    tally,
                 },
             });
         }
@@ -846,6 +928,7 @@ where
     };
     drop(writer_gone);
     drop(reply_tx);
+    drop(path);
     // Replies for everything already accepted are still delivered (NBD_CMD_DISC semantics).
     let written = match writer.await {
         Ok(Ok(())) => Ok(()),
@@ -861,6 +944,15 @@ where
     };
     drop(account);
     result.and(written)
+}
+
+/// The volume's statistics, registering it with its stored QoS if they are new.
+fn volume_stats(metrics: &MetricsRegistry, volume: &Volume) -> Arc<VolumeStats> {
+    if let Some(stats) = metrics.get(volume.id()) {
+        return stats;
+    }
+    let qos = crate::volume_qos::effective_qos(volume.qos().as_deref(), volume.size_bytes());
+    metrics.volume(volume.id(), volume.name(), &qos)
 }
 
 /// The scheduler's handle for a volume, registering it with no QoS if the scheduler has not
@@ -927,7 +1019,8 @@ struct SplitRequest {
     cookie: u64,
     remaining: AtomicUsize,
     state: Mutex<SplitState>,
-    reply_tx: ReplySender,
+    reply: Arc<ReplyPath>,
+    tally: Tally,
 }
 
 #[derive(Debug)]
@@ -942,7 +1035,8 @@ impl SplitRequest {
         request: &nbd::ValidRequest,
         pieces: usize,
         permits: Permits,
-        reply_tx: ReplySender,
+        reply: Arc<ReplyPath>,
+        tally: Tally,
     ) -> Arc<SplitRequest> {
         Arc::new(SplitRequest {
             cookie: request.cookie,
@@ -951,12 +1045,13 @@ impl SplitRequest {
                 failure: None,
                 permits: Some(permits),
             }),
-            reply_tx,
+            reply,
+            tally,
         })
     }
 
     /// Records one piece's outcome; answers the request when it was the last.
-    fn piece_done(&self, index: usize, body: ReplyBody) {
+    fn piece_done(&self, index: usize, body: ReplyBody, now_ns: u64) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let ReplyBody::Error(errno, message) = body
             && state.failure.is_none_or(|(first, _, _)| index < first)
@@ -974,12 +1069,15 @@ impl SplitRequest {
             None => ReplyBody::Done,
         };
         drop(state);
-        // If the writer is gone the client is gone; dropping the reply releases the permits.
-        let _ = self.reply_tx.send(Reply {
-            cookie: self.cookie,
-            body,
-            _permits: permits,
-        });
+        self.reply.send(
+            self.tally,
+            Reply {
+                cookie: self.cookie,
+                body,
+                _permits: permits,
+            },
+            now_ns,
+        );
     }
 }
 
@@ -989,7 +1087,8 @@ enum Answer {
     /// The job is the whole request: its reply goes out when it completes.
     Whole {
         permits: Permits,
-        reply_tx: ReplySender,
+        reply: Arc<ReplyPath>,
+        tally: Tally,
     },
     /// The job is piece `index` of a split request.
     Piece {
@@ -999,18 +1098,23 @@ enum Answer {
 }
 
 impl Answer {
-    fn deliver(self, cookie: u64, body: ReplyBody) {
+    /// Answers the request at `now_ns` (node clock).
+    fn deliver(self, cookie: u64, body: ReplyBody, now_ns: u64) {
         match self {
-            Answer::Whole { permits, reply_tx } => {
-                // If the writer is gone the client is gone; dropping the reply releases its
-                // permits.
-                let _ = reply_tx.send(Reply {
+            Answer::Whole {
+                permits,
+                reply,
+                tally,
+            } => reply.send(
+                tally,
+                Reply {
                     cookie,
                     body,
                     _permits: permits,
-                });
-            }
-            Answer::Piece { split, index } => split.piece_done(index, body),
+                },
+                now_ns,
+            ),
+            Answer::Piece { split, index } => split.piece_done(index, body, now_ns),
         }
     }
 }
@@ -1152,11 +1256,14 @@ fn execute_and_finish(
     } = job;
     let body = execute(&io.buffers, &volume, &request, write_payload);
     let cookie = request.cookie;
+    let clock = io.clock;
     let finish = move |scheduler: Option<&Arc<Scheduler<IoJob>>>| {
-        answer.deliver(cookie, body);
+        // One clock read for the reply's statistics and the scheduler's completion.
+        let now_ns = clock.now_ns();
+        answer.deliver(cookie, body, now_ns);
         let mut released = Vec::new();
         if let (Some(scheduler), Scheduled(ticket)) = (scheduler, admission) {
-            scheduler.complete(ticket, &mut released);
+            scheduler.complete_at(ticket, now_ns, &mut released);
         }
         released
     };

@@ -14,12 +14,14 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{OnceLock, RwLock};
+use std::time::Instant;
 
 use rustix::fs::{Advice, FallocateFlags, SeekFrom};
 use rustix::io::Errno;
 
 use crate::fault::{self, ActiveRule, Fault, IoClass};
 use crate::layout::EXTENT_SIZE_BYTES;
+use crate::stats::{DeviceCounters, DeviceOp};
 use crate::sync::{read, write};
 
 /// Source of zeros for the write-zeros fallback.
@@ -40,6 +42,8 @@ pub(crate) struct Device {
     failed: AtomicBool,
     /// Fault rules scoped to this device (`Store::inject_faults`); unset: none.
     faults: OnceLock<Vec<ActiveRule>>,
+    /// Operations, errors and latency per operation (`Store::device_stats`).
+    stats: DeviceCounters,
 }
 
 #[derive(Debug)]
@@ -132,6 +136,7 @@ impl Device {
             dirty: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             faults: OnceLock::new(),
+            stats: DeviceCounters::default(),
         }
     }
 
@@ -145,7 +150,60 @@ impl Device {
             dirty: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             faults: OnceLock::new(),
+            stats: DeviceCounters::default(),
         }
+    }
+
+    /// Runs one device operation, counting it in the device's statistics. Operations of a
+    /// RAM device are counted but not timed: they are memory copies, far below the first
+    /// latency bucket, and two clock reads would cost more than many of them.
+    #[inline]
+    fn timed<T>(&self, op: DeviceOp, run: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        if self.is_memory() {
+            let result = run();
+            self.stats.count(op, result.is_err());
+            return result;
+        }
+        let start = Instant::now();
+        let result = run();
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.record(op, ns, result.is_err());
+        result
+    }
+
+    /// Reads `buf.len()` bytes at `off` inside physical extent `ext`.
+    pub(crate) fn read(&self, ext: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.timed(DeviceOp::Read, || self.read_untimed(ext, off, buf))
+    }
+
+    /// Writes `data` at `off` inside physical extent `ext`.
+    pub(crate) fn write(&self, ext: u32, off: u64, data: &[u8]) -> io::Result<()> {
+        self.timed(DeviceOp::Write, || self.write_untimed(ext, off, data))
+    }
+
+    /// Zeroes `[off, off + len)` of extent `ext`, keeping the space allocated (NO_HOLE).
+    pub(crate) fn zero(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
+        self.timed(DeviceOp::Zero, || self.zero_untimed(ext, off, len))
+    }
+
+    /// Deallocates `[off, off + len)` of extent `ext`; the range reads as zeros afterwards.
+    pub(crate) fn punch(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
+        self.timed(DeviceOp::Punch, || self.punch_untimed(ext, off, len))
+    }
+
+    /// Deallocates `count` whole extents starting at `first` (one call for a contiguous run).
+    pub(crate) fn punch_extents(&self, first: u32, count: u32) -> io::Result<()> {
+        self.timed(DeviceOp::Punch, || self.punch_extents_untimed(first, count))
+    }
+
+    /// Unconditional data sync (FUA). Once a sync fails the device stays failed.
+    pub(crate) fn sync_now(&self) -> io::Result<()> {
+        self.timed(DeviceOp::Sync, || self.sync_now_untimed())
+    }
+
+    /// The device's operation counters.
+    pub(crate) fn stats(&self) -> [crate::stats::DeviceOpStats; 5] {
+        self.stats.snapshot()
     }
 
     /// Installs the fault rules scoped to this device; false if some were installed already.
@@ -230,7 +288,7 @@ impl Device {
     }
 
     /// Reads `buf.len()` bytes at `off` inside physical extent `ext`.
-    pub(crate) fn read(&self, ext: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
+    fn read_untimed(&self, ext: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let pos = self.check(ext, off, buf.len() as u64)?;
         self.inject(IoClass::Read, pos, buf.len() as u64)?;
         match &self.backend {
@@ -256,7 +314,7 @@ impl Device {
     }
 
     /// Writes `data` at `off` inside physical extent `ext`.
-    pub(crate) fn write(&self, ext: u32, off: u64, data: &[u8]) -> io::Result<()> {
+    fn write_untimed(&self, ext: u32, off: u64, data: &[u8]) -> io::Result<()> {
         let pos = self.check(ext, off, data.len() as u64)?;
         self.inject(IoClass::Write, pos, data.len() as u64)?;
         match &self.backend {
@@ -284,7 +342,7 @@ impl Device {
     }
 
     /// Zeroes `[off, off + len)` of extent `ext`, keeping the space allocated (NO_HOLE).
-    pub(crate) fn zero(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
+    fn zero_untimed(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
         let pos = self.check(ext, off, len)?;
         self.inject(IoClass::Write, pos, len)?;
         match &self.backend {
@@ -296,7 +354,7 @@ impl Device {
     }
 
     /// Deallocates `[off, off + len)` of extent `ext`; the range reads as zeros afterwards.
-    pub(crate) fn punch(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
+    fn punch_untimed(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
         let pos = self.check(ext, off, len)?;
         self.inject(IoClass::Other, pos, len)?;
         match &self.backend {
@@ -308,7 +366,7 @@ impl Device {
     }
 
     /// Deallocates `count` whole extents starting at `first` (one call for a contiguous run).
-    pub(crate) fn punch_extents(&self, first: u32, count: u32) -> io::Result<()> {
+    fn punch_extents_untimed(&self, first: u32, count: u32) -> io::Result<()> {
         if count == 0 {
             return Ok(());
         }
@@ -346,7 +404,7 @@ impl Device {
     }
 
     /// Unconditional data sync (FUA). Once a sync fails the device stays failed.
-    pub(crate) fn sync_now(&self) -> io::Result<()> {
+    fn sync_now_untimed(&self) -> io::Result<()> {
         if self.is_failed() {
             return Err(self.failed_error());
         }

@@ -20,6 +20,7 @@ mod fault;
 mod layout;
 mod meta;
 mod name;
+mod stats;
 mod store;
 mod sync;
 mod volume;
@@ -29,5 +30,9 @@ pub use error::{MetadataError, StoreError};
 pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENCY_SPIKE_MS};
 pub use layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
 pub use name::{MAX_TENANT_ID_LEN, MAX_VOLUME_NAME_LEN, validate_tenant_id, validate_volume_name};
+pub use stats::{
+    DeviceOp, DeviceOpStats, DeviceStats, LATENCY_FINITE_BUCKETS, LatencyHistogram,
+    LatencySnapshot, latency_bucket,
+};
 pub use store::{DeviceInfo, NewVolume, PoolInfo, Store};
 pub use volume::{Extent, PhysicalLocation, Volume, VolumeInfo};

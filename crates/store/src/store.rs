@@ -879,6 +879,20 @@ impl Store {
         }
     }
 
+    /// Every device's operation counters (operations, errors, latency per operation), read
+    /// now: what `/metrics` reports per device.
+    pub fn device_stats(&self) -> Vec<crate::stats::DeviceStats> {
+        self.shared
+            .devices
+            .iter()
+            .map(|d| crate::stats::DeviceStats {
+                device: d.label.clone(),
+                ops: d.stats(),
+                timed: !d.is_memory(),
+            })
+            .collect()
+    }
+
     /// Whether the devices live in RAM (`open_memory`).
     pub fn is_memory(&self) -> bool {
         self.shared.devices.iter().all(Device::is_memory)
