@@ -191,6 +191,7 @@ impl Node {
             crate::timeline::Sources {
                 store: Arc::clone(&store),
                 scheduler: scheduler.clone(),
+                metrics: Some(Arc::clone(&metrics)),
             },
             crate::timeline::DEFAULT_SAMPLE_INTERVAL_MS,
         );

@@ -12,9 +12,11 @@
 //! most [`MAX_VOLUMES`] volumes (in the store's name order; `volumes_total` says how many
 //! there were). Worst case about 600 × 64 + 10,000 rows of ~200 bytes: under 10 MB.
 //!
-//! Without a scheduler (`policy = "off"`) there are no per-volume counters: rates, latency,
-//! credits and queue depth are `null` and the report says why. The sample types leave room for
-//! scheduler-independent per-op stats (p99 latency, the promise audit) as optional fields.
+//! Per volume, rates, mean and p99 latency and the promise audit come from the node's
+//! per-operation stats (`node::metrics`), which run whatever the policy; the scheduler adds
+//! the per-phase split, credits and queue depth. Without a scheduler (`policy = "off"`)
+//! those three and the node's utilisation are `null` and the report says why. The p99 is the
+//! upper bound of the latency histogram's bucket that holds it (buckets double in width).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,6 +27,7 @@ use headroom_store::Store;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::metrics::{MetricsRegistry, OpStats};
 use crate::scheduler::{PhaseStats, Scheduler};
 use crate::session::IoJob;
 use crate::volume_qos::{CreditsView, RateView, effective_qos};
@@ -233,6 +236,17 @@ pub struct StatsReport {
 pub struct Sources {
     pub store: Arc<Store>,
     pub scheduler: Option<Arc<Scheduler<IoJob>>>,
+    /// Per-operation stats and the promise audit (`None`: rates come from the scheduler).
+    pub metrics: Option<Arc<MetricsRegistry>>,
+}
+
+/// A volume's per-operation totals and audit at one sample.
+#[derive(Clone, Copy, Debug)]
+struct OpTotals {
+    all: OpStats,
+    short_seconds: u64,
+    shortfall_ops: u64,
+    shortfall_bytes: u64,
 }
 
 struct Previous {
@@ -240,6 +254,8 @@ struct Previous {
     cost: Option<CostVector>,
     /// Phase counters per volume id (followed volumes only).
     volumes: HashMap<u64, PhaseStats>,
+    /// Per-operation totals per volume id (followed volumes only).
+    ops: HashMap<u64, OpTotals>,
 }
 
 #[derive(Default)]
@@ -325,6 +341,38 @@ pub fn volume_rates(
     )
 }
 
+/// The upper bound, in µs, of the histogram bucket holding the 99th percentile of the
+/// observations `after` has beyond `before` (`None`: none).
+pub fn latency_us_p99(
+    before: &headroom_store::LatencySnapshot,
+    after: &headroom_store::LatencySnapshot,
+) -> Option<f64> {
+    let deltas: Vec<u64> = after
+        .buckets
+        .iter()
+        .zip(before.buckets.iter())
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
+    let count: u64 = deltas.iter().sum();
+    if count == 0 {
+        return None;
+    }
+    // The smallest rank with at least 99 % of the observations at or below it.
+    let rank = count - count / 100;
+    let mut seen = 0;
+    for (i, n) in deltas.iter().enumerate() {
+        seen += n;
+        if seen >= rank {
+            if i + 1 == deltas.len() {
+                // The overflow bucket has no upper bound: report its lower one.
+                return Some(headroom_store::LatencySnapshot::bound_seconds(i - 1) * 1e6);
+            }
+            return Some(headroom_store::LatencySnapshot::bound_seconds(i) * 1e6);
+        }
+    }
+    None
+}
+
 /// What a volume left unused of its baseline at `iops` and `bytes_per_s`.
 pub fn lending(baseline: IoRate, iops: f64, bytes_per_s: f64) -> Option<Lending> {
     let unused =
@@ -405,6 +453,9 @@ impl Timeline {
         let infos = self.sources.store.list_volumes();
         let volumes_total = infos.len();
         let mut counters: HashMap<u64, PhaseStats> = HashMap::new();
+        let mut op_totals: HashMap<u64, OpTotals> = HashMap::new();
+        let metrics = self.sources.metrics.as_ref();
+        let clock_ns = metrics.map(|m| m.clock().now_ns());
         // Only the sampler writes; readers wait for the history lock only while a sample is
         // appended, not while the counters are read.
         let previous = lock(&self.history).previous.take();
@@ -449,30 +500,84 @@ impl Timeline {
                 row.lending = lending(baseline, iops, bytes_per_s);
                 counters.insert(info.id, stats);
             }
+            if let (Some(metrics), Some(clock_ns)) = (metrics, clock_ns)
+                && let Some(stats) = metrics.get(info.id)
+            {
+                let mut all = OpStats::default();
+                for op in stats.ops() {
+                    all.add(&op);
+                }
+                let audit = stats.audit(metrics, clock_ns);
+                let now_totals = OpTotals {
+                    all,
+                    short_seconds: audit.short_seconds,
+                    shortfall_ops: audit.shortfall_ops,
+                    shortfall_bytes: audit.shortfall_bytes,
+                };
+                let before = previous
+                    .as_ref()
+                    .and_then(|p| p.ops.get(&info.id))
+                    .copied()
+                    .unwrap_or(now_totals);
+                let ops = now_totals.all.ops.saturating_sub(before.all.ops);
+                let bytes = now_totals.all.bytes.saturating_sub(before.all.bytes);
+                let latency_ns = now_totals
+                    .all
+                    .latency
+                    .sum_ns
+                    .saturating_sub(before.all.latency.sum_ns);
+                if interval_s > 0.0 {
+                    // Every operation, scheduled or not (the scheduler's phase counters
+                    // see only what it scheduled).
+                    let iops = round1(ops as f64 / interval_s);
+                    let bytes_per_s = round1(bytes as f64 / interval_s);
+                    row.iops = Some(iops);
+                    row.bytes_per_s = Some(bytes_per_s);
+                    row.lending = lending(baseline, iops, bytes_per_s);
+                }
+                row.latency_us_mean =
+                    (ops > 0).then(|| round1(latency_ns as f64 / ops as f64 / 1000.0));
+                row.latency_us_p99 =
+                    latency_us_p99(&before.all.latency, &now_totals.all.latency).map(round1);
+                row.promise = Some(PromiseAudit {
+                    short_seconds: now_totals
+                        .short_seconds
+                        .saturating_sub(before.short_seconds)
+                        as f64,
+                    shortfall_ops: now_totals
+                        .shortfall_ops
+                        .saturating_sub(before.shortfall_ops),
+                    shortfall_bytes: now_totals
+                        .shortfall_bytes
+                        .saturating_sub(before.shortfall_bytes),
+                });
+                op_totals.insert(info.id, now_totals);
+            }
             latest.push(row);
         }
         let mut history = lock(&self.history);
         if let Some(previous) = &previous {
             let elapsed_ms =
                 u64::try_from(now.duration_since(previous.at).as_millis()).unwrap_or(u64::MAX);
-            let node = match (scheduler, cost, previous.cost) {
+            let utilisation_now = match (scheduler, cost, previous.cost) {
                 (Some(scheduler), Some(cost), Some(before)) => {
                     let capacity = scheduler.capacity_per_second();
-                    NodeSample {
-                        utilisation: Dimensions::from_fn(|get| {
-                            utilisation(
-                                get(&cost).saturating_sub(get(&before)),
-                                get(&capacity),
-                                interval_s,
-                            )
-                        }),
-                        iops: Some(round1(latest.iter().filter_map(|v| v.iops).sum())),
-                        bytes_per_s: Some(round1(
-                            latest.iter().filter_map(|v| v.bytes_per_s).sum(),
-                        )),
-                    }
+                    Dimensions::from_fn(|get| {
+                        utilisation(
+                            get(&cost).saturating_sub(get(&before)),
+                            get(&capacity),
+                            interval_s,
+                        )
+                    })
                 }
-                _ => NodeSample::default(),
+                _ => Dimensions::default(),
+            };
+            let measured = latest.iter().any(|v| v.iops.is_some());
+            let node = NodeSample {
+                utilisation: utilisation_now,
+                iops: measured.then(|| round1(latest.iter().filter_map(|v| v.iops).sum())),
+                bytes_per_s: measured
+                    .then(|| round1(latest.iter().filter_map(|v| v.bytes_per_s).sum())),
             };
             let (volumes, volumes_active) = history_rows(&latest, HISTORY_VOLUMES);
             if history.samples.len() >= HISTORY_SAMPLES {
@@ -492,6 +597,7 @@ impl Timeline {
             at: now,
             cost,
             volumes: counters,
+            ops: op_totals,
         });
     }
 
@@ -562,9 +668,15 @@ impl Timeline {
             policy: scheduler.map_or("off", |s| s.policy_name()).to_string(),
             scheduler: scheduler.is_some(),
             note: scheduler.is_none().then(|| {
-                "policy off: no scheduler runs, so there are no per-volume counters \
-                 (rates, latency, credits and queue depth are null)"
-                    .to_string()
+                if self.sources.metrics.is_some() {
+                    "policy off: no scheduler runs, so phases, credits, queue depth and the \
+                     node's utilisation are null (rates and latency come from per-op stats)"
+                        .to_string()
+                } else {
+                    "policy off: no scheduler runs, so there are no per-volume counters \
+                     (rates, latency, credits and queue depth are null)"
+                        .to_string()
+                }
             }),
             interval_ms: self.interval_ms,
             capacity_per_second: Dimensions::from_fn(|get| {
@@ -695,6 +807,7 @@ mod tests {
             Sources {
                 store,
                 scheduler: Some(scheduler),
+                metrics: None,
             },
             1_000,
         );
@@ -759,6 +872,7 @@ mod tests {
             Sources {
                 store,
                 scheduler: Some(scheduler),
+                metrics: None,
             },
             1_000,
         );
@@ -775,6 +889,26 @@ mod tests {
     }
 
     #[test]
+    fn p99_is_the_bound_of_the_bucket_holding_it_in_the_interval() {
+        let empty = headroom_store::LatencySnapshot::default();
+        let mut before = empty;
+        // Earlier observations are not the interval's: they must not count.
+        before.buckets[headroom_store::latency_bucket(5_000_000)] = 1_000;
+        let mut after = before;
+        after.buckets[headroom_store::latency_bucket(20_000)] += 98;
+        after.buckets[headroom_store::latency_bucket(900_000)] += 2;
+        let bound = |ns: u64| {
+            headroom_store::LatencySnapshot::bound_seconds(headroom_store::latency_bucket(ns)) * 1e6
+        };
+        // 100 observations: the 99th is in the 900 µs bucket.
+        assert_eq!(latency_us_p99(&before, &after), Some(bound(900_000)));
+        after.buckets[headroom_store::latency_bucket(20_000)] += 100;
+        // 200: the 198th is still among the fast ones.
+        assert_eq!(latency_us_p99(&before, &after), Some(bound(20_000)));
+        assert_eq!(latency_us_p99(&after, &after), None);
+    }
+
+    #[test]
     fn the_ring_buffer_keeps_the_newest_samples() {
         let store = Arc::new(Store::open_memory(1 << 30).expect("memory store"));
         store.create_volume("v", 1 << 20).expect("volume");
@@ -782,6 +916,7 @@ mod tests {
             Sources {
                 store,
                 scheduler: None,
+                metrics: None,
             },
             1_000,
         );
