@@ -8,6 +8,7 @@ mod qos_cmd;
 mod serve_config;
 mod sim_cmd;
 mod size;
+mod token;
 mod volume_cmd;
 
 use std::net::SocketAddr;
@@ -146,6 +147,7 @@ impl ServeArgs {
                 cert_dir: self.tls_cert_dir.clone(),
                 required: self.tls_required.then_some(true),
             },
+            api: serve_config::ApiSection::default(),
             faults: None,
         }
     }
@@ -209,7 +211,9 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
-    let loaded = serve_config::load(args.layer(), args.config.as_deref())?;
+    let mut loaded = serve_config::load(args.layer(), args.config.as_deref())?;
+    let (api_token, token_origin) = token::server_token(&loaded.token)?;
+    loaded.node.api_token = Some(api_token.clone());
     if let Some(path) = &loaded.config_file {
         tracing::info!("configuration file {}", path.display());
     }
@@ -231,6 +235,23 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
     let node = Node::start(loaded.node)
         .await
         .with_context(|| format!("starting the server {place}"))?;
+    if token_origin == token::Origin::Ephemeral {
+        // Nowhere to keep it: the operator reads it here, once.
+        eprintln!(
+            "API token for this run (--memory without --data-dir; set HEADROOM_TOKEN to choose one): {}",
+            api_token.expose()
+        );
+    } else {
+        tracing::info!("API token {token_origin}");
+    }
+    if !node.api_addr.ip().is_loopback() {
+        tracing::warn!(
+            "the management API listens on {}, which is not a loopback address: it has no TLS, \
+             so its bearer token and answers cross the network in clear text (put it behind a \
+             TLS proxy or a private network)",
+            node.api_addr
+        );
+    }
     // Before the ready line: no client request runs without the faults asked for.
     if let Some(faults) = &loaded.faults {
         node.store()

@@ -154,8 +154,25 @@ pub struct ConfigFile {
     pub limits: LimitsSection,
     pub qos: QosSection,
     pub tls: TlsSection,
+    pub api: ApiSection,
     /// Fault injection (a testing tool); absent: off.
     pub faults: Option<FaultsSection>,
+}
+
+/// `[api]`: the management API.
+#[derive(Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiSection {
+    /// The bearer token (under `$HEADROOM_TOKEN`, over the data directory's token file).
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for ApiSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiSection")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// `[tls]`: TLS on the NBD port (needs a build with `--features tls`).
@@ -670,12 +687,16 @@ impl ConfigFile {
             cert_dir: s.cert_dir.or(l.cert_dir),
             required: s.required.or(l.required),
         };
+        let api = ApiSection {
+            token: self.api.token.or(lower.api.token),
+        };
         ConfigFile {
             server,
             storage,
             limits,
             qos,
             tls,
+            api,
             faults: self.faults.or(lower.faults),
         }
     }
@@ -873,6 +894,10 @@ impl ConfigFile {
         }
         if let Some(faults) = &self.faults {
             faults.config()?;
+        }
+        if let Some(token) = &self.api.token {
+            headroom_node::api::ApiToken::new(token)
+                .map_err(|err| Invalid::new("api.token", "(hidden)", err.to_string()))?;
         }
         Ok(())
     }
@@ -1127,6 +1152,8 @@ pub struct Loaded {
     /// `DATA_DIR/calibration.toml`, if it was loaded.
     pub calibration_file: Option<PathBuf>,
     pub warnings: Vec<String>,
+    /// Where the API token may come from (`token::server_token` decides).
+    pub token: crate::token::TokenSettings,
 }
 
 /// Merges the command line over `--config` over the data directory's calibration file over
@@ -1157,12 +1184,22 @@ pub fn load(cli: ConfigFile, config_path: Option<&Path>) -> Result<Loaded> {
     let faults = faults_config(&merged)
         .with_context(|| format!("invalid configuration (from {sources})"))?;
     let warnings = warnings(&merged, &node);
+    // A memory node keeps its token in the data directory only when one was named.
+    let token_dir = match &node.backend {
+        StoreBackend::Files { data_dir, .. } => Some(data_dir.clone()),
+        StoreBackend::Memory { .. } => merged.storage.data_dir.clone(),
+    };
+    let token = crate::token::TokenSettings {
+        configured: merged.api.token.clone(),
+        data_dir: token_dir,
+    };
     Ok(Loaded {
         node,
         faults,
         config_file: config_path.map(Path::to_path_buf),
         calibration_file,
         warnings,
+        token,
     })
 }
 

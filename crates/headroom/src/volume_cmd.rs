@@ -13,7 +13,7 @@ use headroom_node::volume_qos::{CreditsView, QosView, RateView};
 use headroom_qos::{BurstKind, QosSpec};
 use serde_json::Value;
 
-use crate::client::Api;
+use crate::client::ApiArgs;
 use crate::size::{format_size, parse_size};
 
 #[derive(Subcommand, Debug)]
@@ -81,17 +81,6 @@ pub enum VolumeCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
-}
-
-#[derive(Args, Debug)]
-pub struct ApiArgs {
-    /// Base URL of the management API.
-    #[arg(
-        long = "api",
-        env = "HEADROOM_API",
-        default_value = "http://127.0.0.1:10810"
-    )]
-    url: String,
 }
 
 /// The QoS flags shared by `volume create` and `volume qos`.
@@ -162,7 +151,7 @@ impl QosArgs {
 pub fn run(command: VolumeCommand) -> Result<()> {
     if let Err(err) = execute(command) {
         eprintln!("error: {err:#}");
-        std::process::exit(1);
+        std::process::exit(i32::from(crate::client::exit_code_of(&err)));
     }
     Ok(())
 }
@@ -184,7 +173,7 @@ fn execute(command: VolumeCommand) -> Result<()> {
                 tenant,
                 read_only,
             };
-            let view = Api::new(&api.url).create(&body)?;
+            let view = api.client()?.create(&body)?;
             let mut access = String::new();
             if let Some(tenant) = &view.info.tenant {
                 access.push_str(&format!(", tenant {tenant}"));
@@ -200,7 +189,7 @@ fn execute(command: VolumeCommand) -> Result<()> {
             );
         }
         VolumeCommand::List { tenant, json, api } => {
-            let api = Api::new(&api.url);
+            let api = api.client()?;
             let tenant = tenant.as_deref();
             if json {
                 println!("{}", serde_json::to_string_pretty(&api.list_json(tenant)?)?);
@@ -209,7 +198,7 @@ fn execute(command: VolumeCommand) -> Result<()> {
             }
         }
         VolumeCommand::Show { name, json, api } => {
-            let api = Api::new(&api.url);
+            let api = api.client()?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&api.show_json(&name)?)?);
             } else {
@@ -217,7 +206,7 @@ fn execute(command: VolumeCommand) -> Result<()> {
             }
         }
         VolumeCommand::Qos { name, qos, api } => {
-            let api = Api::new(&api.url);
+            let api = api.client()?;
             let view = match qos.spec() {
                 Some(change) => api.set_qos(&name, change)?,
                 None => api.show(&name)?,
@@ -229,7 +218,7 @@ fn execute(command: VolumeCommand) -> Result<()> {
             );
         }
         VolumeCommand::Resize { name, size, api } => {
-            let view = Api::new(&api.url).resize(&name, size)?;
+            let view = api.client()?.resize(&name, size)?;
             println!(
                 "resized {} to {}",
                 view.info.name,
@@ -237,7 +226,7 @@ fn execute(command: VolumeCommand) -> Result<()> {
             );
         }
         VolumeCommand::Delete { name, api } => {
-            Api::new(&api.url).delete(&name)?;
+            api.client()?.delete(&name)?;
             println!("deleted {name}");
         }
     }

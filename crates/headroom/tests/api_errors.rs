@@ -39,6 +39,7 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     let volumes = format!("{}/v1/volumes", server.api);
     let post_raw = |body: &str| {
         a.post(&volumes)
+            .header("authorization", common::bearer())
             .header("content-type", "application/json")
             .send(body)
             .unwrap()
@@ -75,6 +76,7 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     check(
         "no content type",
         a.post(&volumes)
+            .header("authorization", common::bearer())
             .send(r#"{"name":"v","size_bytes":1048576}"#)
             .unwrap(),
         415,
@@ -87,19 +89,28 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     check("oversized body", post_raw(&huge), 413, "body_too_large");
     check(
         "bad query",
-        a.get(format!("{volumes}?bogus=1")).call().unwrap(),
+        a.get(format!("{volumes}?bogus=1"))
+            .header("authorization", common::bearer())
+            .call()
+            .unwrap(),
         400,
         "invalid_query",
     );
     check(
         "unknown route",
-        a.get(format!("{}/v1/nothing", server.api)).call().unwrap(),
+        a.get(format!("{}/v1/nothing", server.api))
+            .header("authorization", common::bearer())
+            .call()
+            .unwrap(),
         404,
         "unknown_route",
     );
     check(
         "method a route does not take",
-        a.put(&volumes).send("").unwrap(),
+        a.put(&volumes)
+            .header("authorization", common::bearer())
+            .send("")
+            .unwrap(),
         405,
         "method_not_allowed",
     );
@@ -117,12 +128,16 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     );
     check(
         "unknown volume",
-        a.get(format!("{volumes}/missing")).call().unwrap(),
+        a.get(format!("{volumes}/missing"))
+            .header("authorization", common::bearer())
+            .call()
+            .unwrap(),
         404,
         "not_found",
     );
     let created = a
         .post(&volumes)
+        .header("authorization", common::bearer())
         .send_json(json!({"name": "v", "size_bytes": 1u64 << 20}))
         .unwrap();
     assert_eq!(created.status().as_u16(), 201);
@@ -135,6 +150,7 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     check(
         "unknown field in a change",
         a.patch(format!("{volumes}/v"))
+            .header("authorization", common::bearer())
             .header("content-type", "application/json")
             .send(r#"{"size": 5}"#)
             .unwrap(),
@@ -149,7 +165,11 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     );
     println!("api errors: {cases} bad requests, each a JSON error with its status");
     // Nothing above changed the volume list but the one create.
-    let mut listed = a.get(&volumes).call().unwrap();
+    let mut listed = a
+        .get(&volumes)
+        .header("authorization", common::bearer())
+        .call()
+        .unwrap();
     let list: Value = listed.body_mut().read_json().unwrap();
     assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
     server.stop();

@@ -40,6 +40,7 @@ fn write_config(dir: &Path, limits: &str) -> PathBuf {
 /// `GET /v1/connections`.
 fn connections(server: &Server) -> Value {
     let mut response = ureq::get(format!("{}/v1/connections", server.api))
+        .header("authorization", common::bearer())
         .call()
         .unwrap_or_else(|err| panic!("GET /v1/connections: {err}"));
     response.body_mut().read_json().expect("JSON answer")

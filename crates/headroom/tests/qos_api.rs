@@ -336,8 +336,14 @@ fn invalid_qos_is_refused_with_its_reason_and_changes_nothing() {
         assert!(err.contains(reason), "{reason:?} missing: {err}");
         assert_eq!(err.matches("invalid QoS").count(), 1, "{err}");
     }
-    let err = fails(&server, &["volume", "show", "bad"]);
-    assert!(err.contains("404"), "{err}");
+    // Not created: not found, exit code 3 (the CLI's contract).
+    let out = server.cli(&["volume", "show", "bad"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("404"),
+        "{}",
+        text(&out)
+    );
 
     // Changes: refused, and the volume keeps its class and credits.
     ok(
@@ -395,6 +401,7 @@ fn the_api_takes_qos_objects_and_reports_invalid_qos_as_such() {
     let volumes = format!("{}/v1/volumes", server.api);
     let mut response = agent
         .post(&volumes)
+        .header("authorization", common::bearer())
         .send_json(json!({"name": "a", "size_bytes": 1u64 << 30, "qos": {"preset": "gp2"}}))
         .unwrap();
     assert_eq!(response.status().as_u16(), 201);
@@ -404,6 +411,7 @@ fn the_api_takes_qos_objects_and_reports_invalid_qos_as_such() {
 
     let mut response = agent
         .patch(format!("{volumes}/a"))
+        .header("authorization", common::bearer())
         .send_json(json!({"qos": {"ceiling_iops": 0}}))
         .unwrap();
     assert_eq!(response.status().as_u16(), 400);
@@ -416,6 +424,7 @@ fn the_api_takes_qos_objects_and_reports_invalid_qos_as_such() {
 
     let mut response = agent
         .patch(format!("{volumes}/a"))
+        .header("authorization", common::bearer())
         .send_json(json!({"qos": {"weight": 7, "burst": "on-demand"}}))
         .unwrap();
     assert_eq!(response.status().as_u16(), 200);

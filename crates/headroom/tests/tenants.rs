@@ -350,6 +350,7 @@ fn tenant_and_access_mode_in_the_cli_and_the_api() {
     let volumes = format!("{}/v1/volumes", server.api);
     let mut response = agent
         .post(&volumes)
+        .header("authorization", common::bearer())
         .send_json(serde_json::json!({
             "name": "raw", "size_bytes": 1u64 << 30, "tenant": "carol", "read_only": true
         }))
@@ -360,16 +361,25 @@ fn tenant_and_access_mode_in_the_cli_and_the_api() {
     assert_eq!(body["read_only"], true);
     let mut response = agent
         .post(&volumes)
+        .header("authorization", common::bearer())
         .send_json(serde_json::json!({"name": "raw2", "size_bytes": 1u64 << 30, "tenant": "a\nb"}))
         .unwrap();
     assert_eq!(response.status().as_u16(), 400);
     let body: Value = response.body_mut().read_json().unwrap();
     assert_eq!(body["kind"], "invalid_tenant", "{body}");
-    let mut response = agent.get(format!("{volumes}?tenant=")).call().unwrap();
+    let mut response = agent
+        .get(format!("{volumes}?tenant="))
+        .header("authorization", common::bearer())
+        .call()
+        .unwrap();
     assert_eq!(response.status().as_u16(), 400);
     let body: Value = response.body_mut().read_json().unwrap();
     assert_eq!(body["kind"], "invalid_tenant", "{body}");
-    let mut response = agent.get(format!("{volumes}?tenant=carol")).call().unwrap();
+    let mut response = agent
+        .get(format!("{volumes}?tenant=carol"))
+        .header("authorization", common::bearer())
+        .call()
+        .unwrap();
     assert_eq!(response.status().as_u16(), 200);
     assert_eq!(names(response.body_mut().read_json().unwrap()), vec!["raw"]);
     server.stop();

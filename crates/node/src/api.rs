@@ -5,6 +5,9 @@
 //! fault it was (400 bad input, bad QoS or bad tenant id, 404 unknown volume, 409 name taken,
 //! 507 pool full).
 //!
+//! Every route but `/healthz` (and the dashboard's static files) needs the node's bearer
+//! token (`auth`): without it the answer is 401 with the same JSON error body.
+//!
 //! Bad requests never get axum's plain-text rejections: malformed JSON (400), a body of the
 //! wrong shape or with unknown fields (422), a body over the limit (413), a missing JSON
 //! content type (415), a bad query (400), an unknown route (404) and a method a route does not
@@ -18,6 +21,8 @@
 //! for its life; `GET /v1/volumes?tenant=ID` lists one tenant's volumes (see `session` for
 //! what a tenant's NBD client may see).
 
+pub mod auth;
+
 use std::sync::Arc;
 
 use axum::Json;
@@ -25,6 +30,7 @@ use axum::Router;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{Method, StatusCode, Uri};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use headroom_qos::QosSpec;
@@ -39,6 +45,8 @@ use crate::buffers::BufferPool;
 use crate::scheduler::Scheduler;
 use crate::session::IoJob;
 use crate::volume_qos::{CreditsView, PhasesView, QosView, StoredQos};
+
+pub use auth::{ApiToken, TokenError};
 
 /// Body of `POST /v1/volumes`.
 #[derive(Debug, Deserialize, Serialize)]
@@ -134,6 +142,8 @@ pub struct ApiState {
     pub budget: Arc<Budget>,
     /// Payload buffers (their idle bytes, `GET /v1/connections`).
     pub buffers: Arc<BufferPool>,
+    /// The bearer token every request but the public ones must carry (see `auth`).
+    pub token: ApiToken,
 }
 
 /// Body of `GET /v1/connections`: the NBD connections and what they hold.
@@ -236,9 +246,11 @@ fn qos_error(err: headroom_qos::QosError) -> ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// The API's routes.
-pub fn router(state: ApiState) -> Router {
+/// The API's routes, without the authentication layer. Add routes (or `.merge(...)` a
+/// module's router) here: [`router`] puts every one of them behind the token check.
+fn routes() -> Router<ApiState> {
     Router::new()
+        .route("/healthz", get(health))
         .route("/v1/health", get(health))
         .route("/v1/pool", get(pool))
         .route("/v1/connections", get(connections))
@@ -247,8 +259,19 @@ pub fn router(state: ApiState) -> Router {
             "/v1/volumes/{name}",
             get(show_volume).patch(update_volume).delete(delete_volume),
         )
+}
+
+/// The API: [`routes`] and the JSON fallbacks, all behind the bearer-token check
+/// (`auth::require_token`; only `auth::is_public` paths pass without a token). The layer is
+/// applied last so that it covers every route above it.
+pub fn router(state: ApiState) -> Router {
+    routes()
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
         .with_state(state)
 }
 

@@ -248,6 +248,8 @@ pub struct NodeConfig {
     pub credit_save_period_ms: u64,
     /// TLS on the NBD port; `None`: plaintext only (STARTTLS is answered `NBD_REP_ERR_UNSUP`).
     pub tls: Option<TlsConfig>,
+    /// The management API's bearer token; `None`: a random one (`RunningNode::api_token`).
+    pub api_token: Option<crate::api::ApiToken>,
 }
 
 impl NodeConfig {
@@ -280,6 +282,7 @@ impl NodeConfig {
             emulated_device: None,
             credit_save_period_ms: 1_000,
             tls: None,
+            api_token: None,
         }
     }
 }

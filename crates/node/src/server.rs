@@ -44,6 +44,8 @@ pub enum NodeError {
     Emulated(String),
     #[error("invalid QoS: {0}")]
     Qos(String),
+    #[error("API token: {0}")]
+    Token(#[from] crate::api::TokenError),
     #[error("saving credit balances: {0}")]
     Credits(StoreError),
     #[error(
@@ -70,6 +72,7 @@ pub struct RunningNode {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     saver: Option<CreditSaver>,
+    api_token: crate::api::ApiToken,
 }
 
 impl Node {
@@ -80,6 +83,10 @@ impl Node {
         let tls = match &config.tls {
             None => None,
             Some(tls) => Some(Arc::new(tls_acceptor(tls)?)),
+        };
+        let api_token = match &config.api_token {
+            Some(token) => token.clone(),
+            None => crate::api::ApiToken::random().map_err(NodeError::Token)?,
         };
         let store = match &config.backend {
             StoreBackend::Files {
@@ -190,6 +197,7 @@ impl Node {
             connections,
             budget,
             buffers,
+            token: api_token.clone(),
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state, stop_rx));
         tracing::info!(
@@ -204,6 +212,7 @@ impl Node {
             stop,
             tasks: vec![accept_task, api_task],
             saver,
+            api_token,
         })
     }
 }
@@ -255,6 +264,11 @@ impl RunningNode {
             scheduler.add_volume(info.id, &qos);
         }
         Ok(info)
+    }
+
+    /// The management API's bearer token.
+    pub fn api_token(&self) -> &crate::api::ApiToken {
+        &self.api_token
     }
 
     /// The QoS scheduler, if a policy is on.
