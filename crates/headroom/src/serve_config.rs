@@ -1742,6 +1742,20 @@ mod tests {
     }
 
     #[test]
+    fn the_api_token_is_checked_merged_and_never_shown() {
+        let path = Path::new("node.toml");
+        let err = format!(
+            "{:#}",
+            ConfigFile::parse("[api]\ntoken = \"short\"\n", path).unwrap_err()
+        );
+        assert!(err.contains("api.token") && !err.contains("short"), "{err}");
+        let file = ConfigFile::parse("[api]\ntoken = \"0123456789abcdef0123\"\n", path).unwrap();
+        let merged = ConfigFile::default().over(file);
+        assert_eq!(merged.api.token.as_deref(), Some("0123456789abcdef0123"));
+        assert!(!format!("{merged:?}").contains("0123456789abcdef0123"));
+    }
+
+    #[test]
     fn the_documented_example_parses_and_shows_the_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md");
         let doc = std::fs::read_to_string(&path).unwrap();

@@ -126,6 +126,49 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
         400,
         "invalid_name",
     );
+    for (what, name) in [
+        ("a parent-directory name", ".."),
+        ("a dot name", "."),
+        ("an encoded slash", "a%2Fb"),
+        ("a backslash", "a\\\\b"),
+        ("a leading dash", "-v"),
+        ("an empty name", ""),
+    ] {
+        check(
+            what,
+            post_raw(&format!(r#"{{"name": "{name}", "size_bytes": 1048576}}"#)),
+            400,
+            "invalid_name",
+        );
+    }
+    check(
+        "size not a multiple of 512",
+        post_raw(r#"{"name": "v", "size_bytes": 1000}"#),
+        400,
+        "invalid_size",
+    );
+    check(
+        "negative size",
+        post_raw(r#"{"name": "v", "size_bytes": -1}"#),
+        422,
+        "invalid_body",
+    );
+    check(
+        "size given as a string",
+        post_raw(r#"{"name": "v", "size_bytes": "1GiB"}"#),
+        422,
+        "invalid_body",
+    );
+    // An encoded slash in the path is one segment: a name no volume can have.
+    check(
+        "an encoded slash in the path",
+        a.get(format!("{volumes}/a%2Fb"))
+            .header("authorization", common::bearer())
+            .call()
+            .unwrap(),
+        404,
+        "not_found",
+    );
     check(
         "unknown volume",
         a.get(format!("{volumes}/missing"))
