@@ -22,6 +22,8 @@
 //! what a tenant's NBD client may see).
 
 pub mod auth;
+pub mod node;
+pub mod openapi;
 
 use std::sync::Arc;
 
@@ -38,6 +40,7 @@ use headroom_store::{NewVolume, Store, StoreError, VolumeInfo};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::admission::{Connections, ConnectionsView};
 use crate::budget::{Budget, BudgetView};
@@ -49,13 +52,17 @@ use crate::volume_qos::{CreditsView, PhasesView, QosView, StoredQos};
 pub use auth::{ApiToken, TokenError};
 
 /// Body of `POST /v1/volumes`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateVolume {
+    /// 1-64 characters of `[A-Za-z0-9._-]`, not starting with `.` or `-`; also the NBD
+    /// export name.
     pub name: String,
+    /// A multiple of 512.
     pub size_bytes: u64,
     /// QoS class; absent: unlimited (no baseline promise, no ceiling).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<openapi::QosSpecSchema>)]
     pub qos: Option<QosSpec>,
     /// The tenant the volume belongs to: only TLS clients whose PSK identity or certificate
     /// CN is this id see it. Absent: no tenant (served to clients without an identity).
@@ -67,7 +74,8 @@ pub struct CreateVolume {
 }
 
 /// Query of `GET /v1/volumes`.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only this tenant's volumes.
@@ -76,7 +84,7 @@ pub struct ListQuery {
 }
 
 /// Body of `PATCH /v1/volumes/{name}`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateVolume {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,11 +92,12 @@ pub struct UpdateVolume {
     /// Changes on top of the volume's current QoS (fields given replace those set; a preset
     /// replaces the class).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<openapi::QosSpecSchema>)]
     pub qos: Option<QosSpec>,
 }
 
 /// A volume as `GET /v1/volumes/{name}` shows it.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 pub struct VolumeView {
     #[serde(flatten)]
     pub info: VolumeSummary,
@@ -103,7 +112,7 @@ pub struct VolumeView {
 }
 
 /// The store's view of a volume, with the QoS record left out (it is shown parsed).
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 pub struct VolumeSummary {
     pub name: String,
     pub id: u64,
@@ -158,9 +167,13 @@ pub struct ConnectionsReport {
 }
 
 /// Error body.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 pub struct ApiErrorBody {
+    /// What went wrong, for people.
     pub error: String,
+    /// What went wrong, for programs: `unauthorized`, `not_found`, `already_exists`,
+    /// `invalid_name`, `invalid_size`, `invalid_qos`, `invalid_tenant`, `no_space`,
+    /// `malformed_json`, `invalid_body`, `body_too_large`, `unknown_route`, ...
     pub kind: String,
 }
 
@@ -250,9 +263,10 @@ type ApiResult<T> = Result<T, ApiError>;
 /// module's router) here: [`router`] puts every one of them behind the token check.
 fn routes() -> Router<ApiState> {
     Router::new()
-        .route("/healthz", get(health))
+        .route("/healthz", get(healthz))
         .route("/v1/health", get(health))
-        .route("/v1/pool", get(pool))
+        .route("/openapi.json", get(openapi::serve_json))
+        .merge(node::routes())
         .route("/v1/connections", get(connections))
         .route("/v1/volumes", get(list_volumes).post(create_volume))
         .route(
@@ -305,10 +319,34 @@ pub async fn serve(listener: TcpListener, state: ApiState, mut stop: watch::Rece
     }
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "ok"}))
+/// Body of `/healthz` and `/v1/health`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+pub struct HealthBody {
+    /// Always `ok`: the process answers.
+    pub status: String,
 }
 
+/// Liveness, without a token (for probes).
+#[utoipa::path(get, path = "/healthz", tag = "node", security(()),
+    responses((status = 200, description = "The server answers", body = HealthBody)))]
+async fn healthz() -> Json<HealthBody> {
+    Json(HealthBody {
+        status: "ok".to_string(),
+    })
+}
+
+/// Liveness, with the token (checks the token too).
+#[utoipa::path(get, path = "/v1/health", tag = "node",
+    responses((status = 200, description = "The server answers and the token is right", body = HealthBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
+async fn health() -> Json<HealthBody> {
+    healthz().await
+}
+
+/// The NBD connections, their requests and bytes in flight, and the payload budget.
+#[utoipa::path(get, path = "/v1/connections", tag = "node",
+    responses((status = 200, body = ConnectionsReport),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
 async fn connections(State(state): State<ApiState>) -> Json<ConnectionsReport> {
     Json(ConnectionsReport {
         connections: state.connections.view(),
@@ -317,10 +355,11 @@ async fn connections(State(state): State<ApiState>) -> Json<ConnectionsReport> {
     })
 }
 
-async fn pool(State(state): State<ApiState>) -> Json<serde_json::Value> {
-    Json(serde_json::to_value(state.store.pool_info()).unwrap_or(serde_json::Value::Null))
-}
-
+/// Every volume (or one tenant's), sorted by name.
+#[utoipa::path(get, path = "/v1/volumes", tag = "volumes", params(ListQuery),
+    responses((status = 200, body = Vec<VolumeView>),
+        (status = 400, description = "Bad query or tenant id", body = ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
 async fn list_volumes(
     State(state): State<ApiState>,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -375,6 +414,15 @@ fn view(state: &ApiState, info: &VolumeInfo) -> VolumeView {
     }
 }
 
+/// Creates a volume (thin: no space is taken until written).
+#[utoipa::path(post, path = "/v1/volumes", tag = "volumes", request_body = CreateVolume,
+    responses((status = 201, body = VolumeView),
+        (status = 400, description = "Bad name, size, QoS or tenant id", body = ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 409, description = "The name is taken", body = ApiErrorBody),
+        (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
+        (status = 415, description = "Not JSON", body = ApiErrorBody),
+        (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
 async fn create_volume(
     State(state): State<ApiState>,
     body: Result<Json<CreateVolume>, JsonRejection>,
@@ -401,6 +449,12 @@ async fn create_volume(
     Ok((StatusCode::CREATED, Json(view(&state, &info))))
 }
 
+/// One volume: size, QoS class, credit balances, per-phase counters.
+#[utoipa::path(get, path = "/v1/volumes/{name}", tag = "volumes",
+    params(("name" = String, Path, description = "Volume name")),
+    responses((status = 200, body = VolumeView),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "No such volume", body = ApiErrorBody)))]
 async fn show_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,
@@ -409,6 +463,14 @@ async fn show_volume(
     Ok(Json(view(&state, &info)))
 }
 
+/// Resizes a volume and/or changes its QoS live.
+#[utoipa::path(patch, path = "/v1/volumes/{name}", tag = "volumes", request_body = UpdateVolume,
+    params(("name" = String, Path, description = "Volume name")),
+    responses((status = 200, body = VolumeView),
+        (status = 400, description = "Bad size or QoS (nothing changed)", body = ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "No such volume", body = ApiErrorBody),
+        (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
 async fn update_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,
@@ -458,6 +520,12 @@ async fn update_volume(
     Ok(Json(view(&state, &info)))
 }
 
+/// Deletes a volume and frees its space.
+#[utoipa::path(delete, path = "/v1/volumes/{name}", tag = "volumes",
+    params(("name" = String, Path, description = "Volume name")),
+    responses((status = 204, description = "Deleted"),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "No such volume", body = ApiErrorBody)))]
 async fn delete_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,
