@@ -41,6 +41,18 @@ pub enum StoreError {
         size_bytes: u64,
         reason: &'static str,
     },
+    /// No tenant has this id (`create_tenant` first).
+    #[error("tenant {0:?} not found")]
+    TenantNotFound(String),
+    /// A tenant with this id exists already.
+    #[error("tenant {0:?} already exists")]
+    TenantExists(String),
+    /// A tenant cannot be deleted while volumes belong to it.
+    #[error("tenant {tenant:?} still has {volumes} volume(s): delete them first")]
+    TenantHasVolumes { tenant: String, volumes: usize },
+    /// A volume names a tenant that was never created.
+    #[error("tenant {0:?} does not exist")]
+    UnknownTenant(String),
     /// The store configuration cannot be used (device count, capacity, paths).
     #[error("invalid store configuration: {0}")]
     InvalidConfig(String),

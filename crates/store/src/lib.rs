@@ -29,5 +29,5 @@ pub use error::{MetadataError, StoreError};
 pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENCY_SPIKE_MS};
 pub use layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
 pub use name::{MAX_TENANT_ID_LEN, MAX_VOLUME_NAME_LEN, validate_tenant_id, validate_volume_name};
-pub use store::{DeviceInfo, NewVolume, PoolInfo, Store};
+pub use store::{DeviceInfo, NewVolume, PoolInfo, Store, TenantInfo};
 pub use volume::{Extent, PhysicalLocation, Volume, VolumeInfo};

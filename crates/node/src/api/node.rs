@@ -49,7 +49,8 @@ pub struct DeviceView {
     /// Real space used (file blocks or RAM); `null` for block devices.
     pub physical_used_bytes: Option<u64>,
     /// A sync failed or the device disappeared: its data can no longer be made durable, and
-    /// new extents go elsewhere.
+    /// new extents go elsewhere. Absent from the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub failed: bool,
 }
 
