@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use headroom_node::api::tenants::{CreateTenant, TenantView};
 use headroom_node::api::{ApiErrorBody, CreateVolume, UpdateVolume, VolumeView};
 use headroom_qos::QosSpec;
 use serde::de::DeserializeOwned;
@@ -200,6 +201,44 @@ impl Api {
         self.expect_success(response)
     }
 
+    /// `POST /v1/tenants`.
+    pub fn create_tenant(&self, id: &str) -> Result<TenantView> {
+        let response = self
+            .authorized(self.agent.post(self.url("/v1/tenants")))
+            .send_json(CreateTenant { id: id.to_string() })
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
+    /// `GET /v1/tenants`, as the API answered.
+    pub fn tenants_json(&self) -> Result<Value> {
+        self.get_json("/v1/tenants")
+    }
+
+    /// `GET /v1/tenants/{id}`, as the API answered.
+    pub fn tenant_json(&self, id: &str) -> Result<Value> {
+        self.get_json(&format!("/v1/tenants/{}", path_segment(id)))
+    }
+
+    /// `DELETE /v1/tenants/{id}`.
+    pub fn delete_tenant(&self, id: &str) -> Result<()> {
+        let url = self.url(&format!("/v1/tenants/{}", path_segment(id)));
+        let response = self
+            .authorized(self.agent.delete(url))
+            .call()
+            .map_err(|err| self.unreachable(err))?;
+        self.expect_success(response)
+    }
+
+    /// `GET path`, as JSON.
+    pub fn get_json(&self, path: &str) -> Result<Value> {
+        let response = self
+            .authorized(self.agent.get(self.url(path)))
+            .call()
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
     /// Adds `Authorization: Bearer` when a token was found.
     fn authorized<B>(&self, request: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
         match self.token.token() {
@@ -283,5 +322,34 @@ fn server_error(mut response: Response<ureq::Body>) -> ApiCallError {
             kind,
             message,
         },
+    }
+}
+
+/// `text` percent-encoded as one URL path segment (tenant ids may hold spaces, `/`, `%`, ...):
+/// everything but RFC 3986's unreserved characters is escaped.
+/// A segment of dots only (`.`, `..`) is escaped whole, or URL normalisation would eat it.
+pub fn path_segment(text: &str) -> String {
+    let dots_only = text.bytes().all(|b| b == b'.');
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if !dots_only && (byte.is_ascii_alphanumeric() || b"-._~".contains(&byte)) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_escape_everything_but_unreserved() {
+        assert_eq!(path_segment("acme-1.x_y~z"), "acme-1.x_y~z");
+        assert_eq!(path_segment("Tenant A/b%c"), "Tenant%20A%2Fb%25c");
+        assert_eq!(path_segment(".."), "%2E%2E");
+        assert_eq!(path_segment("a.b"), "a.b");
     }
 }

@@ -8,6 +8,7 @@ mod qos_cmd;
 mod serve_config;
 mod sim_cmd;
 mod size;
+mod tenant_cmd;
 mod token;
 mod volume_cmd;
 
@@ -41,6 +42,9 @@ enum Command {
     /// Manage volumes through a running server's API.
     #[command(subcommand)]
     Volume(volume_cmd::VolumeCommand),
+    /// Manage tenants (the owners volumes name) through a running server's API.
+    #[command(subcommand)]
+    Tenant(tenant_cmd::TenantCommand),
     /// Quality-of-service tools.
     #[command(subcommand)]
     Qos(qos_cmd::QosCommand),
@@ -177,6 +181,7 @@ fn main() -> Result<()> {
             runtime()?.block_on(serve(args.serve, Some((args.volume, args.size))))
         }
         Command::Volume(command) => volume_cmd::run(command),
+        Command::Tenant(command) => tenant_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),
         Command::Calibrate(args) => calibrate::run(args),

@@ -490,7 +490,7 @@ fn rate_full(rate: &RateView) -> String {
 }
 
 /// Bytes per second as MB/s (10^6) when exact, else MiB/s when exact, else MB/s rounded.
-fn bytes_rate(bytes_per_s: u64) -> String {
+pub(crate) fn bytes_rate(bytes_per_s: u64) -> String {
     const MB: u64 = 1_000_000;
     const MIB: u64 = 1 << 20;
     if bytes_per_s.is_multiple_of(MB) {
@@ -503,7 +503,7 @@ fn bytes_rate(bytes_per_s: u64) -> String {
 }
 
 /// Bytes for people: exact binary units when they divide, else one decimal (`1.5GiB`).
-fn human_bytes(bytes: u64) -> String {
+pub(crate) fn human_bytes(bytes: u64) -> String {
     for (unit, name) in crate::size::BINARY_UNITS {
         if bytes >= unit {
             if bytes.is_multiple_of(unit) {

@@ -692,6 +692,7 @@ mod with_tls {
         );
         server.create_volume("victim", "64MiB");
         // Thin: never written, read as zeros (16 GiB, so the copy cannot end first).
+        server.create_tenant("bob");
         server.create_volume_with("b1", "16GiB", &["--tenant", "bob"]);
         let pid = server.pid();
         let before = proc_status_bytes(pid, "VmRSS");

@@ -22,6 +22,10 @@ const KNOWN_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/volumes/{name}"),
     ("patch", "/v1/volumes/{name}"),
     ("delete", "/v1/volumes/{name}"),
+    ("get", "/v1/tenants"),
+    ("post", "/v1/tenants"),
+    ("get", "/v1/tenants/{id}"),
+    ("delete", "/v1/tenants/{id}"),
 ];
 
 fn agent() -> ureq::Agent {

@@ -24,6 +24,7 @@
 pub mod auth;
 pub mod node;
 pub mod openapi;
+pub mod tenants;
 
 use std::sync::Arc;
 
@@ -236,11 +237,22 @@ impl IntoResponse for ApiError {
             StoreError::InvalidName { .. } => (StatusCode::BAD_REQUEST, "invalid_name"),
             StoreError::InvalidSize { .. } => (StatusCode::BAD_REQUEST, "invalid_size"),
             StoreError::InvalidTenant { .. } => (StatusCode::BAD_REQUEST, "invalid_tenant"),
+            StoreError::TenantNotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            StoreError::TenantExists(_) => (StatusCode::CONFLICT, "already_exists"),
+            StoreError::TenantHasVolumes { .. } => (StatusCode::CONFLICT, "tenant_has_volumes"),
+            StoreError::UnknownTenant(_) => (StatusCode::NOT_FOUND, "unknown_tenant"),
             StoreError::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
+        let error = match &store_err {
+            StoreError::UnknownTenant(id) => format!(
+                "{store_err}: create it first (`headroom tenant create {}` or POST /v1/tenants)",
+                shell_word(id)
+            ),
+            _ => store_err.to_string(),
+        };
         let body = ApiErrorBody {
-            error: store_err.to_string(),
+            error,
             kind: kind.to_string(),
         };
         (status, Json(body)).into_response()
@@ -250,6 +262,19 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         ApiError::Store(err)
+    }
+}
+
+/// `text` as one shell word (quoted unless it is plain), for commands in messages.
+fn shell_word(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:@".contains(&b));
+    if plain {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
     }
 }
 
@@ -267,6 +292,7 @@ fn routes() -> Router<ApiState> {
         .route("/v1/health", get(health))
         .route("/openapi.json", get(openapi::serve_json))
         .merge(node::routes())
+        .merge(tenants::routes())
         .route("/v1/connections", get(connections))
         .route("/v1/volumes", get(list_volumes).post(create_volume))
         .route(
@@ -419,6 +445,7 @@ fn view(state: &ApiState, info: &VolumeInfo) -> VolumeView {
     responses((status = 201, body = VolumeView),
         (status = 400, description = "Bad name, size, QoS or tenant id", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "The tenant does not exist (`unknown_tenant`)", body = ApiErrorBody),
         (status = 409, description = "The name is taken", body = ApiErrorBody),
         (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
         (status = 415, description = "Not JSON", body = ApiErrorBody),

@@ -160,6 +160,12 @@ impl Server {
             .expect("run headroom CLI")
     }
 
+    /// `tenant create ID` (a volume can only name a tenant that exists).
+    pub fn create_tenant(&self, id: &str) {
+        let out = self.cli(&["tenant", "create", id]);
+        assert!(out.status.success(), "tenant create failed: {}", text(&out));
+    }
+
     pub fn create_volume(&self, name: &str, size: &str) {
         self.create_volume_with(name, size, &[]);
     }

@@ -100,6 +100,10 @@ impl Modify for BearerAuth {
         super::update_volume,
         super::delete_volume,
         super::node::pool,
+        super::tenants::list_tenants,
+        super::tenants::create_tenant,
+        super::tenants::show_tenant,
+        super::tenants::delete_tenant,
         serve_json,
     ),
     components(schemas(ApiErrorBody, CreateVolume, UpdateVolume, VolumeView)),
@@ -107,6 +111,7 @@ impl Modify for BearerAuth {
     security(("bearer" = [])),
     tags(
         (name = "volumes", description = "Volumes: create, list, show, resize, QoS, delete"),
+        (name = "tenants", description = "Tenants: the owners volumes name"),
         (name = "node", description = "The node: health, pool, connections"),
     )
 )]
