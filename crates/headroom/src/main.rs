@@ -219,6 +219,8 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
     let mut loaded = serve_config::load(args.layer(), args.config.as_deref())?;
     let (api_token, token_origin) = token::server_token(&loaded.token)?;
     loaded.node.api_token = Some(api_token.clone());
+    loaded.node.config_file = loaded.config_file.clone();
+    loaded.node.calibration_file = loaded.calibration_file.clone();
     if let Some(path) = &loaded.config_file {
         tracing::info!("configuration file {}", path.display());
     }

@@ -16,6 +16,8 @@ const KNOWN_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/health"),
     ("get", "/openapi.json"),
     ("get", "/v1/pool"),
+    ("get", "/v1/devices"),
+    ("get", "/v1/node"),
     ("get", "/v1/connections"),
     ("get", "/v1/volumes"),
     ("post", "/v1/volumes"),

@@ -154,6 +154,8 @@ pub struct ApiState {
     pub buffers: Arc<BufferPool>,
     /// The bearer token every request but the public ones must carry (see `auth`).
     pub token: ApiToken,
+    /// What the node was started with (`GET /v1/node`).
+    pub node: Arc<node::NodeFacts>,
 }
 
 /// Body of `GET /v1/connections`: the NBD connections and what they hold.

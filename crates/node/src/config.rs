@@ -250,6 +250,9 @@ pub struct NodeConfig {
     pub tls: Option<TlsConfig>,
     /// The management API's bearer token; `None`: a random one (`RunningNode::api_token`).
     pub api_token: Option<crate::api::ApiToken>,
+    /// Where the settings came from, shown by `GET /v1/node` (informational).
+    pub config_file: Option<PathBuf>,
+    pub calibration_file: Option<PathBuf>,
 }
 
 impl NodeConfig {
@@ -283,6 +286,8 @@ impl NodeConfig {
             credit_save_period_ms: 1_000,
             tls: None,
             api_token: None,
+            config_file: None,
+            calibration_file: None,
         }
     }
 }

@@ -198,6 +198,7 @@ impl Node {
             budget,
             buffers,
             token: api_token.clone(),
+            node: Arc::new(node_facts(&config, nbd_addr, api_addr)),
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state, stop_rx));
         tracing::info!(
@@ -215,6 +216,24 @@ impl Node {
             api_token,
         })
     }
+}
+
+/// What `GET /v1/node` shows about how the node was started.
+fn node_facts(
+    config: &NodeConfig,
+    nbd_addr: SocketAddr,
+    api_addr: SocketAddr,
+) -> crate::api::node::NodeFacts {
+    let mut facts = crate::api::node::NodeFacts::now(nbd_addr, api_addr);
+    if let StoreBackend::Files { data_dir, .. } = &config.backend {
+        facts.backend = "files";
+        facts.data_dir = Some(data_dir.clone());
+    }
+    facts.io_threads = config.io_threads;
+    facts.tls = config.tls.is_some();
+    facts.config_file = config.config_file.clone();
+    facts.calibration_file = config.calibration_file.clone();
+    facts
 }
 
 #[cfg(feature = "tls")]

@@ -100,6 +100,8 @@ impl Modify for BearerAuth {
         super::update_volume,
         super::delete_volume,
         super::node::pool,
+        super::node::devices,
+        super::node::node,
         super::tenants::list_tenants,
         super::tenants::create_tenant,
         super::tenants::show_tenant,
@@ -112,7 +114,7 @@ impl Modify for BearerAuth {
     tags(
         (name = "volumes", description = "Volumes: create, list, show, resize, QoS, delete"),
         (name = "tenants", description = "Tenants: the owners volumes name"),
-        (name = "node", description = "The node: health, pool, connections"),
+        (name = "node", description = "The node: health, version and configuration, pool, devices, connections"),
     )
 )]
 struct ApiDoc;
