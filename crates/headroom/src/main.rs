@@ -90,6 +90,10 @@ struct ServeArgs {
     /// created device files).
     #[arg(long = "device")]
     device_paths: Vec<PathBuf>,
+    /// Refuse to create or grow a volume when the volume sizes would sum to more than this
+    /// many times the pool capacity (a number >= 1.0) [default: no limit].
+    #[arg(long, value_name = "RATIO")]
+    overcommit_ratio: Option<f64>,
     /// Worker threads executing block I/O (0 = inline on the network threads) [default: 2].
     #[arg(long)]
     io_threads: Option<usize>,
@@ -131,6 +135,7 @@ impl ServeArgs {
             },
             storage: StorageSection {
                 data_dir: self.data_dir.clone(),
+                overcommit_ratio: self.overcommit_ratio,
                 memory: self.memory.map(Size),
                 devices: self.devices,
                 device_size: self.device_size.map(Size),

@@ -296,6 +296,8 @@ pub struct ServerSection {
 #[serde(default, deny_unknown_fields)]
 pub struct StorageSection {
     pub data_dir: Option<PathBuf>,
+    /// Most volume bytes per pool byte (>= 1.0); absent: no limit (thin, as before).
+    pub overcommit_ratio: Option<f64>,
     pub memory: Option<Size>,
     pub devices: Option<u32>,
     pub device_size: Option<Size>,
@@ -621,6 +623,7 @@ impl ConfigFile {
         let (s, l) = (self.storage, lower.storage);
         let storage = StorageSection {
             data_dir: s.data_dir.or(l.data_dir),
+            overcommit_ratio: s.overcommit_ratio.or(l.overcommit_ratio),
             memory: s.memory.or(l.memory),
             devices: s.devices.or(l.devices),
             device_size: s.device_size.or(l.device_size),
@@ -739,6 +742,15 @@ impl ConfigFile {
                 "storage.memory",
                 size,
                 "must be greater than 0",
+            ));
+        }
+        if let Some(ratio) = st.overcommit_ratio
+            && !(ratio.is_finite() && ratio >= 1.0)
+        {
+            return Err(Invalid::new(
+                "storage.overcommit_ratio",
+                ratio,
+                "must be a number of at least 1.0 (1.0: no overcommit; leave it out for no limit)",
             ));
         }
         if let Some(0) = st.devices {
@@ -954,6 +966,7 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         config.inline_max_bytes = Some(0);
     }
     config.emulated_device = st.emulated.as_ref().map(emulated_spec);
+    config.overcommit_ratio = st.overcommit_ratio;
 
     config.limits = limits(&layer.limits)?;
     if let Some(ms) = layer.qos.credit_save_period_ms {
@@ -1739,6 +1752,24 @@ mod tests {
             got.contains(CALIBRATION_FILE) && got.contains("qos.workers = 0"),
             "{got}"
         );
+    }
+
+    #[test]
+    fn the_overcommit_ratio_is_at_least_one_and_reaches_the_node() {
+        let path = Path::new("node.toml");
+        for bad in ["0.5", "-1.0", "nan", "inf"] {
+            let err = format!(
+                "{:#}",
+                ConfigFile::parse(&format!("[storage]\novercommit_ratio = {bad}\n"), path)
+                    .unwrap_err()
+            );
+            assert!(err.contains("storage.overcommit_ratio"), "{bad}: {err}");
+        }
+        let layer = ConfigFile::parse("[storage]\nmemory = \"1GiB\"\novercommit_ratio = 3\n", path)
+            .unwrap();
+        assert_eq!(resolve(&layer).unwrap().overcommit_ratio, Some(3.0));
+        let none = ConfigFile::parse("[storage]\nmemory = \"1GiB\"\n", path).unwrap();
+        assert_eq!(resolve(&none).unwrap().overcommit_ratio, None);
     }
 
     #[test]

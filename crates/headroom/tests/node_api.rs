@@ -127,3 +127,63 @@ fn devices_show_path_capacity_and_what_is_allocated_on_them() {
     assert_eq!(get(&server, "/v1/pool")["devices"], devices);
     server.stop();
 }
+
+#[test]
+fn the_overcommit_ratio_refuses_volumes_past_it_with_507_and_the_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("mem");
+    std::fs::create_dir_all(&data).unwrap();
+    let config = dir.path().join("node.toml");
+    std::fs::write(&config, "[storage]\novercommit_ratio = 1.5\n").unwrap();
+    let server = Server::start_with(
+        &data,
+        &["--memory", "1GiB", "--config", config.to_str().unwrap()],
+    );
+    server.create_volume("a", "1GiB");
+    let pool = get(&server, "/v1/pool");
+    assert_eq!(pool["overcommit_ratio"], 1.5, "{pool}");
+    assert_eq!(pool["provisioned_bytes"], 1u64 << 30, "{pool}");
+    let capacity = pool["capacity_bytes"].as_u64().unwrap();
+    assert_eq!(
+        pool["provisionable_bytes"].as_u64(),
+        Some(capacity * 3 / 2),
+        "{pool}"
+    );
+
+    // Half a GiB more fits (1.5 GiB <= 1.5 x 1 GiB); one more extent does not.
+    server.create_volume("b", "512MiB");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent
+        .post(format!("{}/v1/volumes", server.api))
+        .header("authorization", common::bearer())
+        .send_json(serde_json::json!({"name": "c", "size_bytes": 1u64 << 20}))
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 507);
+    let body: Value = response.body_mut().read_json().unwrap();
+    assert_eq!(body["kind"], "overcommitted", "{body}");
+    let message = body["error"].as_str().unwrap();
+    assert!(
+        message.contains("1.50 GiB") && message.contains("overcommit_ratio 1.5"),
+        "{message}"
+    );
+    // Growing is refused the same way, through the CLI too; shrinking is not.
+    let out = server.cli(&["volume", "resize", "a", "--size", "2GiB"]);
+    assert_eq!(out.status.code(), Some(1), "{}", common::text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("overcommitted"),
+        "{}",
+        common::text(&out)
+    );
+    let out = server.cli(&["volume", "resize", "b", "--size", "256MiB"]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    server.create_volume("c", "256MiB");
+    assert_eq!(
+        get(&server, "/v1/pool")["provisioned_bytes"],
+        3u64 << 29,
+        "a, b and c: 1.5 GiB"
+    );
+    server.stop();
+}

@@ -2,8 +2,8 @@
 //!
 //! It is the one way to change the node's state besides NBD traffic; the CLI is a thin client
 //! of it. Errors come back as `{"error": "...", "kind": "..."}` with a status that says whose
-//! fault it was (400 bad input, bad QoS or bad tenant id, 404 unknown volume, 409 name taken,
-//! 507 pool full).
+//! fault it was (400 bad input, bad QoS or bad tenant id, 404 unknown volume or tenant, 409
+//! name taken or tenant still in use, 507 over the overcommit ratio).
 //!
 //! Every route but `/healthz` (and the dashboard's static files) needs the node's bearer
 //! token (`auth`): without it the answer is 401 with the same JSON error body.
@@ -244,6 +244,7 @@ impl IntoResponse for ApiError {
             StoreError::TenantHasVolumes { .. } => (StatusCode::CONFLICT, "tenant_has_volumes"),
             StoreError::UnknownTenant(_) => (StatusCode::NOT_FOUND, "unknown_tenant"),
             StoreError::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
+            StoreError::Overcommitted { .. } => (StatusCode::INSUFFICIENT_STORAGE, "overcommitted"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         let error = match &store_err {
@@ -449,6 +450,7 @@ fn view(state: &ApiState, info: &VolumeInfo) -> VolumeView {
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "The tenant does not exist (`unknown_tenant`)", body = ApiErrorBody),
         (status = 409, description = "The name is taken", body = ApiErrorBody),
+        (status = 507, description = "Over the overcommit ratio (`overcommitted`)", body = ApiErrorBody),
         (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
         (status = 415, description = "Not JSON", body = ApiErrorBody),
         (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
@@ -499,7 +501,8 @@ async fn show_volume(
         (status = 400, description = "Bad size or QoS (nothing changed)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "No such volume", body = ApiErrorBody),
-        (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
+        (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody),
+        (status = 507, description = "Growing it would exceed the overcommit ratio (`overcommitted`)", body = ApiErrorBody)))]
 async fn update_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,

@@ -250,6 +250,8 @@ pub struct NodeConfig {
     pub tls: Option<TlsConfig>,
     /// The management API's bearer token; `None`: a random one (`RunningNode::api_token`).
     pub api_token: Option<crate::api::ApiToken>,
+    /// Most volume bytes per pool byte (`Store::set_overcommit_ratio`); `None`: no limit.
+    pub overcommit_ratio: Option<f64>,
     /// Where the settings came from, shown by `GET /v1/node` (informational).
     pub config_file: Option<PathBuf>,
     pub calibration_file: Option<PathBuf>,
@@ -286,6 +288,7 @@ impl NodeConfig {
             credit_save_period_ms: 1_000,
             tls: None,
             api_token: None,
+            overcommit_ratio: None,
             config_file: None,
             calibration_file: None,
         }

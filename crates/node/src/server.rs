@@ -106,6 +106,7 @@ impl Node {
             }
             StoreBackend::Memory { capacity_bytes } => Store::open_memory(*capacity_bytes)?,
         };
+        store.set_overcommit_ratio(config.overcommit_ratio);
         let store = Arc::new(store);
         let executor = if config.io_threads == 0 {
             None

@@ -333,6 +333,8 @@ pub struct Store {
     management: Mutex<u64>,
     /// The tenants created (id -> record). Changed only under `management`.
     tenants: RwLock<BTreeMap<String, TenantRecord>>,
+    /// Most volume bytes per pool byte (`None`: no limit); read under `management`.
+    overcommit_ratio: RwLock<Option<f64>>,
 }
 
 /// A tenant and what it holds.
@@ -655,6 +657,7 @@ impl Store {
             volumes: RwLock::new(by_name),
             management: Mutex::new(next_volume_id),
             tenants: RwLock::new(tenants),
+            overcommit_ratio: RwLock::new(None),
         }
     }
 
@@ -704,6 +707,7 @@ impl Store {
         {
             return Err(StoreError::UnknownTenant(tenant.clone()));
         }
+        self.check_overcommit(0, size_bytes)?;
         let id = *next_volume_id;
         let record = VolumeRecord {
             name: name.to_string(),
@@ -770,6 +774,7 @@ impl Store {
         validate_size(size_bytes)?;
         let _serial = lock(&self.management);
         let vol = self.lookup(name)?;
+        self.check_overcommit(vol.size_bytes(), size_bytes)?;
         vol.resize(size_bytes)?;
         tracing::info!(volume = name, size_bytes, "volume resized");
         Ok(vol.info())
@@ -825,6 +830,62 @@ impl Store {
         vol.destroy()?;
         tracing::info!(volume = name, "volume deleted");
         Ok(())
+    }
+
+    /// Limits the sum of the volume sizes to `ratio` times the pool capacity (`None`: no
+    /// limit). Volumes already over it stay; only creating or growing one is refused
+    /// (`Overcommitted`). Shrinking and deleting always work.
+    pub fn set_overcommit_ratio(&self, ratio: Option<f64>) {
+        *write(&self.overcommit_ratio) = ratio;
+    }
+
+    /// The ratio in force (`None`: no limit).
+    pub fn overcommit_ratio(&self) -> Option<f64> {
+        *read(&self.overcommit_ratio)
+    }
+
+    /// Sum of the volume sizes.
+    pub fn provisioned_bytes(&self) -> u64 {
+        read(&self.volumes)
+            .values()
+            .fold(0u64, |sum, v| sum.saturating_add(v.size_bytes()))
+    }
+
+    /// Refuses a change from `old_bytes` to `new_bytes` of one volume's size that would take
+    /// the provisioned sum over the limit. Call under `management`.
+    fn check_overcommit(&self, old_bytes: u64, new_bytes: u64) -> Result<(), StoreError> {
+        let Some(ratio) = self.overcommit_ratio() else {
+            return Ok(());
+        };
+        if new_bytes <= old_bytes {
+            return Ok(());
+        }
+        let provisioned_bytes = self.provisioned_bytes();
+        let after_bytes = provisioned_bytes
+            .saturating_sub(old_bytes)
+            .saturating_add(new_bytes);
+        let capacity_bytes = self.capacity_bytes();
+        // f64 to u64 saturates; capacities are far below 2^53, so the product is exact enough.
+        let limit_bytes = (capacity_bytes as f64 * ratio) as u64;
+        if after_bytes > limit_bytes {
+            return Err(StoreError::Overcommitted {
+                provisioned_bytes,
+                after_bytes,
+                limit_bytes,
+                capacity_bytes,
+                ratio,
+            });
+        }
+        Ok(())
+    }
+
+    /// The pool's capacity: every device's extents.
+    fn capacity_bytes(&self) -> u64 {
+        self.shared
+            .devices
+            .iter()
+            .map(|d| u64::from(d.extent_count) * EXTENT_SIZE_BYTES)
+            .sum()
     }
 
     /// Creates a tenant (checked with `validate_tenant_id`); durable when this returns.

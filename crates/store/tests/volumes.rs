@@ -954,3 +954,58 @@ fn tenants_survive_reopen_and_old_data_gets_its_tenants_registered() {
     let store = Store::open(&cfg).unwrap();
     assert_eq!(store.tenant_info("old").unwrap().volumes, 1);
 }
+
+#[test]
+fn the_overcommit_ratio_limits_creating_and_growing_but_not_shrinking() {
+    each_backend(|fx| {
+        let store = &fx.store;
+        let capacity = store.pool_info().capacity_bytes;
+        // No limit by default: thin volumes may exceed the pool.
+        store.create_volume("big", 4 * capacity).unwrap();
+        store.delete_volume("big").unwrap();
+        store.set_overcommit_ratio(Some(2.0));
+        assert_eq!(store.overcommit_ratio(), Some(2.0));
+        store.create_volume("a", capacity).unwrap();
+        store.create_volume("b", capacity / 2).unwrap();
+        // Exactly at the limit is allowed; one extent more is not.
+        store.create_volume("c", capacity / 2).unwrap();
+        assert_eq!(store.provisioned_bytes(), 2 * capacity);
+        let err = store.create_volume("d", E).unwrap_err();
+        match &err {
+            StoreError::Overcommitted {
+                provisioned_bytes,
+                after_bytes,
+                limit_bytes,
+                ..
+            } => {
+                assert_eq!(
+                    (*provisioned_bytes, *after_bytes, *limit_bytes),
+                    (2 * capacity, 2 * capacity + E, 2 * capacity)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(err.to_string().contains("overcommit_ratio 2"), "{err}");
+        assert!(matches!(
+            store.volume_info("d"),
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(matches!(
+            store.resize_volume("a", capacity + E),
+            Err(StoreError::Overcommitted { .. })
+        ));
+        assert_eq!(store.volume_info("a").unwrap().size_bytes, capacity);
+        // Shrinking makes room, which growing may use again.
+        store.resize_volume("b", capacity / 4).unwrap();
+        store.resize_volume("a", capacity + capacity / 4).unwrap();
+        // A lower ratio keeps what exists but refuses any growth.
+        store.set_overcommit_ratio(Some(1.0));
+        assert!(matches!(
+            store.resize_volume("c", capacity / 2 + E),
+            Err(StoreError::Overcommitted { .. })
+        ));
+        store.resize_volume("c", capacity / 4).unwrap();
+        store.set_overcommit_ratio(None);
+        store.create_volume("d", 8 * capacity).unwrap();
+    });
+}

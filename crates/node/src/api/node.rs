@@ -166,6 +166,13 @@ pub struct PoolView {
     pub quarantined_extents: u64,
     /// Freed but their punch failed; reusable after a restart.
     pub leaked_extents: u64,
+    /// Sum of the volume sizes (volumes are thin: this may exceed the capacity).
+    pub provisioned_bytes: u64,
+    /// Most volume bytes per pool byte (`[storage] overcommit_ratio`); `null`: no limit.
+    pub overcommit_ratio: Option<f64>,
+    /// `overcommit_ratio` times the capacity: the most `provisioned_bytes` may reach;
+    /// `null`: no limit.
+    pub provisionable_bytes: Option<u64>,
     pub devices: Vec<DeviceView>,
 }
 
@@ -206,6 +213,19 @@ impl DeviceView {
     }
 }
 
+impl PoolView {
+    /// The store's pool, with what is provisioned against it.
+    pub fn of(store: &headroom_store::Store) -> PoolView {
+        let mut view = PoolView::from(store.pool_info());
+        view.provisioned_bytes = store.provisioned_bytes();
+        view.overcommit_ratio = store.overcommit_ratio();
+        view.provisionable_bytes = view
+            .overcommit_ratio
+            .map(|ratio| (view.capacity_bytes as f64 * ratio) as u64);
+        view
+    }
+}
+
 impl From<PoolInfo> for PoolView {
     fn from(pool: PoolInfo) -> Self {
         let devices = pool
@@ -222,15 +242,18 @@ impl From<PoolInfo> for PoolView {
             allocated_extents: pool.allocated_extents,
             quarantined_extents: pool.quarantined_extents,
             leaked_extents: pool.leaked_extents,
+            provisioned_bytes: 0,
+            overcommit_ratio: None,
+            provisionable_bytes: None,
             devices,
         }
     }
 }
 
-/// The storage pool: capacity, free space, devices.
+/// The storage pool: capacity, free space, provisioned bytes and the overcommit ratio, devices.
 #[utoipa::path(get, path = "/v1/pool", tag = "node",
     responses((status = 200, body = PoolView),
         (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
 pub(super) async fn pool(State(state): State<ApiState>) -> Json<PoolView> {
-    Json(state.store.pool_info().into())
+    Json(PoolView::of(&state.store))
 }
