@@ -217,3 +217,37 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
     server.stop();
 }
+
+/// A body declared far over the limit is not read: 413 JSON at once, and `Connection: close`
+/// since the unread bytes make the connection unusable.
+#[test]
+fn a_huge_declared_body_is_refused_without_reading_it() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_memory(&dir.path().join("mem"), "1GiB");
+    let addr = server.api.strip_prefix("http://").unwrap();
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "POST /v1/volumes HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"name\":",
+        common::bearer(),
+        1u64 << 30
+    )
+    .unwrap();
+    // The answer comes without the gigabyte having been sent, and the server closes.
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["kind"], "body_too_large", "{body}");
+    server.stop();
+}

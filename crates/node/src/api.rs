@@ -22,6 +22,7 @@
 //! what a tenant's NBD client may see).
 
 pub mod auth;
+pub mod body;
 pub mod node;
 pub mod openapi;
 pub mod tenants;
@@ -305,12 +306,14 @@ fn routes() -> Router<ApiState> {
 }
 
 /// The API: [`routes`] and the JSON fallbacks, all behind the bearer-token check
-/// (`auth::require_token`; only `auth::is_public` paths pass without a token). The layer is
-/// applied last so that it covers every route above it.
+/// (`auth::require_token`; only `auth::is_public` paths pass without a token) and the
+/// oversized-body refusal (`body`). The layers are applied last so that they cover every route
+/// above them; the token is checked first.
 pub fn router(state: ApiState) -> Router {
     routes()
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(body::refuse_oversized))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
