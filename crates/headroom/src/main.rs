@@ -13,6 +13,8 @@ mod sd_notify;
 mod serve_config;
 mod sim_cmd;
 mod size;
+mod tenant_cmd;
+mod token;
 mod top;
 mod volume_cmd;
 
@@ -52,6 +54,9 @@ enum Command {
     /// Manage volumes through a running server's API.
     #[command(subcommand, after_help = EXIT_CODES)]
     Volume(volume_cmd::VolumeCommand),
+    /// Manage tenants (the owners volumes name) through a running server's API.
+    #[command(subcommand)]
+    Tenant(tenant_cmd::TenantCommand),
     /// Quality-of-service tools.
     #[command(subcommand)]
     Qos(qos_cmd::QosCommand),
@@ -99,6 +104,10 @@ struct ServeArgs {
     /// created device files).
     #[arg(long = "device")]
     device_paths: Vec<PathBuf>,
+    /// Refuse to create or grow a volume when the volume sizes would sum to more than this
+    /// many times the pool capacity (a number >= 1.0) [default: no limit].
+    #[arg(long, value_name = "RATIO")]
+    overcommit_ratio: Option<f64>,
     /// Worker threads executing block I/O (0 = inline on the network threads) [default: 2].
     #[arg(long)]
     io_threads: Option<usize>,
@@ -164,6 +173,7 @@ impl ServeArgs {
             },
             storage: StorageSection {
                 data_dir: self.data_dir.clone(),
+                overcommit_ratio: self.overcommit_ratio,
                 memory: self.memory.map(Size),
                 devices: self.devices,
                 device_size: self.device_size.map(Size),
@@ -185,6 +195,7 @@ impl ServeArgs {
                 required: self.tls_required.then_some(true),
             },
             metrics: serve_config::MetricsSection::default(),
+            api: serve_config::ApiSection::default(),
             faults: None,
         }
     }
@@ -230,6 +241,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Pool(args) => pool_cmd::run(args),
         Command::Volume(command) => volume_cmd::run(command),
+        Command::Tenant(command) => tenant_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),
         Command::Calibrate(args) => calibrate::run(args),
@@ -237,45 +249,17 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// Exit codes of the shared contract (see [`EXIT_CODES`]).
-const EXIT_FAILURE: u8 = 1;
-const EXIT_NOT_FOUND: u8 = 3;
-const EXIT_UNREACHABLE: u8 = 4;
-const EXIT_UNAUTHORIZED: u8 = 5;
-const EXIT_CONFLICT: u8 = 6;
-
-/// THE place an error becomes an exit code.
-///
-/// LEAD, when merging the `auth` branch: replace the body's text matching with
-/// `if let Some(api) = err.chain().find_map(|e| e.downcast_ref::<client::ApiCallError>()) {
-/// return api.exit_code(); }` (keep the `EXIT_FAILURE` fallback). Until then client.rs
-/// reports API errors as text: `REASON (404 Not Found)` and, for a transport failure,
-/// `cannot reach the Headroom API at URL ...`; the status in brackets is what is matched.
+/// The one place an error becomes an exit code: a typed API failure (`client::ApiCallError`)
+/// anywhere in the error's chain gives its code, anything else is 1.
 fn exit_code(err: &anyhow::Error) -> u8 {
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if text.starts_with("cannot reach the Headroom API") {
-            return EXIT_UNREACHABLE;
-        }
-        for (status, code) in [
-            ("404", EXIT_NOT_FOUND),
-            ("401", EXIT_UNAUTHORIZED),
-            ("409", EXIT_CONFLICT),
-        ] {
-            if text.ends_with(')') && text.contains(&format!("({status} ")) {
-                return code;
-            }
-        }
-    }
-    EXIT_FAILURE
+    client::exit_code_of(err)
 }
 
 /// What to try, for the codes whose message may not say it.
 fn hint(code: u8) -> Option<&'static str> {
     match code {
-        EXIT_NOT_FOUND => Some("`headroom volume list` shows the volumes there are"),
-        EXIT_UNAUTHORIZED => {
-            Some("set HEADROOM_TOKEN to the server's API token (docs/operations.md)")
+        client::EXIT_NOT_FOUND => {
+            Some("`headroom volume list` and `headroom tenant list` show what there is")
         }
         _ => None,
     }
@@ -316,7 +300,11 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
-    let loaded = serve_config::load(args.layer(), args.config.as_deref())?;
+    let mut loaded = serve_config::load(args.layer(), args.config.as_deref())?;
+    let (api_token, token_origin) = token::server_token(&loaded.token)?;
+    loaded.node.api_token = Some(api_token.clone());
+    loaded.node.config_file = loaded.config_file.clone();
+    loaded.node.calibration_file = loaded.calibration_file.clone();
     if let Some(path) = &loaded.config_file {
         tracing::info!("configuration file {}", path.display());
     }
@@ -338,6 +326,23 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
     let node = Node::start(loaded.node)
         .await
         .with_context(|| format!("starting the server {place}"))?;
+    if token_origin == token::Origin::Ephemeral {
+        // Nowhere to keep it: the operator reads it here, once.
+        eprintln!(
+            "API token for this run (--memory without --data-dir; set HEADROOM_TOKEN to choose one): {}",
+            api_token.expose()
+        );
+    } else {
+        tracing::info!("API token {token_origin}");
+    }
+    if !node.api_addr.ip().is_loopback() {
+        tracing::warn!(
+            "the management API listens on {}, which is not a loopback address: it has no TLS, \
+             so its bearer token and answers cross the network in clear text (put it behind a \
+             TLS proxy or a private network)",
+            node.api_addr
+        );
+    }
     // Before the ready line: no client request runs without the faults asked for.
     if let Some(faults) = &loaded.faults {
         node.store()

@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::Value;
 
+use crate::client::ApiArgs;
 use crate::output::{Align, Fields, Table, emit, human_bytes, percent, print_json};
-use crate::volume_cmd::ApiArgs;
 
 #[derive(Args, Debug)]
 pub struct PoolArgs {

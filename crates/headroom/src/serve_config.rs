@@ -156,6 +156,7 @@ pub struct ConfigFile {
     pub qos: QosSection,
     pub tls: TlsSection,
     pub metrics: MetricsSection,
+    pub api: ApiSection,
     /// Fault injection (a testing tool); absent: off.
     pub faults: Option<FaultsSection>,
 }
@@ -168,6 +169,22 @@ pub struct MetricsSection {
     pub volume_series_idle_s: Option<u64>,
     /// Most volumes with series of their own.
     pub max_volume_series: Option<usize>,
+}
+
+/// `[api]`: the management API.
+#[derive(Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiSection {
+    /// The bearer token (under `$HEADROOM_TOKEN`, over the data directory's token file).
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for ApiSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiSection")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// `[tls]`: TLS on the NBD port (needs a build with `--features tls`).
@@ -291,6 +308,8 @@ pub struct ServerSection {
 #[serde(default, deny_unknown_fields)]
 pub struct StorageSection {
     pub data_dir: Option<PathBuf>,
+    /// Most volume bytes per pool byte (>= 1.0); absent: no limit (thin, as before).
+    pub overcommit_ratio: Option<f64>,
     pub memory: Option<Size>,
     pub devices: Option<u32>,
     pub device_size: Option<Size>,
@@ -616,6 +635,7 @@ impl ConfigFile {
         let (s, l) = (self.storage, lower.storage);
         let storage = StorageSection {
             data_dir: s.data_dir.or(l.data_dir),
+            overcommit_ratio: s.overcommit_ratio.or(l.overcommit_ratio),
             memory: s.memory.or(l.memory),
             devices: s.devices.or(l.devices),
             device_size: s.device_size.or(l.device_size),
@@ -687,6 +707,9 @@ impl ConfigFile {
             volume_series_idle_s: s.volume_series_idle_s.or(l.volume_series_idle_s),
             max_volume_series: s.max_volume_series.or(l.max_volume_series),
         };
+        let api = ApiSection {
+            token: self.api.token.or(lower.api.token),
+        };
         ConfigFile {
             server,
             storage,
@@ -694,6 +717,7 @@ impl ConfigFile {
             qos,
             tls,
             metrics,
+            api,
             faults: self.faults.or(lower.faults),
         }
     }
@@ -736,6 +760,15 @@ impl ConfigFile {
                 "storage.memory",
                 size,
                 "must be greater than 0",
+            ));
+        }
+        if let Some(ratio) = st.overcommit_ratio
+            && !(ratio.is_finite() && ratio >= 1.0)
+        {
+            return Err(Invalid::new(
+                "storage.overcommit_ratio",
+                ratio,
+                "must be a number of at least 1.0 (1.0: no overcommit; leave it out for no limit)",
             ));
         }
         if let Some(0) = st.devices {
@@ -892,6 +925,10 @@ impl ConfigFile {
         if let Some(faults) = &self.faults {
             faults.config()?;
         }
+        if let Some(token) = &self.api.token {
+            headroom_node::api::ApiToken::new(token)
+                .map_err(|err| Invalid::new("api.token", "(hidden)", err.to_string()))?;
+        }
         Ok(())
     }
 }
@@ -947,6 +984,7 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         config.inline_max_bytes = Some(0);
     }
     config.emulated_device = st.emulated.as_ref().map(emulated_spec);
+    config.overcommit_ratio = st.overcommit_ratio;
 
     config.limits = limits(&layer.limits)?;
     if let Some(ms) = layer.qos.credit_save_period_ms {
@@ -1174,6 +1212,8 @@ pub struct Loaded {
     /// `DATA_DIR/calibration.toml`, if it was loaded.
     pub calibration_file: Option<PathBuf>,
     pub warnings: Vec<String>,
+    /// Where the API token may come from (`token::server_token` decides).
+    pub token: crate::token::TokenSettings,
 }
 
 /// Merges the command line over `--config` over the data directory's calibration file over
@@ -1204,12 +1244,22 @@ pub fn load(cli: ConfigFile, config_path: Option<&Path>) -> Result<Loaded> {
     let faults = faults_config(&merged)
         .with_context(|| format!("invalid configuration (from {sources})"))?;
     let warnings = warnings(&merged, &node);
+    // A memory node keeps its token in the data directory only when one was named.
+    let token_dir = match &node.backend {
+        StoreBackend::Files { data_dir, .. } => Some(data_dir.clone()),
+        StoreBackend::Memory { .. } => merged.storage.data_dir.clone(),
+    };
+    let token = crate::token::TokenSettings {
+        configured: merged.api.token.clone(),
+        data_dir: token_dir,
+    };
     Ok(Loaded {
         node,
         faults,
         config_file: config_path.map(Path::to_path_buf),
         calibration_file,
         warnings,
+        token,
     })
 }
 
@@ -1749,6 +1799,38 @@ mod tests {
             got.contains(CALIBRATION_FILE) && got.contains("qos.workers = 0"),
             "{got}"
         );
+    }
+
+    #[test]
+    fn the_overcommit_ratio_is_at_least_one_and_reaches_the_node() {
+        let path = Path::new("node.toml");
+        for bad in ["0.5", "-1.0", "nan", "inf"] {
+            let err = format!(
+                "{:#}",
+                ConfigFile::parse(&format!("[storage]\novercommit_ratio = {bad}\n"), path)
+                    .unwrap_err()
+            );
+            assert!(err.contains("storage.overcommit_ratio"), "{bad}: {err}");
+        }
+        let layer = ConfigFile::parse("[storage]\nmemory = \"1GiB\"\novercommit_ratio = 3\n", path)
+            .unwrap();
+        assert_eq!(resolve(&layer).unwrap().overcommit_ratio, Some(3.0));
+        let none = ConfigFile::parse("[storage]\nmemory = \"1GiB\"\n", path).unwrap();
+        assert_eq!(resolve(&none).unwrap().overcommit_ratio, None);
+    }
+
+    #[test]
+    fn the_api_token_is_checked_merged_and_never_shown() {
+        let path = Path::new("node.toml");
+        let err = format!(
+            "{:#}",
+            ConfigFile::parse("[api]\ntoken = \"short\"\n", path).unwrap_err()
+        );
+        assert!(err.contains("api.token") && !err.contains("short"), "{err}");
+        let file = ConfigFile::parse("[api]\ntoken = \"0123456789abcdef0123\"\n", path).unwrap();
+        let merged = ConfigFile::default().over(file);
+        assert_eq!(merged.api.token.as_deref(), Some("0123456789abcdef0123"));
+        assert!(!format!("{merged:?}").contains("0123456789abcdef0123"));
     }
 
     #[test]

@@ -6,12 +6,15 @@
 //! only written to a terminal: `--once` into a pipe prints plain text for scripts, and `--json`
 //! prints the API's document (one line per refresh).
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
 use headroom_node::timeline::{Dimensions, StatsReport, VolumeSample};
+
+use crate::client::{Api, ApiArgs};
+use crate::output::emit;
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
@@ -24,126 +27,51 @@ pub struct TopArgs {
     /// Volumes shown at most (busiest first; a terminal shows what fits) [1-10000].
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     limit: u64,
-    /// Base URL of the management API.
-    #[arg(
-        long = "api",
-        env = "HEADROOM_API",
-        default_value = "http://127.0.0.1:10810"
-    )]
-    api: String,
+    #[command(flatten)]
+    api: ApiArgs,
 }
 
-/// Why a fetch failed, for the CLI's exit codes.
-#[derive(Debug)]
-enum FetchError {
-    Unreachable(String),
-    Unauthorized(String),
-    Other(String),
-}
-
-impl std::fmt::Display for FetchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FetchError::Unreachable(s) | FetchError::Unauthorized(s) | FetchError::Other(s) => {
-                f.write_str(s)
-            }
-        }
-    }
-}
-
-impl std::error::Error for FetchError {}
-
-/// The one HTTP call of `top`: `GET {api}/v1/stats?seconds=1&limit=N` with the bearer token
-/// from `HEADROOM_TOKEN` when set. Returns the body as the server sent it.
-fn fetch_stats(api: &str, limit: u64) -> Result<String, FetchError> {
-    let base = api.trim_end_matches('/');
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into();
-    let mut request = agent
-        .get(format!("{base}/v1/stats"))
-        .query("seconds", "1")
-        .query("limit", limit.to_string());
-    if let Ok(token) = std::env::var("HEADROOM_TOKEN")
-        && !token.is_empty()
-    {
-        request = request.header("Authorization", &format!("Bearer {token}"));
-    }
-    let mut response = request.call().map_err(|err| {
-        FetchError::Unreachable(format!(
-            "cannot reach the Headroom API at {base} ({err}; is `headroom serve` running? set --api or HEADROOM_API)"
-        ))
-    })?;
-    let status = response.status();
-    let body = response
-        .body_mut()
-        .read_to_string()
-        .map_err(|err| FetchError::Other(format!("reading the API's answer: {err}")))?;
-    if status.as_u16() == 401 {
-        return Err(FetchError::Unauthorized(format!(
-            "the API refused the token (401): set HEADROOM_TOKEN to the server's API token ({})",
-            body.trim()
-        )));
-    }
-    if !status.is_success() {
-        return Err(FetchError::Other(format!(
-            "the API answered {status}: {}",
-            body.trim()
-        )));
-    }
-    Ok(body)
+/// `top`'s one HTTP call: `GET /v1/stats?seconds=1&limit=N` through the CLI's client (its
+/// token lookup and typed errors, so a refusal or an unreachable server exits 5 or 4).
+fn fetch_stats(client: &Api, limit: u64) -> Result<serde_json::Value> {
+    client.get_json(&format!("/v1/stats?seconds=1&limit={limit}"))
 }
 
 pub fn run(args: TopArgs) -> Result<()> {
-    if let Err(err) = execute(&args) {
-        eprintln!("error: {err:#}");
-        // The CLI's shared exit codes: 4 server unreachable, 5 authentication failed.
-        let code = match err.downcast_ref::<FetchError>() {
-            Some(FetchError::Unreachable(_)) => 4,
-            Some(FetchError::Unauthorized(_)) => 5,
-            _ => 1,
-        };
-        std::process::exit(code);
-    }
-    Ok(())
+    execute(&args)
 }
 
 fn execute(args: &TopArgs) -> Result<()> {
     let terminal = std::io::stdout().is_terminal();
     let live = !args.once;
-    let mut stdout = std::io::stdout().lock();
+    let client = args.api.client()?;
     loop {
         let started = Instant::now();
-        let body = fetch_stats(&args.api, args.limit)?;
+        let body = fetch_stats(&client, args.limit)?;
         if args.json {
-            // As the server wrote it (compact, one line), once it is known to be JSON.
-            serde_json::from_str::<serde_json::Value>(&body).context("reading the API's answer")?;
-            writeln!(stdout, "{}", body.trim())?;
+            // One compact line per refresh.
+            emit(&format!("{body}\n"));
         } else {
-            let report: StatsReport = serde_json::from_str(&body)
+            let report: StatsReport = serde_json::from_value(body)
                 .context("reading the API's answer (is the server the same version?)")?;
             let size = if live && terminal {
                 terminal_size()
             } else {
                 None
             };
-            let mut frame = render(&report, &args.api, size.map(|(rows, _)| rows), terminal);
+            let mut frame = render(&report, &args.api.url, size.map(|(rows, _)| rows), terminal);
             if let Some((_, cols)) = size {
                 frame = fit_width(&frame, cols);
             }
             if live && terminal {
                 // Home and clear, then the frame: one write, so it does not flicker.
-                write!(stdout, "\x1b[H\x1b[2J{frame}")?;
+                emit(&format!("\x1b[H\x1b[2J{frame}"));
+            } else if live {
+                emit(&format!("{frame}\n"));
             } else {
-                write!(stdout, "{frame}")?;
-                if live {
-                    writeln!(stdout)?;
-                }
+                emit(&frame);
             }
         }
-        stdout.flush()?;
         if !live {
             return Ok(());
         }

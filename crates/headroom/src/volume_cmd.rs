@@ -13,7 +13,7 @@ use headroom_node::volume_qos::{CreditsView, QosView, RateView};
 use headroom_qos::{BurstKind, QosSpec};
 use serde_json::Value;
 
-use crate::client::Api;
+use crate::client::ApiArgs;
 use crate::outln;
 use crate::output::{Align, Table, bytes_rate, human_bytes, percent, print_json};
 use crate::size::{format_size, parse_size};
@@ -95,26 +95,6 @@ pub enum VolumeCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
-}
-
-#[derive(Args, Debug)]
-pub struct ApiArgs {
-    /// Base URL of the management API.
-    #[arg(
-        long = "api",
-        env = "HEADROOM_API",
-        default_value = "http://127.0.0.1:10810"
-    )]
-    url: String,
-}
-
-impl ApiArgs {
-    /// The API client every command uses (the one place it is built). A `Result` because
-    /// finding the API token can fail (the `auth` branch moves `ApiArgs` to client.rs with
-    /// this same signature).
-    pub fn client(&self) -> Result<Api> {
-        Ok(Api::new(&self.url))
-    }
 }
 
 /// The QoS flags shared by `volume create` and `volume qos`.

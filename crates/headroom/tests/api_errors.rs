@@ -39,6 +39,7 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     let volumes = format!("{}/v1/volumes", server.api);
     let post_raw = |body: &str| {
         a.post(&volumes)
+            .header("authorization", common::bearer())
             .header("content-type", "application/json")
             .send(body)
             .unwrap()
@@ -75,6 +76,7 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     check(
         "no content type",
         a.post(&volumes)
+            .header("authorization", common::bearer())
             .send(r#"{"name":"v","size_bytes":1048576}"#)
             .unwrap(),
         415,
@@ -87,19 +89,28 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     check("oversized body", post_raw(&huge), 413, "body_too_large");
     check(
         "bad query",
-        a.get(format!("{volumes}?bogus=1")).call().unwrap(),
+        a.get(format!("{volumes}?bogus=1"))
+            .header("authorization", common::bearer())
+            .call()
+            .unwrap(),
         400,
         "invalid_query",
     );
     check(
         "unknown route",
-        a.get(format!("{}/v1/nothing", server.api)).call().unwrap(),
+        a.get(format!("{}/v1/nothing", server.api))
+            .header("authorization", common::bearer())
+            .call()
+            .unwrap(),
         404,
         "unknown_route",
     );
     check(
         "method a route does not take",
-        a.put(&volumes).send("").unwrap(),
+        a.put(&volumes)
+            .header("authorization", common::bearer())
+            .send("")
+            .unwrap(),
         405,
         "method_not_allowed",
     );
@@ -115,14 +126,61 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
         400,
         "invalid_name",
     );
+    for (what, name) in [
+        ("a parent-directory name", ".."),
+        ("a dot name", "."),
+        ("an encoded slash", "a%2Fb"),
+        ("a backslash", "a\\\\b"),
+        ("a leading dash", "-v"),
+        ("an empty name", ""),
+    ] {
+        check(
+            what,
+            post_raw(&format!(r#"{{"name": "{name}", "size_bytes": 1048576}}"#)),
+            400,
+            "invalid_name",
+        );
+    }
+    check(
+        "size not a multiple of 512",
+        post_raw(r#"{"name": "v", "size_bytes": 1000}"#),
+        400,
+        "invalid_size",
+    );
+    check(
+        "negative size",
+        post_raw(r#"{"name": "v", "size_bytes": -1}"#),
+        422,
+        "invalid_body",
+    );
+    check(
+        "size given as a string",
+        post_raw(r#"{"name": "v", "size_bytes": "1GiB"}"#),
+        422,
+        "invalid_body",
+    );
+    // An encoded slash in the path is one segment: a name no volume can have.
+    check(
+        "an encoded slash in the path",
+        a.get(format!("{volumes}/a%2Fb"))
+            .header("authorization", common::bearer())
+            .call()
+            .unwrap(),
+        404,
+        "not_found",
+    );
     check(
         "unknown volume",
-        a.get(format!("{volumes}/missing")).call().unwrap(),
+        a.get(format!("{volumes}/missing"))
+            .header("authorization", common::bearer())
+            .call()
+            .unwrap(),
         404,
         "not_found",
     );
     let created = a
         .post(&volumes)
+        .header("authorization", common::bearer())
         .send_json(json!({"name": "v", "size_bytes": 1u64 << 20}))
         .unwrap();
     assert_eq!(created.status().as_u16(), 201);
@@ -135,6 +193,7 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     check(
         "unknown field in a change",
         a.patch(format!("{volumes}/v"))
+            .header("authorization", common::bearer())
             .header("content-type", "application/json")
             .send(r#"{"size": 5}"#)
             .unwrap(),
@@ -149,8 +208,46 @@ fn bad_requests_get_a_json_error_with_the_right_status() {
     );
     println!("api errors: {cases} bad requests, each a JSON error with its status");
     // Nothing above changed the volume list but the one create.
-    let mut listed = a.get(&volumes).call().unwrap();
+    let mut listed = a
+        .get(&volumes)
+        .header("authorization", common::bearer())
+        .call()
+        .unwrap();
     let list: Value = listed.body_mut().read_json().unwrap();
     assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+    server.stop();
+}
+
+/// A body declared far over the limit is not read: 413 JSON at once, and `Connection: close`
+/// since the unread bytes make the connection unusable.
+#[test]
+fn a_huge_declared_body_is_refused_without_reading_it() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_memory(&dir.path().join("mem"), "1GiB");
+    let addr = server.api.strip_prefix("http://").unwrap();
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "POST /v1/volumes HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"name\":",
+        common::bearer(),
+        1u64 << 30
+    )
+    .unwrap();
+    // The answer comes without the gigabyte having been sent, and the server closes.
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["kind"], "body_too_large", "{body}");
     server.stop();
 }

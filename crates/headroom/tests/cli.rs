@@ -95,8 +95,9 @@ fn volume_commands_follow_the_contract() {
     let out = Command::new("python3")
         .arg("-c")
         .arg(format!(
-            "import json,urllib.request as u;r=u.urlopen(u.Request('{}/v1/volumes',data=json.dumps({{'name':'raw','size_bytes':1073741824}}).encode(),headers={{'Content-Type':'application/json'}},method='POST'));print(r.status, r.read().decode())",
-            server.api
+            "import json,urllib.request as u;r=u.urlopen(u.Request('{}/v1/volumes',data=json.dumps({{'name':'raw','size_bytes':1073741824}}).encode(),headers={{'Content-Type':'application/json','Authorization':'Bearer {}'}},method='POST'));print(r.status, r.read().decode())",
+            server.api,
+            common::TEST_TOKEN
         ))
         .output()
         .unwrap();
@@ -249,7 +250,10 @@ fn demo_serves_a_sample_volume_and_stops_on_sigint() {
     client.disconnect();
     // The second sample volume carries its class, as the API shows it.
     let api = ready.split_whitespace().nth(2).unwrap();
+    // Started without HEADROOM_TOKEN: the token is the one `demo` wrote in its data directory.
+    let token = std::fs::read_to_string(dir.path().join("data/api-token")).unwrap();
     let view: serde_json::Value = ureq::get(format!("{api}/v1/volumes/demo-qos"))
+        .header("authorization", format!("Bearer {}", token.trim()))
         .call()
         .unwrap()
         .body_mut()

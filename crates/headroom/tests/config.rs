@@ -62,7 +62,8 @@ fn api_get(server: &Server, path: &str) -> serde_json::Value {
     let mut stream = TcpStream::connect(addr).expect("connect to the API");
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {}\r\nConnection: close\r\n\r\n",
+        common::bearer()
     )
     .expect("send request");
     let mut response = String::new();

@@ -226,10 +226,26 @@ impl Api {
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, Broken> {
         let url = format!("{}{path}", self.base);
         let result = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("DELETE", _) => self.agent.delete(&url).call(),
-            ("POST", Some(b)) => self.agent.post(&url).send_json(&b),
-            ("PATCH", Some(b)) => self.agent.patch(&url).send_json(&b),
+            ("GET", _) => self
+                .agent
+                .get(&url)
+                .header("authorization", common::bearer())
+                .call(),
+            ("DELETE", _) => self
+                .agent
+                .delete(&url)
+                .header("authorization", common::bearer())
+                .call(),
+            ("POST", Some(b)) => self
+                .agent
+                .post(&url)
+                .header("authorization", common::bearer())
+                .send_json(&b),
+            ("PATCH", Some(b)) => self
+                .agent
+                .patch(&url)
+                .header("authorization", common::bearer())
+                .send_json(&b),
             _ => panic!("bad API call {method} {path}"),
         };
         let mut response = result.map_err(|e| Broken(format!("api {method} {path}: {e}")))?;

@@ -51,7 +51,8 @@ fn api_get(server: &Server, path: &str) -> Value {
     let mut stream = TcpStream::connect(addr).unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+        common::TEST_TOKEN
     )
     .unwrap();
     let mut response = String::new();

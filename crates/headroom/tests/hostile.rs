@@ -40,6 +40,7 @@ fn write_config(dir: &Path, limits: &str) -> PathBuf {
 /// `GET /v1/connections`.
 fn connections(server: &Server) -> Value {
     let mut response = ureq::get(format!("{}/v1/connections", server.api))
+        .header("authorization", common::bearer())
         .call()
         .unwrap_or_else(|err| panic!("GET /v1/connections: {err}"));
     response.body_mut().read_json().expect("JSON answer")
@@ -691,6 +692,7 @@ mod with_tls {
         );
         server.create_volume("victim", "64MiB");
         // Thin: never written, read as zeros (16 GiB, so the copy cannot end first).
+        server.create_tenant("bob");
         server.create_volume_with("b1", "16GiB", &["--tenant", "bob"]);
         let pid = server.pid();
         let before = proc_status_bytes(pid, "VmRSS");

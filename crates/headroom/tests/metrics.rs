@@ -8,8 +8,8 @@
 //!   `volume="_other"` (so sums over volumes stay exact), the folded gauge right, the scrape
 //!   bounded in size and time; idle volumes leave their series after `volume_series_idle_s`.
 //!
-//! Volumes with a tenant are created too (through the CLI, after `tenant create` where the
-//! CLI has it), but fio drives volumes without one: a tenant's volume is served over TLS only
+//! Tenants and their volumes are created too (through the CLI: `tenant create`, then
+//! `volume create --tenant`), but fio drives volumes without one: a tenant's volume is served over TLS only
 //! to its identity, and fio's NBD engine refuses a PSK file in a URI (libnbd's
 //! `nbd_set_uri_allow_local_file` is off).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
@@ -120,20 +120,6 @@ fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-/// `tenant create ID` where the CLI has it (tenants must exist before their volumes there);
-/// an older CLI without the subcommand needs nothing.
-fn ensure_tenant(server: &Server, tenant: &str) {
-    let out = server.cli(&["tenant", "create", tenant]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success()
-            || stderr.contains("unrecognized subcommand")
-            || stderr.contains("already exists"),
-        "tenant create {tenant}: {}",
-        text(&out)
-    );
-}
-
 /// fio's report (`--output-format=json`; fio may print a line before it).
 fn fio_json(out: &std::process::Output) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -241,7 +227,7 @@ fn operation_and_byte_counts_equal_what_fio_did_with_and_without_a_scheduler() {
     .enumerate()
     {
         let server = Server::start_with(&dir.path().join(format!("data{i}")), flags);
-        ensure_tenant(&server, "t1");
+        server.create_tenant("t1");
         server.create_volume("plain", "1GiB");
         server.create_volume_with("owned", "1GiB", &["--tenant", "t1"]);
         server.create_volume_with("limited", "1GiB", &["--baseline-iops", "20000"]);
@@ -385,7 +371,7 @@ fn read_once(server: &Server, names: impl Iterator<Item = String>) -> u64 {
 fn ten_thousand_volumes_scrape_bounded_with_the_rest_folded_into_other() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_memory(&dir.path().join("data"), "16GiB");
-    ensure_tenant(&server, "t1");
+    server.create_tenant("t1");
     let total = 10_000usize;
     let created = Instant::now();
     create_many(&server, "v", total, None);
@@ -447,7 +433,7 @@ fn idle_volumes_leave_their_series_after_the_idle_time() {
         &dir.path().join("data"),
         &["--memory", "1GiB", "--config", config.to_str().unwrap()],
     );
-    ensure_tenant(&server, "t1");
+    server.create_tenant("t1");
     for name in ["a", "b", "c"] {
         server.create_volume_with(name, "64MiB", &["--tenant", "t1"]);
     }

@@ -401,6 +401,7 @@ fn the_api_takes_qos_objects_and_reports_invalid_qos_as_such() {
     let volumes = format!("{}/v1/volumes", server.api);
     let mut response = agent
         .post(&volumes)
+        .header("authorization", common::bearer())
         .send_json(json!({"name": "a", "size_bytes": 1u64 << 30, "qos": {"preset": "gp2"}}))
         .unwrap();
     assert_eq!(response.status().as_u16(), 201);
@@ -410,6 +411,7 @@ fn the_api_takes_qos_objects_and_reports_invalid_qos_as_such() {
 
     let mut response = agent
         .patch(format!("{volumes}/a"))
+        .header("authorization", common::bearer())
         .send_json(json!({"qos": {"ceiling_iops": 0}}))
         .unwrap();
     assert_eq!(response.status().as_u16(), 400);
@@ -422,6 +424,7 @@ fn the_api_takes_qos_objects_and_reports_invalid_qos_as_such() {
 
     let mut response = agent
         .patch(format!("{volumes}/a"))
+        .header("authorization", common::bearer())
         .send_json(json!({"qos": {"weight": 7, "burst": "on-demand"}}))
         .unwrap();
     assert_eq!(response.status().as_u16(), 200);

@@ -23,6 +23,7 @@ const QEMU_CLASS: &str = "qemu:iops-total=1000,iops-total-max=5000,iops-total-ma
 
 fn api_post(server: &Server, path: &str, body: Value) -> Value {
     let mut response = ureq::post(format!("{}{path}", server.api))
+        .header("authorization", common::bearer())
         .send_json(&body)
         .unwrap_or_else(|err| panic!("POST {path} {body}: {err}"));
     response.body_mut().read_json().expect("JSON answer")
@@ -30,6 +31,7 @@ fn api_post(server: &Server, path: &str, body: Value) -> Value {
 
 fn api_patch(server: &Server, path: &str, body: Value) -> Value {
     let mut response = ureq::patch(format!("{}{path}", server.api))
+        .header("authorization", common::bearer())
         .send_json(&body)
         .unwrap_or_else(|err| panic!("PATCH {path} {body}: {err}"));
     response.body_mut().read_json().expect("JSON answer")
@@ -37,6 +39,7 @@ fn api_patch(server: &Server, path: &str, body: Value) -> Value {
 
 fn api_get(server: &Server, path: &str) -> Value {
     let mut response = ureq::get(format!("{}{path}", server.api))
+        .header("authorization", common::bearer())
         .call()
         .unwrap_or_else(|err| panic!("GET {path}: {err}"));
     response.body_mut().read_json().expect("JSON answer")

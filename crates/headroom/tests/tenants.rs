@@ -86,6 +86,8 @@ fn timeout(args: &[&str]) -> Output {
 fn plaintext_clients_see_only_volumes_without_a_tenant_and_others_look_missing() {
     let (_dir, server) = start();
     server.create_volume("shared", "16MiB");
+    server.create_tenant("alice");
+    server.create_tenant("bob");
     server.create_volume_with("a1", "16MiB", &["--tenant", "alice"]);
     server.create_volume_with("b1", "8MiB", &["--tenant", "bob"]);
 
@@ -235,6 +237,9 @@ fn read_only_volumes_advertise_it_and_refuse_changes_with_eperm() {
 #[test]
 fn tenant_and_access_mode_in_the_cli_and_the_api() {
     let (_dir, server) = start();
+    for tenant in ["Tenant A", "bob", "carol"] {
+        server.create_tenant(tenant);
+    }
     let out = server.cli(&[
         "volume",
         "create",
@@ -350,6 +355,7 @@ fn tenant_and_access_mode_in_the_cli_and_the_api() {
     let volumes = format!("{}/v1/volumes", server.api);
     let mut response = agent
         .post(&volumes)
+        .header("authorization", common::bearer())
         .send_json(serde_json::json!({
             "name": "raw", "size_bytes": 1u64 << 30, "tenant": "carol", "read_only": true
         }))
@@ -360,16 +366,25 @@ fn tenant_and_access_mode_in_the_cli_and_the_api() {
     assert_eq!(body["read_only"], true);
     let mut response = agent
         .post(&volumes)
+        .header("authorization", common::bearer())
         .send_json(serde_json::json!({"name": "raw2", "size_bytes": 1u64 << 30, "tenant": "a\nb"}))
         .unwrap();
     assert_eq!(response.status().as_u16(), 400);
     let body: Value = response.body_mut().read_json().unwrap();
     assert_eq!(body["kind"], "invalid_tenant", "{body}");
-    let mut response = agent.get(format!("{volumes}?tenant=")).call().unwrap();
+    let mut response = agent
+        .get(format!("{volumes}?tenant="))
+        .header("authorization", common::bearer())
+        .call()
+        .unwrap();
     assert_eq!(response.status().as_u16(), 400);
     let body: Value = response.body_mut().read_json().unwrap();
     assert_eq!(body["kind"], "invalid_tenant", "{body}");
-    let mut response = agent.get(format!("{volumes}?tenant=carol")).call().unwrap();
+    let mut response = agent
+        .get(format!("{volumes}?tenant=carol"))
+        .header("authorization", common::bearer())
+        .call()
+        .unwrap();
     assert_eq!(response.status().as_u16(), 200);
     assert_eq!(names(response.body_mut().read_json().unwrap()), vec!["raw"]);
     server.stop();
@@ -380,6 +395,7 @@ fn tenant_and_access_mode_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let server = Server::start(&data);
+    server.create_tenant("alice");
     server.create_volume_with("a1", "16MiB", &["--tenant", "alice", "--read-only"]);
     server.create_volume("shared", "16MiB");
     server.stop();
@@ -389,9 +405,171 @@ fn tenant_and_access_mode_survive_a_restart() {
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["tenant"], "alice");
     assert_eq!(shown["read_only"], true);
+    // The tenant itself is kept too.
+    let out = server.cli(&["tenant", "show", "alice", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let tenant: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (tenant["id"].as_str(), tenant["volumes"].as_u64()),
+        (Some("alice"), Some(1))
+    );
     assert_eq!(plaintext_list(&server), vec!["shared"]);
     let client = Client::open(server.nbd, "shared");
     assert_eq!(client.transmission_flags & FLAG_READ_ONLY, 0);
     client.disconnect();
+    server.stop();
+}
+
+#[test]
+fn tenants_are_created_before_their_volumes_and_deleted_after_them() {
+    let (_dir, server) = start();
+    let json = |args: &[&str]| -> Value {
+        let out = server.cli(args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+
+    // A volume of a tenant that does not exist: 404 `unknown_tenant`, exit 3, and the hint.
+    let out = server.cli(&[
+        "volume", "create", "v1", "--size", "1GiB", "--tenant", "acme",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("headroom tenant create acme"),
+        "{}",
+        text(&out)
+    );
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent
+        .post(format!("{}/v1/volumes", server.api))
+        .header("authorization", common::bearer())
+        .send_json(serde_json::json!({"name": "v1", "size_bytes": 1u64 << 30, "tenant": "acme"}))
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 404);
+    let body: Value = response.body_mut().read_json().unwrap();
+    assert_eq!(body["kind"], "unknown_tenant", "{body}");
+    assert!(
+        json(&["volume", "list", "--json"])
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
+    // Created once; a second create is a conflict (exit 6).
+    server.create_tenant("acme");
+    let out = server.cli(&["tenant", "create", "acme"]);
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+    // An id with a space and a slash travels percent-encoded in the path.
+    server.create_tenant("Team A/B");
+    let bad = server.cli(&["tenant", "create", " padded"]);
+    assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid tenant id"));
+
+    // Two volumes with baselines, one without QoS: the tenant sums them.
+    let class = [
+        "--baseline-iops",
+        "300",
+        "--baseline-mbps",
+        "10",
+        "--ceiling-iops",
+        "600",
+    ];
+    server.create_volume_with("v1", "1GiB", &[&["--tenant", "acme"][..], &class].concat());
+    server.create_volume_with("v2", "2GiB", &[&["--tenant", "acme"][..], &class].concat());
+    server.create_volume_with("v3", "512MiB", &["--tenant", "acme"]);
+    server.create_volume_with("t1", "1GiB", &["--tenant", "Team A/B"]);
+    server.create_volume("shared", "1GiB");
+    let acme = json(&["tenant", "show", "acme", "--json"]);
+    assert_eq!(acme["volumes"], 3, "{acme}");
+    assert_eq!(
+        acme["provisioned_bytes"],
+        (3u64 << 30) + (512 << 20),
+        "{acme}"
+    );
+    assert_eq!(acme["baseline_iops"], 600, "{acme}");
+    assert_eq!(acme["baseline_bytes_per_s"], 20_000_000, "{acme}");
+    let team = json(&["tenant", "show", "Team A/B", "--json"]);
+    assert_eq!(
+        (team["id"].as_str(), team["volumes"].as_u64()),
+        (Some("Team A/B"), Some(1))
+    );
+    let listed = json(&["tenant", "list", "--json"]);
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["Team A/B", "acme"]);
+    let out = server.cli(&["tenant", "list"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(table.starts_with("TENANT"), "{table}");
+    let acme_row = table
+        .lines()
+        .find(|l| l.starts_with("acme"))
+        .expect("acme row");
+    assert!(
+        acme_row.contains("3.5GiB") && acme_row.contains("600 IOPS, 20 MB/s"),
+        "{table}"
+    );
+
+    // Not deleted while it has volumes (409, exit 6); deleted once they are gone.
+    let out = server.cli(&["tenant", "delete", "acme"]);
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("delete them first"));
+    for v in ["v1", "v2", "v3"] {
+        let out = server.cli(&["volume", "delete", v]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let out = server.cli(&["tenant", "delete", "acme"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = server.cli(&["tenant", "show", "acme"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let out = server.cli(&["tenant", "delete", "acme"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+
+    // The raw API's bad inputs.
+    let tenants = format!("{}/v1/tenants", server.api);
+    for (what, body, status, kind) in [
+        (
+            "unknown field",
+            r#"{"id": "x", "colour": 1}"#,
+            422,
+            "invalid_body",
+        ),
+        ("no id", r#"{}"#, 422, "invalid_body"),
+        ("malformed JSON", r#"{"id": "#, 400, "malformed_json"),
+        (
+            "control character",
+            r#"{"id": "a\nb"}"#,
+            400,
+            "invalid_tenant",
+        ),
+        ("empty id", r#"{"id": ""}"#, 400, "invalid_tenant"),
+    ] {
+        let mut response = agent
+            .post(&tenants)
+            .header("authorization", common::bearer())
+            .header("content-type", "application/json")
+            .send(body)
+            .unwrap();
+        let got: Value = response.body_mut().read_json().unwrap();
+        assert_eq!(
+            (response.status().as_u16(), got["kind"].as_str()),
+            (status, Some(kind)),
+            "{what}: {got}"
+        );
+    }
+    let ids: Vec<String> = json(&["tenant", "list", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["Team A/B"], "bad requests created nothing");
     server.stop();
 }

@@ -267,6 +267,7 @@ mod with_tls {
             &root.join("mem"),
             &["--tls-psk-file", keys.to_str().unwrap(), "--tls-required"],
         );
+        server.create_tenant("alice");
         server.create_volume_with("v", "16MiB", &["--tenant", "alice"]);
 
         let object = format!(
@@ -357,7 +358,9 @@ mod with_tls {
         );
         // `v` has no tenant (the plaintext watcher's); the good clients open their own.
         server.create_volume("v", "16MiB");
+        server.create_tenant("alice");
         server.create_volume_with("va", "16MiB", &["--tenant", "alice"]);
+        server.create_tenant("tenant-a");
         server.create_volume_with("vt", "16MiB", &["--tenant", "tenant-a"]);
         let mut watcher = Client::open(server.nbd, "v");
         assert_eq!(watcher.write(1, 0, &[0xa5; 4096], 0), 0);
@@ -452,6 +455,7 @@ mod with_tls {
                 "--tls-required",
             ],
         );
+        server.create_tenant("tenant-a");
         server.create_volume_with("v", "16MiB", &["--tenant", "tenant-a"]);
 
         // Real plaintext clients fail.
@@ -557,8 +561,10 @@ mod with_tls {
             &root.join("mem"),
             &["--tls-psk-file", keys.to_str().unwrap()],
         );
+        server.create_tenant("alice");
         server.create_volume_with("a1", "16MiB", &["--tenant", "alice"]);
         server.create_volume_with("a2", "8MiB", &["--tenant", "alice"]);
+        server.create_tenant("bob");
         server.create_volume_with("b1", "16MiB", &["--tenant", "bob", "--read-only"]);
         server.create_volume("shared", "8MiB");
         let query = format!("tls-psk-file={}", keys.display());
@@ -646,7 +652,9 @@ mod with_tls {
                 "--tls-required",
             ],
         );
+        server.create_tenant("tenant-a");
         server.create_volume_with("ta", "16MiB", &["--tenant", "tenant-a"]);
+        server.create_tenant("tenant-b");
         server.create_volume_with("tb", "16MiB", &["--tenant", "tenant-b"]);
         server.create_volume("shared", "16MiB");
         let query = format!("tls-certificates={}", certs.client.display());
@@ -683,6 +691,7 @@ mod with_tls {
             &root.join("mem2"),
             &["--tls-cert-dir", noca.to_str().unwrap(), "--tls-required"],
         );
+        server.create_tenant("tenant-a");
         server.create_volume_with("ta", "16MiB", &["--tenant", "tenant-a"]);
         server.create_volume("shared", "16MiB");
         for client in [&certs.nocert, &certs.client] {

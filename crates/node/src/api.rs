@@ -2,8 +2,11 @@
 //!
 //! It is the one way to change the node's state besides NBD traffic; the CLI is a thin client
 //! of it. Errors come back as `{"error": "...", "kind": "..."}` with a status that says whose
-//! fault it was (400 bad input, bad QoS or bad tenant id, 404 unknown volume, 409 name taken,
-//! 507 pool full).
+//! fault it was (400 bad input, bad QoS or bad tenant id, 404 unknown volume or tenant, 409
+//! name taken or tenant still in use, 507 over the overcommit ratio).
+//!
+//! Every route but `/healthz` (and the dashboard's static files) needs the node's bearer
+//! token (`auth`): without it the answer is 401 with the same JSON error body.
 //!
 //! Bad requests never get axum's plain-text rejections: malformed JSON (400), a body of the
 //! wrong shape or with unknown fields (422), a body over the limit (413), a missing JSON
@@ -18,6 +21,12 @@
 //! for its life; `GET /v1/volumes?tenant=ID` lists one tenant's volumes (see `session` for
 //! what a tenant's NBD client may see).
 
+pub mod auth;
+pub mod body;
+pub mod node;
+pub mod openapi;
+pub mod tenants;
+
 use std::sync::Arc;
 
 use axum::Json;
@@ -25,6 +34,7 @@ use axum::Router;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{Method, StatusCode, Uri};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use headroom_qos::QosSpec;
@@ -32,6 +42,7 @@ use headroom_store::{NewVolume, Store, StoreError, VolumeInfo};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::admission::{Connections, ConnectionsView};
 use crate::budget::{Budget, BudgetView};
@@ -40,14 +51,20 @@ use crate::scheduler::Scheduler;
 use crate::session::IoJob;
 use crate::volume_qos::{CreditsView, PhasesView, QosView, StoredQos};
 
+pub use auth::{ApiToken, TokenError};
+
 /// Body of `POST /v1/volumes`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateVolume {
+    /// 1-64 characters of `[A-Za-z0-9._-]`, not starting with `.` or `-`; also the NBD
+    /// export name.
     pub name: String,
+    /// A multiple of 512.
     pub size_bytes: u64,
     /// QoS class; absent: unlimited (no baseline promise, no ceiling).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<openapi::QosSpecSchema>)]
     pub qos: Option<QosSpec>,
     /// The tenant the volume belongs to: only TLS clients whose PSK identity or certificate
     /// CN is this id see it. Absent: no tenant (served to clients without an identity).
@@ -59,7 +76,8 @@ pub struct CreateVolume {
 }
 
 /// Query of `GET /v1/volumes`.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only this tenant's volumes.
@@ -68,7 +86,7 @@ pub struct ListQuery {
 }
 
 /// Body of `PATCH /v1/volumes/{name}`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateVolume {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,11 +94,12 @@ pub struct UpdateVolume {
     /// Changes on top of the volume's current QoS (fields given replace those set; a preset
     /// replaces the class).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<openapi::QosSpecSchema>)]
     pub qos: Option<QosSpec>,
 }
 
 /// A volume as `GET /v1/volumes/{name}` shows it.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 pub struct VolumeView {
     #[serde(flatten)]
     pub info: VolumeSummary,
@@ -99,7 +118,7 @@ pub struct VolumeView {
 }
 
 /// The store's view of a volume, with the QoS record left out (it is shown parsed).
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 pub struct VolumeSummary {
     pub name: String,
     pub id: u64,
@@ -142,6 +161,10 @@ pub struct ApiState {
     pub timeline: Arc<crate::timeline::Timeline>,
     /// Per-volume statistics and the promise audit (`GET /metrics`, `audit` in a volume).
     pub metrics: Arc<crate::metrics::MetricsRegistry>,
+    /// The bearer token every request but the public ones must carry (see `auth`).
+    pub token: ApiToken,
+    /// What the node was started with (`GET /v1/node`).
+    pub node: Arc<node::NodeFacts>,
 }
 
 /// Body of `GET /v1/connections`: the NBD connections and what they hold.
@@ -156,9 +179,13 @@ pub struct ConnectionsReport {
 }
 
 /// Error body.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 pub struct ApiErrorBody {
+    /// What went wrong, for people.
     pub error: String,
+    /// What went wrong, for programs: `unauthorized`, `not_found`, `already_exists`,
+    /// `invalid_name`, `invalid_size`, `invalid_qos`, `invalid_tenant`, `no_space`,
+    /// `malformed_json`, `invalid_body`, `body_too_large`, `unknown_route`, ...
     pub kind: String,
 }
 
@@ -221,11 +248,23 @@ impl IntoResponse for ApiError {
             StoreError::InvalidName { .. } => (StatusCode::BAD_REQUEST, "invalid_name"),
             StoreError::InvalidSize { .. } => (StatusCode::BAD_REQUEST, "invalid_size"),
             StoreError::InvalidTenant { .. } => (StatusCode::BAD_REQUEST, "invalid_tenant"),
+            StoreError::TenantNotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            StoreError::TenantExists(_) => (StatusCode::CONFLICT, "already_exists"),
+            StoreError::TenantHasVolumes { .. } => (StatusCode::CONFLICT, "tenant_has_volumes"),
+            StoreError::UnknownTenant(_) => (StatusCode::NOT_FOUND, "unknown_tenant"),
             StoreError::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
+            StoreError::Overcommitted { .. } => (StatusCode::INSUFFICIENT_STORAGE, "overcommitted"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
+        let error = match &store_err {
+            StoreError::UnknownTenant(id) => format!(
+                "{store_err}: create it first (`headroom tenant create {}` or POST /v1/tenants)",
+                shell_word(id)
+            ),
+            _ => store_err.to_string(),
+        };
         let body = ApiErrorBody {
-            error: store_err.to_string(),
+            error,
             kind: kind.to_string(),
         };
         (status, Json(body)).into_response()
@@ -238,17 +277,34 @@ impl From<StoreError> for ApiError {
     }
 }
 
+/// `text` as one shell word (quoted unless it is plain), for commands in messages.
+fn shell_word(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:@".contains(&b));
+    if plain {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
 fn qos_error(err: headroom_qos::QosError) -> ApiError {
     ApiError::Qos(err.to_string())
 }
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// The API's routes.
-pub fn router(state: ApiState) -> Router {
+/// The API's routes, without the authentication layer. Add routes (or `.merge(...)` a
+/// module's router) here: [`router`] puts every one of them behind the token check.
+fn routes() -> Router<ApiState> {
     Router::new()
+        .route("/healthz", get(healthz))
         .route("/v1/health", get(health))
-        .route("/v1/pool", get(pool))
+        .route("/openapi.json", get(openapi::serve_json))
+        .merge(node::routes())
+        .merge(tenants::routes())
         .route("/v1/connections", get(connections))
         .route("/v1/volumes", get(list_volumes).post(create_volume))
         .route(
@@ -257,8 +313,21 @@ pub fn router(state: ApiState) -> Router {
         )
         .merge(crate::dashboard::routes())
         .merge(crate::metrics::routes())
+}
+
+/// The API: [`routes`] and the JSON fallbacks, all behind the bearer-token check
+/// (`auth::require_token`; only `auth::is_public` paths pass without a token) and the
+/// oversized-body refusal (`body`). The layers are applied last so that they cover every route
+/// above them; the token is checked first.
+pub fn router(state: ApiState) -> Router {
+    routes()
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(body::refuse_oversized))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
         .with_state(state)
 }
 
@@ -292,10 +361,34 @@ pub async fn serve(listener: TcpListener, state: ApiState, mut stop: watch::Rece
     }
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "ok"}))
+/// Body of `/healthz` and `/v1/health`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+pub struct HealthBody {
+    /// Always `ok`: the process answers.
+    pub status: String,
 }
 
+/// Liveness, without a token (for probes).
+#[utoipa::path(get, path = "/healthz", tag = "node", security(()),
+    responses((status = 200, description = "The server answers", body = HealthBody)))]
+async fn healthz() -> Json<HealthBody> {
+    Json(HealthBody {
+        status: "ok".to_string(),
+    })
+}
+
+/// Liveness, with the token (checks the token too).
+#[utoipa::path(get, path = "/v1/health", tag = "node",
+    responses((status = 200, description = "The server answers and the token is right", body = HealthBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
+async fn health() -> Json<HealthBody> {
+    healthz().await
+}
+
+/// The NBD connections, their requests and bytes in flight, and the payload budget.
+#[utoipa::path(get, path = "/v1/connections", tag = "node",
+    responses((status = 200, body = ConnectionsReport),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
 async fn connections(State(state): State<ApiState>) -> Json<ConnectionsReport> {
     Json(ConnectionsReport {
         connections: state.connections.view(),
@@ -304,10 +397,11 @@ async fn connections(State(state): State<ApiState>) -> Json<ConnectionsReport> {
     })
 }
 
-async fn pool(State(state): State<ApiState>) -> Json<serde_json::Value> {
-    Json(serde_json::to_value(state.store.pool_info()).unwrap_or(serde_json::Value::Null))
-}
-
+/// Every volume (or one tenant's), sorted by name.
+#[utoipa::path(get, path = "/v1/volumes", tag = "volumes", params(ListQuery),
+    responses((status = 200, body = Vec<VolumeView>),
+        (status = 400, description = "Bad query or tenant id", body = ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
 async fn list_volumes(
     State(state): State<ApiState>,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -368,6 +462,17 @@ fn view(state: &ApiState, info: &VolumeInfo) -> VolumeView {
     }
 }
 
+/// Creates a volume (thin: no space is taken until written).
+#[utoipa::path(post, path = "/v1/volumes", tag = "volumes", request_body = CreateVolume,
+    responses((status = 201, body = VolumeView),
+        (status = 400, description = "Bad name, size, QoS or tenant id", body = ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "The tenant does not exist (`unknown_tenant`)", body = ApiErrorBody),
+        (status = 409, description = "The name is taken", body = ApiErrorBody),
+        (status = 507, description = "Over the overcommit ratio (`overcommitted`)", body = ApiErrorBody),
+        (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
+        (status = 415, description = "Not JSON", body = ApiErrorBody),
+        (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
 async fn create_volume(
     State(state): State<ApiState>,
     body: Result<Json<CreateVolume>, JsonRejection>,
@@ -395,6 +500,12 @@ async fn create_volume(
     Ok((StatusCode::CREATED, Json(view(&state, &info))))
 }
 
+/// One volume: size, QoS class, credit balances, per-phase counters.
+#[utoipa::path(get, path = "/v1/volumes/{name}", tag = "volumes",
+    params(("name" = String, Path, description = "Volume name")),
+    responses((status = 200, body = VolumeView),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "No such volume", body = ApiErrorBody)))]
 async fn show_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,
@@ -403,6 +514,15 @@ async fn show_volume(
     Ok(Json(view(&state, &info)))
 }
 
+/// Resizes a volume and/or changes its QoS live.
+#[utoipa::path(patch, path = "/v1/volumes/{name}", tag = "volumes", request_body = UpdateVolume,
+    params(("name" = String, Path, description = "Volume name")),
+    responses((status = 200, body = VolumeView),
+        (status = 400, description = "Bad size or QoS (nothing changed)", body = ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "No such volume", body = ApiErrorBody),
+        (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody),
+        (status = 507, description = "Growing it would exceed the overcommit ratio (`overcommitted`)", body = ApiErrorBody)))]
 async fn update_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,
@@ -455,6 +575,12 @@ async fn update_volume(
     Ok(Json(view(&state, &info)))
 }
 
+/// Deletes a volume and frees its space.
+#[utoipa::path(delete, path = "/v1/volumes/{name}", tag = "volumes",
+    params(("name" = String, Path, description = "Volume name")),
+    responses((status = 204, description = "Deleted"),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "No such volume", body = ApiErrorBody)))]
 async fn delete_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,

@@ -250,6 +250,13 @@ pub struct NodeConfig {
     pub tls: Option<TlsConfig>,
     /// Which volumes get series of their own in `/metrics` (`[metrics]`).
     pub metrics: crate::metrics::MetricsConfig,
+    /// The management API's bearer token; `None`: a random one (`RunningNode::api_token`).
+    pub api_token: Option<crate::api::ApiToken>,
+    /// Most volume bytes per pool byte (`Store::set_overcommit_ratio`); `None`: no limit.
+    pub overcommit_ratio: Option<f64>,
+    /// Where the settings came from, shown by `GET /v1/node` (informational).
+    pub config_file: Option<PathBuf>,
+    pub calibration_file: Option<PathBuf>,
 }
 
 impl NodeConfig {
@@ -283,6 +290,10 @@ impl NodeConfig {
             credit_save_period_ms: 1_000,
             tls: None,
             metrics: crate::metrics::MetricsConfig::default(),
+            api_token: None,
+            overcommit_ratio: None,
+            config_file: None,
+            calibration_file: None,
         }
     }
 }

@@ -44,6 +44,8 @@ pub enum NodeError {
     Emulated(String),
     #[error("invalid QoS: {0}")]
     Qos(String),
+    #[error("API token: {0}")]
+    Token(#[from] crate::api::TokenError),
     #[error("saving credit balances: {0}")]
     Credits(StoreError),
     #[error(
@@ -70,6 +72,7 @@ pub struct RunningNode {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     saver: Option<CreditSaver>,
+    api_token: crate::api::ApiToken,
 }
 
 impl Node {
@@ -80,6 +83,10 @@ impl Node {
         let tls = match &config.tls {
             None => None,
             Some(tls) => Some(Arc::new(tls_acceptor(tls)?)),
+        };
+        let api_token = match &config.api_token {
+            Some(token) => token.clone(),
+            None => crate::api::ApiToken::random().map_err(NodeError::Token)?,
         };
         let store = match &config.backend {
             StoreBackend::Files {
@@ -99,6 +106,7 @@ impl Node {
             }
             StoreBackend::Memory { capacity_bytes } => Store::open_memory(*capacity_bytes)?,
         };
+        store.set_overcommit_ratio(config.overcommit_ratio);
         let store = Arc::new(store);
         let executor = if config.io_threads == 0 {
             None
@@ -204,6 +212,8 @@ impl Node {
             buffers,
             timeline,
             metrics,
+            token: api_token.clone(),
+            node: Arc::new(node_facts(&config, nbd_addr, api_addr)),
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state, stop_rx));
         tracing::info!(
@@ -218,8 +228,27 @@ impl Node {
             stop,
             tasks: vec![accept_task, api_task, sampler_task],
             saver,
+            api_token,
         })
     }
+}
+
+/// What `GET /v1/node` shows about how the node was started.
+fn node_facts(
+    config: &NodeConfig,
+    nbd_addr: SocketAddr,
+    api_addr: SocketAddr,
+) -> crate::api::node::NodeFacts {
+    let mut facts = crate::api::node::NodeFacts::now(nbd_addr, api_addr);
+    if let StoreBackend::Files { data_dir, .. } = &config.backend {
+        facts.backend = "files";
+        facts.data_dir = Some(data_dir.clone());
+    }
+    facts.io_threads = config.io_threads;
+    facts.tls = config.tls.is_some();
+    facts.config_file = config.config_file.clone();
+    facts.calibration_file = config.calibration_file.clone();
+    facts
 }
 
 #[cfg(feature = "tls")]
@@ -269,6 +298,11 @@ impl RunningNode {
             scheduler.add_volume(info.id, &qos);
         }
         Ok(info)
+    }
+
+    /// The management API's bearer token.
+    pub fn api_token(&self) -> &crate::api::ApiToken {
+        &self.api_token
     }
 
     /// The QoS scheduler, if a policy is on.

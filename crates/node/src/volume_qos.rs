@@ -144,7 +144,7 @@ fn unix_ms() -> u64 {
 }
 
 /// A rate for people and JSON: `null` means unlimited.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RateView {
     pub iops: Option<u64>,
     pub bytes_per_s: Option<u64>,
@@ -161,16 +161,17 @@ impl From<IoRate> for RateView {
 }
 
 /// One credit bucket as shown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BucketView {
     pub capacity: u64,
     pub refill_per_s: u64,
 }
 
 /// A volume's QoS as `volume show` prints it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QosView {
     /// What the operator asked for (preset and refinements).
+    #[schema(value_type = crate::api::openapi::QosSpecSchema)]
     pub spec: QosSpec,
     pub baseline: RateView,
     pub ceiling: RateView,
@@ -212,14 +213,14 @@ impl QosView {
 }
 
 /// Whole credits per bucket.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreditsView {
     pub iops: Option<u64>,
     pub bytes: Option<u64>,
 }
 
 /// Completed I/Os of one phase.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PhaseView {
     pub ios: u64,
     pub bytes: u64,
@@ -228,7 +229,7 @@ pub struct PhaseView {
 }
 
 /// I/Os the policy held back.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ThrottledView {
     pub ios: u64,
     /// Time they waited for the policy, summed.
@@ -236,7 +237,7 @@ pub struct ThrottledView {
 }
 
 /// Per-phase counters of a volume since the node started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PhasesView {
     pub baseline: PhaseView,
     pub burst_credit: PhaseView,

@@ -41,6 +41,36 @@ pub enum StoreError {
         size_bytes: u64,
         reason: &'static str,
     },
+    /// No tenant has this id (`create_tenant` first).
+    #[error("tenant {0:?} not found")]
+    TenantNotFound(String),
+    /// A tenant with this id exists already.
+    #[error("tenant {0:?} already exists")]
+    TenantExists(String),
+    /// A tenant cannot be deleted while volumes belong to it.
+    #[error("tenant {tenant:?} still has {volumes} volume(s): delete them first")]
+    TenantHasVolumes { tenant: String, volumes: usize },
+    /// Creating or growing a volume would provision more than the overcommit ratio allows
+    /// (`Store::set_overcommit_ratio`).
+    #[error(
+        "overcommitted: this would provision {} ({after_bytes} bytes) in all, more than the \
+         limit of {} ({limit_bytes} bytes) = overcommit_ratio {ratio} x pool capacity {} \
+         ({capacity_bytes} bytes); {} are provisioned now",
+        gib(*after_bytes), gib(*limit_bytes), gib(*capacity_bytes), gib(*provisioned_bytes)
+    )]
+    Overcommitted {
+        /// Sum of the volume sizes now.
+        provisioned_bytes: u64,
+        /// Sum of the volume sizes if the change were made.
+        after_bytes: u64,
+        /// `ratio` times the pool capacity.
+        limit_bytes: u64,
+        capacity_bytes: u64,
+        ratio: f64,
+    },
+    /// A volume names a tenant that was never created.
+    #[error("tenant {0:?} does not exist")]
+    UnknownTenant(String),
     /// The store configuration cannot be used (device count, capacity, paths).
     #[error("invalid store configuration: {0}")]
     InvalidConfig(String),
@@ -53,6 +83,11 @@ pub enum StoreError {
     /// The metadata database failed or holds something this build cannot use.
     #[error("metadata error: {0}")]
     Metadata(#[from] MetadataError),
+}
+
+/// Bytes as GiB with two decimals, for messages.
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
 /// Failures of the metadata database.

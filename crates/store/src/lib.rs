@@ -34,5 +34,5 @@ pub use stats::{
     DeviceOp, DeviceOpStats, DeviceStats, LATENCY_FINITE_BUCKETS, LatencyHistogram,
     LatencySnapshot, latency_bucket,
 };
-pub use store::{DeviceInfo, NewVolume, PoolInfo, Store};
+pub use store::{DeviceInfo, NewVolume, PoolInfo, Store, TenantInfo};
 pub use volume::{Extent, PhysicalLocation, Volume, VolumeInfo};

@@ -12,6 +12,9 @@
 //! - `volumes`: `u64 -> JSON VolumeRecord` (the record carries the volume's QoS as an opaque
 //!   string: the store must not depend on the QoS crate, so the node layer owns its meaning)
 //! - `extents`: `(volume id, logical extent) -> (device << 32 | physical extent)`
+//! - `tenants`: `&str (tenant id) -> JSON TenantRecord`: the tenants the operator created. A
+//!   database of a build before this table has none; opening it registers every tenant its
+//!   volumes name, so old data directories keep working.
 //! - `credits`: `u64 (volume id) -> opaque bytes`: the node's runtime QoS state (credit
 //!   balances), saved about once a second in its own transaction. It is kept apart from
 //!   `volumes` so that a save rewrites small rows and never the volume records, and a row goes
@@ -37,6 +40,7 @@ const DEVICES: TableDefinition<u32, &str> = TableDefinition::new("devices");
 const VOLUMES: TableDefinition<u64, &str> = TableDefinition::new("volumes");
 const EXTENTS: TableDefinition<(u64, u64), u64> = TableDefinition::new("extents");
 const CREDITS: TableDefinition<u64, &[u8]> = TableDefinition::new("credits");
+const TENANTS: TableDefinition<&str, &str> = TableDefinition::new("tenants");
 
 /// Version of the table layout above; bump on any incompatible change.
 pub(crate) const FORMAT_VERSION: u64 = 1;
@@ -74,6 +78,12 @@ pub(crate) struct VolumeRecord {
     pub read_only: bool,
 }
 
+/// A tenant as stored (its id is the key).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TenantRecord {
+    pub created_unix_s: u64,
+}
+
 /// Everything stored, as loaded at open.
 #[derive(Debug, Default)]
 pub(crate) struct Loaded {
@@ -83,6 +93,8 @@ pub(crate) struct Loaded {
     pub devices: Vec<(u32, DeviceRecord)>,
     pub volumes: Vec<(u64, VolumeRecord)>,
     pub extents: Vec<(u64, u64, PhysExtent)>,
+    /// Empty for a database of a build before the `tenants` table.
+    pub tenants: Vec<(String, TenantRecord)>,
 }
 
 /// One change to an extent map row.
@@ -108,6 +120,8 @@ pub(crate) enum MetaOp {
     DeleteVolume(u64),
     SetNextVolumeId(u64),
     SetClean(bool),
+    PutTenant(String, TenantRecord),
+    DeleteTenant(String),
 }
 
 #[derive(Debug)]
@@ -184,6 +198,17 @@ impl Meta {
             let rec: VolumeRecord = serde_json::from_str(v.value()).map_err(json_err)?;
             loaded.volumes.push((k.value(), rec));
         }
+        match txn.open_table(TENANTS) {
+            Ok(tenants) => {
+                for row in tenants.iter().map_err(redb_err)? {
+                    let (k, v) = row.map_err(redb_err)?;
+                    let rec: TenantRecord = serde_json::from_str(v.value()).map_err(json_err)?;
+                    loaded.tenants.push((k.value().to_string(), rec));
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(redb_err(e)),
+        }
         let extents = txn.open_table(EXTENTS).map_err(redb_err)?;
         for row in extents.iter().map_err(redb_err)? {
             let (k, v) = row.map_err(redb_err)?;
@@ -209,6 +234,7 @@ impl Meta {
             let mut volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
             let mut extents = txn.open_table(EXTENTS).map_err(redb_err)?;
             let mut credits = txn.open_table(CREDITS).map_err(redb_err)?;
+            let mut tenants = txn.open_table(TENANTS).map_err(redb_err)?;
             for c in changes {
                 match *c {
                     ExtentChange::Map {
@@ -254,6 +280,15 @@ impl Meta {
                     MetaOp::SetClean(clean) => {
                         meta.insert(KEY_CLEAN, u64::from(*clean))
                             .map_err(redb_err)?;
+                    }
+                    MetaOp::PutTenant(id, rec) => {
+                        let json = serde_json::to_string(rec).map_err(json_err)?;
+                        tenants
+                            .insert(id.as_str(), json.as_str())
+                            .map_err(redb_err)?;
+                    }
+                    MetaOp::DeleteTenant(id) => {
+                        tenants.remove(id.as_str()).map_err(redb_err)?;
                     }
                 }
             }

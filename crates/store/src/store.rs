@@ -29,7 +29,7 @@ use crate::fault::{ActiveRule, FaultConfig, FaultScope};
 use crate::layout::{
     EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, PhysExtent, VOLUME_SIZE_ALIGN_BYTES, extent_count,
 };
-use crate::meta::{DeviceRecord, ExtentChange, Meta, MetaOp, VolumeRecord};
+use crate::meta::{DeviceRecord, ExtentChange, Meta, MetaOp, TenantRecord, VolumeRecord};
 use crate::name::{validate_tenant_id, validate_volume_name};
 use crate::sync::{lock, read, write};
 use crate::volume::{Volume, VolumeInfo};
@@ -331,6 +331,23 @@ pub struct Store {
     volumes: RwLock<BTreeMap<String, Arc<Volume>>>,
     /// Serialises management operations (create, resize, delete); holds the next volume id.
     management: Mutex<u64>,
+    /// The tenants created (id -> record). Changed only under `management`.
+    tenants: RwLock<BTreeMap<String, TenantRecord>>,
+    /// Most volume bytes per pool byte (`None`: no limit); read under `management`.
+    overcommit_ratio: RwLock<Option<f64>>,
+}
+
+/// A tenant and what it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantInfo {
+    pub id: String,
+    pub created_unix_s: u64,
+    /// Volumes that belong to it.
+    pub volumes: usize,
+    /// Sum of their sizes.
+    pub provisioned_bytes: u64,
+    /// Sum of their allocated bytes.
+    pub allocated_bytes: u64,
 }
 
 impl fmt::Debug for Store {
@@ -530,6 +547,24 @@ impl Store {
             ops.push(MetaOp::Init);
         }
         ops.extend(new_device_ops);
+        // Tenants named by volumes but never created (a database of a build before the
+        // tenants table) are registered, so every volume's tenant exists.
+        let mut tenants: BTreeMap<String, TenantRecord> = loaded.tenants.iter().cloned().collect();
+        for v in &volumes {
+            if let Some(tenant) = &v.record.tenant
+                && !tenants.contains_key(tenant)
+            {
+                let rec = TenantRecord {
+                    created_unix_s: v.record.created_unix_s,
+                };
+                tenants.insert(tenant.clone(), rec.clone());
+                ops.push(MetaOp::PutTenant(tenant.clone(), rec));
+                tracing::info!(
+                    tenant = tenant.as_str(),
+                    "registered the tenant of a stored volume"
+                );
+            }
+        }
         ops.push(MetaOp::SetClean(false));
         meta.commit(&[], &ops)?;
         Ok(Store::assemble(
@@ -538,6 +573,7 @@ impl Store {
             allocator,
             volumes,
             loaded.next_volume_id,
+            tenants,
         ))
     }
 
@@ -575,6 +611,7 @@ impl Store {
             Allocator::new(&counts),
             Vec::new(),
             1,
+            BTreeMap::new(),
         ))
     }
 
@@ -584,6 +621,7 @@ impl Store {
         allocator: Allocator,
         volumes: Vec<LoadedVolume>,
         next_volume_id: u64,
+        tenants: BTreeMap<String, TenantRecord>,
     ) -> Store {
         let total_extents: u64 = devices.iter().map(|d| u64::from(d.extent_count)).sum();
         let shared = Arc::new(Shared {
@@ -618,6 +656,8 @@ impl Store {
             shared,
             volumes: RwLock::new(by_name),
             management: Mutex::new(next_volume_id),
+            tenants: RwLock::new(tenants),
+            overcommit_ratio: RwLock::new(None),
         }
     }
 
@@ -662,6 +702,12 @@ impl Store {
         if read(&self.volumes).contains_key(name) {
             return Err(StoreError::AlreadyExists(name.to_string()));
         }
+        if let Some(tenant) = &options.tenant
+            && !read(&self.tenants).contains_key(tenant)
+        {
+            return Err(StoreError::UnknownTenant(tenant.clone()));
+        }
+        self.check_overcommit(0, size_bytes)?;
         let id = *next_volume_id;
         let record = VolumeRecord {
             name: name.to_string(),
@@ -728,6 +774,7 @@ impl Store {
         validate_size(size_bytes)?;
         let _serial = lock(&self.management);
         let vol = self.lookup(name)?;
+        self.check_overcommit(vol.size_bytes(), size_bytes)?;
         vol.resize(size_bytes)?;
         tracing::info!(volume = name, size_bytes, "volume resized");
         Ok(vol.info())
@@ -782,6 +829,121 @@ impl Store {
             .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
         vol.destroy()?;
         tracing::info!(volume = name, "volume deleted");
+        Ok(())
+    }
+
+    /// Limits the sum of the volume sizes to `ratio` times the pool capacity (`None`: no
+    /// limit). Volumes already over it stay; only creating or growing one is refused
+    /// (`Overcommitted`). Shrinking and deleting always work.
+    pub fn set_overcommit_ratio(&self, ratio: Option<f64>) {
+        *write(&self.overcommit_ratio) = ratio;
+    }
+
+    /// The ratio in force (`None`: no limit).
+    pub fn overcommit_ratio(&self) -> Option<f64> {
+        *read(&self.overcommit_ratio)
+    }
+
+    /// Sum of the volume sizes.
+    pub fn provisioned_bytes(&self) -> u64 {
+        read(&self.volumes)
+            .values()
+            .fold(0u64, |sum, v| sum.saturating_add(v.size_bytes()))
+    }
+
+    /// Refuses a change from `old_bytes` to `new_bytes` of one volume's size that would take
+    /// the provisioned sum over the limit. Call under `management`.
+    fn check_overcommit(&self, old_bytes: u64, new_bytes: u64) -> Result<(), StoreError> {
+        let Some(ratio) = self.overcommit_ratio() else {
+            return Ok(());
+        };
+        if new_bytes <= old_bytes {
+            return Ok(());
+        }
+        let provisioned_bytes = self.provisioned_bytes();
+        let after_bytes = provisioned_bytes
+            .saturating_sub(old_bytes)
+            .saturating_add(new_bytes);
+        let capacity_bytes = self.capacity_bytes();
+        // f64 to u64 saturates; capacities are far below 2^53, so the product is exact enough.
+        let limit_bytes = (capacity_bytes as f64 * ratio) as u64;
+        if after_bytes > limit_bytes {
+            return Err(StoreError::Overcommitted {
+                provisioned_bytes,
+                after_bytes,
+                limit_bytes,
+                capacity_bytes,
+                ratio,
+            });
+        }
+        Ok(())
+    }
+
+    /// The pool's capacity: every device's extents.
+    fn capacity_bytes(&self) -> u64 {
+        self.shared
+            .devices
+            .iter()
+            .map(|d| u64::from(d.extent_count) * EXTENT_SIZE_BYTES)
+            .sum()
+    }
+
+    /// Creates a tenant (checked with `validate_tenant_id`); durable when this returns.
+    pub fn create_tenant(&self, id: &str) -> Result<TenantInfo, StoreError> {
+        validate_tenant_id(id)?;
+        let _serial = lock(&self.management);
+        if read(&self.tenants).contains_key(id) {
+            return Err(StoreError::TenantExists(id.to_string()));
+        }
+        let rec = TenantRecord {
+            created_unix_s: now_unix_s(),
+        };
+        self.shared
+            .commit(&[MetaOp::PutTenant(id.to_string(), rec.clone())], false)?;
+        write(&self.tenants).insert(id.to_string(), rec);
+        tracing::info!(tenant = id, "tenant created");
+        self.tenant_info(id)
+    }
+
+    /// Every tenant with its volume count and sizes, sorted by id.
+    pub fn list_tenants(&self) -> Vec<TenantInfo> {
+        let tenants = read(&self.tenants).clone();
+        let volumes = self.list_volumes();
+        tenants
+            .into_iter()
+            .map(|(id, rec)| tenant_info(id, &rec, &volumes))
+            .collect()
+    }
+
+    /// One tenant; `TenantNotFound` for an unknown id.
+    pub fn tenant_info(&self, id: &str) -> Result<TenantInfo, StoreError> {
+        let rec = read(&self.tenants)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| StoreError::TenantNotFound(id.to_string()))?;
+        Ok(tenant_info(id.to_string(), &rec, &self.list_volumes()))
+    }
+
+    /// Deletes a tenant that has no volume left; durable when this returns.
+    pub fn delete_tenant(&self, id: &str) -> Result<(), StoreError> {
+        let _serial = lock(&self.management);
+        if !read(&self.tenants).contains_key(id) {
+            return Err(StoreError::TenantNotFound(id.to_string()));
+        }
+        let volumes = read(&self.volumes)
+            .values()
+            .filter(|v| v.tenant() == Some(id))
+            .count();
+        if volumes > 0 {
+            return Err(StoreError::TenantHasVolumes {
+                tenant: id.to_string(),
+                volumes,
+            });
+        }
+        self.shared
+            .commit(&[MetaOp::DeleteTenant(id.to_string())], false)?;
+        write(&self.tenants).remove(id);
+        tracing::info!(tenant = id, "tenant deleted");
         Ok(())
     }
 
@@ -896,6 +1058,26 @@ impl Store {
     /// Whether the devices live in RAM (`open_memory`).
     pub fn is_memory(&self) -> bool {
         self.shared.devices.iter().all(Device::is_memory)
+    }
+}
+
+fn tenant_info(id: String, rec: &TenantRecord, volumes: &[VolumeInfo]) -> TenantInfo {
+    let own = volumes
+        .iter()
+        .filter(|v| v.tenant.as_deref() == Some(id.as_str()));
+    let (count, provisioned_bytes, allocated_bytes) = own.fold((0, 0u64, 0u64), |acc, v| {
+        (
+            acc.0 + 1,
+            acc.1.saturating_add(v.size_bytes),
+            acc.2.saturating_add(v.allocated_bytes),
+        )
+    });
+    TenantInfo {
+        id,
+        created_unix_s: rec.created_unix_s,
+        volumes: count,
+        provisioned_bytes,
+        allocated_bytes,
     }
 }
 

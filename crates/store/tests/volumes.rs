@@ -691,6 +691,8 @@ fn tenant_and_read_only_are_stored_with_the_volume_and_survive_reopen_and_change
     let cfg = file_config(&dir);
     let infos = {
         let store = Store::open(&cfg).unwrap();
+        store.create_tenant("alice").unwrap();
+        store.create_tenant("Tenant B").unwrap();
         let a = store
             .create_volume_with(
                 "a",
@@ -766,6 +768,7 @@ fn invalid_tenant_ids_are_refused_and_create_nothing() {
             tenant: Some("t".repeat(128)),
             ..NewVolume::default()
         };
+        fx.store.create_tenant(&"t".repeat(128)).unwrap();
         fx.store.create_volume_with("v", MIB, options).unwrap();
     });
 }
@@ -856,4 +859,153 @@ fn memory_store_keeps_volume_states() {
         fx.store.volume_states().unwrap(),
         vec![states[0].clone(), states[2].clone()]
     );
+}
+
+fn with_tenant(tenant: &str) -> NewVolume {
+    NewVolume {
+        tenant: Some(tenant.to_string()),
+        ..NewVolume::default()
+    }
+}
+
+#[test]
+fn tenants_are_created_counted_and_deleted_only_when_empty() {
+    each_backend(|fx| {
+        let store = &fx.store;
+        // A volume of a tenant that was never created is refused, and nothing is created.
+        assert!(matches!(
+            store.create_volume_with("v", 4 * MIB, with_tenant("acme")),
+            Err(StoreError::UnknownTenant(t)) if t == "acme"
+        ));
+        assert!(store.list_volumes().is_empty());
+        assert!(matches!(
+            store.create_tenant("a\nb"),
+            Err(StoreError::InvalidTenant { .. })
+        ));
+        let created = store.create_tenant("acme").unwrap();
+        assert_eq!((created.volumes, created.provisioned_bytes), (0, 0));
+        assert!(matches!(
+            store.create_tenant("acme"),
+            Err(StoreError::TenantExists(_))
+        ));
+        store.create_tenant("zeta corp").unwrap();
+        store
+            .create_volume_with("v", 4 * MIB, with_tenant("acme"))
+            .unwrap();
+        store
+            .create_volume_with("w", 8 * MIB, with_tenant("acme"))
+            .unwrap();
+        store.create_volume("untenanted", 2 * MIB).unwrap();
+        let acme = store.tenant_info("acme").unwrap();
+        assert_eq!((acme.volumes, acme.provisioned_bytes), (2, 12 * MIB));
+        let ids: Vec<String> = store.list_tenants().into_iter().map(|t| t.id).collect();
+        assert_eq!(ids, ["acme", "zeta corp"]);
+        assert!(matches!(
+            store.delete_tenant("acme"),
+            Err(StoreError::TenantHasVolumes { volumes: 2, .. })
+        ));
+        assert!(matches!(
+            store.delete_tenant("nobody"),
+            Err(StoreError::TenantNotFound(_))
+        ));
+        store.delete_volume("v").unwrap();
+        store.delete_volume("w").unwrap();
+        store.delete_tenant("acme").unwrap();
+        assert!(matches!(
+            store.tenant_info("acme"),
+            Err(StoreError::TenantNotFound(_))
+        ));
+        assert_eq!(store.list_tenants().len(), 1);
+    });
+}
+
+#[test]
+fn tenants_survive_reopen_and_old_data_gets_its_tenants_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = file_config(&dir);
+    {
+        let store = Store::open(&cfg).unwrap();
+        store.create_tenant("empty").unwrap();
+        store.create_tenant("old").unwrap();
+        store
+            .create_volume_with("v", 4 * MIB, with_tenant("old"))
+            .unwrap();
+    }
+    {
+        let store = Store::open(&cfg).unwrap();
+        let ids: Vec<String> = store.list_tenants().into_iter().map(|t| t.id).collect();
+        assert_eq!(ids, ["empty", "old"]);
+    }
+    // A data directory of a build before the tenants table: drop the table behind the
+    // store's back. Opening registers the tenant its volume names (and only that one).
+    {
+        let db = redb::Database::open(cfg.meta_path()).unwrap();
+        let txn = db.begin_write().unwrap();
+        let table: redb::TableDefinition<&str, &str> = redb::TableDefinition::new("tenants");
+        assert!(txn.delete_table(table).unwrap());
+        txn.commit().unwrap();
+    }
+    let store = Store::open(&cfg).unwrap();
+    let tenants = store.list_tenants();
+    assert_eq!(tenants.len(), 1, "{tenants:?}");
+    assert_eq!((tenants[0].id.as_str(), tenants[0].volumes), ("old", 1));
+    drop(store);
+    // Registered durably: still there on the next open.
+    let store = Store::open(&cfg).unwrap();
+    assert_eq!(store.tenant_info("old").unwrap().volumes, 1);
+}
+
+#[test]
+fn the_overcommit_ratio_limits_creating_and_growing_but_not_shrinking() {
+    each_backend(|fx| {
+        let store = &fx.store;
+        let capacity = store.pool_info().capacity_bytes;
+        // No limit by default: thin volumes may exceed the pool.
+        store.create_volume("big", 4 * capacity).unwrap();
+        store.delete_volume("big").unwrap();
+        store.set_overcommit_ratio(Some(2.0));
+        assert_eq!(store.overcommit_ratio(), Some(2.0));
+        store.create_volume("a", capacity).unwrap();
+        store.create_volume("b", capacity / 2).unwrap();
+        // Exactly at the limit is allowed; one extent more is not.
+        store.create_volume("c", capacity / 2).unwrap();
+        assert_eq!(store.provisioned_bytes(), 2 * capacity);
+        let err = store.create_volume("d", E).unwrap_err();
+        match &err {
+            StoreError::Overcommitted {
+                provisioned_bytes,
+                after_bytes,
+                limit_bytes,
+                ..
+            } => {
+                assert_eq!(
+                    (*provisioned_bytes, *after_bytes, *limit_bytes),
+                    (2 * capacity, 2 * capacity + E, 2 * capacity)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(err.to_string().contains("overcommit_ratio 2"), "{err}");
+        assert!(matches!(
+            store.volume_info("d"),
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(matches!(
+            store.resize_volume("a", capacity + E),
+            Err(StoreError::Overcommitted { .. })
+        ));
+        assert_eq!(store.volume_info("a").unwrap().size_bytes, capacity);
+        // Shrinking makes room, which growing may use again.
+        store.resize_volume("b", capacity / 4).unwrap();
+        store.resize_volume("a", capacity + capacity / 4).unwrap();
+        // A lower ratio keeps what exists but refuses any growth.
+        store.set_overcommit_ratio(Some(1.0));
+        assert!(matches!(
+            store.resize_volume("c", capacity / 2 + E),
+            Err(StoreError::Overcommitted { .. })
+        ));
+        store.resize_volume("c", capacity / 4).unwrap();
+        store.set_overcommit_ratio(None);
+        store.create_volume("d", 8 * capacity).unwrap();
+    });
 }

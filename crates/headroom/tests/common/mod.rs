@@ -16,6 +16,11 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_headroom");
 /// the CLI gets it the same way, and direct HTTP requests send `Authorization: Bearer` it.
 pub const TEST_TOKEN: &str = "headroom-test-token-0123456789abcdef";
 
+/// The `Authorization` header value direct HTTP requests send: `Bearer TEST_TOKEN`.
+pub fn bearer() -> String {
+    format!("Bearer {TEST_TOKEN}")
+}
+
 /// True when `tool` is on PATH. When it is missing the test is skipped with a message, unless
 /// HEADROOM_REQUIRE_TOOLS is set (CI), where a missing tool fails the test.
 pub fn have_tool(tool: &str) -> bool {
@@ -60,6 +65,21 @@ impl Server {
     /// Starts the server through `wrapper` (a command that execs its arguments, such as
     /// `prlimit --nofile=64:64 --`), so the PID is still the server's.
     pub fn start_wrapped(data_dir: &Path, wrapper: &[&str], extra: &[&str]) -> Server {
+        Self::start_full(data_dir, wrapper, extra, Some(TEST_TOKEN))
+    }
+
+    /// Starts a server without HEADROOM_TOKEN in its environment: it takes its token from the
+    /// configuration or the data directory's token file (`api-token`).
+    pub fn start_without_token(data_dir: &Path, extra: &[&str]) -> Server {
+        Self::start_full(data_dir, &[], extra, None)
+    }
+
+    fn start_full(
+        data_dir: &Path,
+        wrapper: &[&str],
+        extra: &[&str],
+        token: Option<&str>,
+    ) -> Server {
         std::fs::create_dir_all(data_dir).expect("create data dir");
         let log_path = data_dir.with_extension("log");
         let log = std::fs::OpenOptions::new()
@@ -75,6 +95,10 @@ impl Server {
             }
             None => Command::new(BIN),
         };
+        match token {
+            Some(token) => command.env("HEADROOM_TOKEN", token),
+            None => command.env_remove("HEADROOM_TOKEN"),
+        };
         let mut child = command
             .arg("serve")
             .arg("--data-dir")
@@ -82,7 +106,6 @@ impl Server {
             .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
             .args(extra)
             .env("HEADROOM_LOG", "debug")
-            .env("HEADROOM_TOKEN", TEST_TOKEN)
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .spawn()
@@ -135,6 +158,12 @@ impl Server {
             .env("HEADROOM_TOKEN", TEST_TOKEN)
             .output()
             .expect("run headroom CLI")
+    }
+
+    /// `tenant create ID` (a volume can only name a tenant that exists).
+    pub fn create_tenant(&self, id: &str) {
+        let out = self.cli(&["tenant", "create", id]);
+        assert!(out.status.success(), "tenant create failed: {}", text(&out));
     }
 
     pub fn create_volume(&self, name: &str, size: &str) {

@@ -53,7 +53,19 @@ fn bad_query(reason: String) -> ApiError {
     ApiError::Request(StatusCode::BAD_REQUEST, "invalid_query", reason)
 }
 
-async fn stats(
+/// The node's recent history: utilisation per dimension and per volume rates, latency,
+/// credits, phases, who bursts and who lends (docs/operations.md, "Dashboard and
+/// `headroom top`").
+#[utoipa::path(get, path = "/v1/stats", tag = "node",
+    params(
+        ("seconds" = Option<u64>, Query, description = "Samples of the last N seconds (1-600; default 60)"),
+        ("limit" = Option<usize>, Query, description = "Rows at most in each latest-interval list (1-10000)"),
+    ),
+    responses(
+        (status = 200, description = "The samples and the latest interval", body = StatsReport),
+        (status = 400, description = "seconds or limit out of range", body = crate::api::ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = crate::api::ApiErrorBody)))]
+pub(crate) async fn stats(
     State(state): State<ApiState>,
     query: Result<Query<StatsQuery>, QueryRejection>,
 ) -> Result<Json<StatsReport>, ApiError> {
@@ -116,3 +128,20 @@ async fn asset(Path(file): Path<String>) -> Result<Response, ApiError> {
         )),
     }
 }
+
+/// `GET /v1/stats`'s document is defined by `timeline`'s types; it is described as an object
+/// here (docs/operations.md lists its fields).
+impl utoipa::PartialSchema for StatsReport {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::Object)
+            .description(Some(
+                "policy, scheduler, interval_ms, capacity_per_second, volumes_total, \
+                 volumes_tracked, samples (node utilisation and per-volume rows per interval), \
+                 volumes, bursting, lending and spare for the latest interval",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for StatsReport {}

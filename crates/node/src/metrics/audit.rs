@@ -55,7 +55,7 @@ pub const OWN_LIMIT_FROM_PERMILLE: u64 = 900;
 const MAX_SILENT_WINDOWS: u64 = u64::MAX / (2 * NS_PER_S);
 
 /// The audit's totals, as `GET /v1/volumes/{name}` and `/metrics` show them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditView {
     /// Seconds in which the volume's demand reached its baseline but it was served less.
     pub short_seconds: u64,

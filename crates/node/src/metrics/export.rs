@@ -44,7 +44,12 @@ pub fn routes() -> Router<ApiState> {
     Router::new().route("/metrics", get(metrics))
 }
 
-async fn metrics(State(state): State<ApiState>) -> Response {
+/// Prometheus metrics in OpenMetrics text (docs/operations.md, "Metrics").
+#[utoipa::path(get, path = "/metrics", tag = "node",
+    responses(
+        (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text"),
+        (status = 401, description = "No or wrong token", body = crate::api::ApiErrorBody)))]
+pub(crate) async fn metrics(State(state): State<ApiState>) -> Response {
     let scrape = Scrape {
         registry: Arc::clone(&state.metrics),
         scheduler: state.scheduler.clone(),

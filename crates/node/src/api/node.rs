@@ -1,0 +1,259 @@
+//! The node's own state over the API: what runs (`GET /v1/node`: version, policy, workers,
+//! capacity, configuration files, uptime), the storage pool (`GET /v1/pool`) and its devices
+//! (`GET /v1/devices`).
+//!
+//! Why a module: these views are the operator's picture of the machine (capacity, devices),
+//! apart from the volume routes; their JSON types are defined here, not in the store, so the
+//! store stays free of HTTP and OpenAPI concerns.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use headroom_store::{DeviceInfo, PoolInfo};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{ApiErrorBody, ApiState};
+
+/// The routes of this module (merged into `api::routes`).
+pub(super) fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/v1/pool", get(pool))
+        .route("/v1/devices", get(devices))
+        .route("/v1/node", get(node))
+}
+
+/// What the node was started with, for `GET /v1/node` (fixed for the process's life).
+#[derive(Debug, Clone)]
+pub struct NodeFacts {
+    pub started: Instant,
+    pub started_unix_s: u64,
+    pub nbd_addr: SocketAddr,
+    pub api_addr: SocketAddr,
+    /// `memory` or `files`.
+    pub backend: &'static str,
+    pub data_dir: Option<PathBuf>,
+    pub io_threads: usize,
+    pub tls: bool,
+    /// The `--config` file, if any.
+    pub config_file: Option<PathBuf>,
+    /// The data directory's `calibration.toml`, if it was loaded.
+    pub calibration_file: Option<PathBuf>,
+}
+
+impl NodeFacts {
+    /// Facts with the clock read now.
+    pub fn now(nbd_addr: SocketAddr, api_addr: SocketAddr) -> NodeFacts {
+        NodeFacts {
+            started: Instant::now(),
+            started_unix_s: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            nbd_addr,
+            api_addr,
+            backend: "memory",
+            data_dir: None,
+            io_threads: 0,
+            tls: false,
+            config_file: None,
+            calibration_file: None,
+        }
+    }
+}
+
+/// The scheduler's capacity per second, per dimension; `null`: unlimited.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct CapacityView {
+    pub cpu_ns: Option<u64>,
+    pub ingress_bytes: Option<u64>,
+    pub egress_bytes: Option<u64>,
+    pub device_units: Option<u64>,
+}
+
+/// Body of `GET /v1/node`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct NodeView {
+    /// Headroom's version.
+    pub version: String,
+    /// The scheduling policy (`off`: unscheduled).
+    pub policy: String,
+    /// Scheduler workers (0 when the policy is off).
+    pub workers: usize,
+    /// Threads executing block I/O (0: inline on the network threads).
+    pub io_threads: usize,
+    /// What the scheduler shares per second; `null` when the policy is off.
+    pub capacity_per_second: Option<CapacityView>,
+    /// `memory` or `files`.
+    pub backend: String,
+    pub data_dir: Option<String>,
+    pub config_file: Option<String>,
+    /// The calibration the scheduler's cost model came from, if one was loaded.
+    pub calibration_file: Option<String>,
+    pub nbd_listen: String,
+    pub api_listen: String,
+    /// TLS is offered on the NBD port.
+    pub tls: bool,
+    pub started_unix_s: u64,
+    pub uptime_s: u64,
+    pub volumes: usize,
+    pub tenants: usize,
+}
+
+/// The node: version, policy, workers, capacity, configuration, uptime.
+#[utoipa::path(get, path = "/v1/node", tag = "node",
+    responses((status = 200, body = NodeView),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
+pub(super) async fn node(State(state): State<ApiState>) -> Json<NodeView> {
+    let facts = &state.node;
+    let finite = |v: u64| (v != u64::MAX).then_some(v);
+    let capacity_per_second = state.scheduler.as_ref().map(|s| {
+        let c = s.capacity_per_second();
+        CapacityView {
+            cpu_ns: finite(c.cpu_ns),
+            ingress_bytes: finite(c.ingress_bytes),
+            egress_bytes: finite(c.egress_bytes),
+            device_units: finite(c.device_units),
+        }
+    });
+    let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    Json(NodeView {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        policy: state
+            .scheduler
+            .as_ref()
+            .map_or("off", |s| s.policy_name())
+            .to_string(),
+        workers: state.scheduler.as_ref().map_or(0, |s| s.worker_count()),
+        io_threads: facts.io_threads,
+        capacity_per_second,
+        backend: facts.backend.to_string(),
+        data_dir: path(&facts.data_dir),
+        config_file: path(&facts.config_file),
+        calibration_file: path(&facts.calibration_file),
+        nbd_listen: facts.nbd_addr.to_string(),
+        api_listen: facts.api_addr.to_string(),
+        tls: facts.tls,
+        started_unix_s: facts.started_unix_s,
+        uptime_s: facts.started.elapsed().as_secs(),
+        volumes: state.store.list_volumes().len(),
+        tenants: state.store.list_tenants().len(),
+    })
+}
+
+/// The pool's devices: path, capacity, allocated bytes, failed.
+#[utoipa::path(get, path = "/v1/devices", tag = "node",
+    responses((status = 200, body = Vec<DeviceView>),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
+pub(super) async fn devices(State(state): State<ApiState>) -> Json<Vec<DeviceView>> {
+    Json(PoolView::from(state.store.pool_info()).devices)
+}
+
+/// Body of `GET /v1/pool`: the pool's extents and devices.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct PoolView {
+    /// Unit of allocation.
+    pub extent_size_bytes: u64,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub total_extents: u64,
+    pub free_extents: u64,
+    pub allocated_extents: u64,
+    /// Freed, waiting for the next durable commit before reuse.
+    pub quarantined_extents: u64,
+    /// Freed but their punch failed; reusable after a restart.
+    pub leaked_extents: u64,
+    /// Sum of the volume sizes (volumes are thin: this may exceed the capacity).
+    pub provisioned_bytes: u64,
+    /// Most volume bytes per pool byte (`[storage] overcommit_ratio`); `null`: no limit.
+    pub overcommit_ratio: Option<f64>,
+    /// `overcommit_ratio` times the capacity: the most `provisioned_bytes` may reach;
+    /// `null`: no limit.
+    pub provisionable_bytes: Option<u64>,
+    pub devices: Vec<DeviceView>,
+}
+
+/// One device of the pool.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct DeviceView {
+    pub id: u32,
+    /// File or block device path, or `memory:<id>`.
+    pub path: String,
+    pub capacity_bytes: u64,
+    pub extent_count: u64,
+    pub free_extents: u64,
+    /// Bytes of extents in use (allocated, quarantined or leaked).
+    pub allocated_bytes: u64,
+    /// Real space used (file blocks or RAM); `null` for block devices.
+    pub physical_used_bytes: Option<u64>,
+    /// A sync failed or the device disappeared: its data can no longer be made durable, and
+    /// new extents go elsewhere. Absent from the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
+}
+
+impl DeviceView {
+    fn new(device: &DeviceInfo, extent_size_bytes: u64) -> DeviceView {
+        DeviceView {
+            id: device.id,
+            path: device.path.clone(),
+            capacity_bytes: device.capacity_bytes,
+            extent_count: device.extent_count,
+            free_extents: device.free_extents,
+            allocated_bytes: device
+                .extent_count
+                .saturating_sub(device.free_extents)
+                .saturating_mul(extent_size_bytes),
+            physical_used_bytes: device.physical_used_bytes,
+            failed: device.failed,
+        }
+    }
+}
+
+impl PoolView {
+    /// The store's pool, with what is provisioned against it.
+    pub fn of(store: &headroom_store::Store) -> PoolView {
+        let mut view = PoolView::from(store.pool_info());
+        view.provisioned_bytes = store.provisioned_bytes();
+        view.overcommit_ratio = store.overcommit_ratio();
+        view.provisionable_bytes = view
+            .overcommit_ratio
+            .map(|ratio| (view.capacity_bytes as f64 * ratio) as u64);
+        view
+    }
+}
+
+impl From<PoolInfo> for PoolView {
+    fn from(pool: PoolInfo) -> Self {
+        let devices = pool
+            .devices
+            .iter()
+            .map(|d| DeviceView::new(d, pool.extent_size_bytes))
+            .collect();
+        PoolView {
+            extent_size_bytes: pool.extent_size_bytes,
+            capacity_bytes: pool.capacity_bytes,
+            free_bytes: pool.free_bytes,
+            total_extents: pool.total_extents,
+            free_extents: pool.free_extents,
+            allocated_extents: pool.allocated_extents,
+            quarantined_extents: pool.quarantined_extents,
+            leaked_extents: pool.leaked_extents,
+            provisioned_bytes: 0,
+            overcommit_ratio: None,
+            provisionable_bytes: None,
+            devices,
+        }
+    }
+}
+
+/// The storage pool: capacity, free space, provisioned bytes and the overcommit ratio, devices.
+#[utoipa::path(get, path = "/v1/pool", tag = "node",
+    responses((status = 200, body = PoolView),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
+pub(super) async fn pool(State(state): State<ApiState>) -> Json<PoolView> {
+    Json(PoolView::of(&state.store))
+}

@@ -1,0 +1,165 @@
+//! The API's OpenAPI 3 description, generated from the code (`utoipa`): the handlers carry
+//! `#[utoipa::path]` and the bodies `#[derive(ToSchema)]`, so the document cannot drift from
+//! what the router serves without the `openapi` test noticing. Served at `GET /openapi.json`
+//! (behind the token like everything but `/healthz`).
+//!
+//! Adding routes elsewhere: annotate the handler with `#[utoipa::path(...)]`, list it in a
+//! `#[derive(OpenApi)] #[openapi(paths(...))]` struct of that module, and merge that struct's
+//! document in [`openapi`] (one line).
+
+use std::sync::LazyLock;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use super::{ApiErrorBody, ConnectionsReport, CreateVolume, UpdateVolume, VolumeView};
+
+/// A volume's QoS as an operator writes it (`headroom_qos::QosSpec`; documented here so the
+/// policy crate needs no OpenAPI dependency).
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[schema(as = QosSpec)]
+pub struct QosSpecSchema {
+    /// A preset: gp2, gp3[:iops=N,throughput=MiBps], io2:iops=N, azure-credit,
+    /// azure-ondemand, autopl[:provisioned-iops=N], or qemu:iops-total=...,...
+    pub preset: Option<String>,
+    /// Guaranteed IOPS (0 = nothing guaranteed).
+    pub baseline_iops: Option<u64>,
+    /// Guaranteed MB/s, decimal (10^6 bytes per second).
+    pub baseline_mbps: Option<u64>,
+    /// Most IOPS ever allowed (> 0).
+    pub ceiling_iops: Option<u64>,
+    /// Most MB/s ever allowed, decimal (> 0).
+    pub ceiling_mbps: Option<u64>,
+    /// How the volume may exceed its baseline.
+    pub burst: Option<BurstSchema>,
+    /// Share of spare capacity relative to other volumes (1-10000).
+    pub weight: Option<u32>,
+}
+
+/// How a volume may exceed its baseline.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[schema(as = BurstKind)]
+#[serde(rename_all = "kebab-case")]
+pub enum BurstSchema {
+    /// Never above the baseline.
+    None,
+    /// Up to the ceiling while credits last.
+    Credits,
+    /// Up to the ceiling whenever the node has spare capacity.
+    OnDemand,
+}
+
+/// `GET /v1/connections`' body is large and owned by the admission and budget modules; it is
+/// described as an object here (docs/operations.md has its fields).
+impl utoipa::PartialSchema for ConnectionsReport {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::Object)
+            .description(Some(
+                "NBD connections (limits, counters, one entry per connection), the payload \
+                 budget (`memory`) and `idle_buffer_bytes`",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for ConnectionsReport {}
+
+/// The bearer token scheme, required by every operation that does not say otherwise.
+#[derive(Debug)]
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Headroom management API",
+        description = "Volumes, tenants and the node's state. Every operation but /healthz \
+                       needs `Authorization: Bearer <token>` (docs/operations.md, \
+                       \"Management API\"). Errors are `{\"error\", \"kind\"}`."
+    ),
+    paths(
+        super::healthz,
+        super::health,
+        super::connections,
+        super::list_volumes,
+        super::create_volume,
+        super::show_volume,
+        super::update_volume,
+        super::delete_volume,
+        super::node::pool,
+        super::node::devices,
+        super::node::node,
+        super::tenants::list_tenants,
+        super::tenants::create_tenant,
+        super::tenants::show_tenant,
+        super::tenants::delete_tenant,
+        crate::metrics::export::metrics,
+        crate::dashboard::stats,
+        serve_json,
+    ),
+    components(schemas(ApiErrorBody, CreateVolume, UpdateVolume, VolumeView)),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    tags(
+        (name = "volumes", description = "Volumes: create, list, show, resize, QoS, delete"),
+        (name = "tenants", description = "Tenants: the owners volumes name"),
+        (name = "node", description = "The node: health, version and configuration, pool, devices, connections"),
+    )
+)]
+struct ApiDoc;
+
+/// The whole document: this module's paths and those other modules merge in.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+    doc
+}
+
+/// The document as JSON, built once.
+static JSON: LazyLock<String> = LazyLock::new(|| {
+    openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|err| format!("{{\"error\": \"OpenAPI document: {err}\"}}"))
+});
+
+/// This document (OpenAPI 3.1, JSON).
+#[utoipa::path(get, path = "/openapi.json", tag = "node",
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json"),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
+pub(super) async fn serve_json() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], JSON.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_document_is_openapi_3_with_bearer_security() {
+        let doc: serde_json::Value = serde_json::from_str(&JSON).unwrap();
+        assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
+        assert_eq!(
+            doc["components"]["securitySchemes"]["bearer"]["scheme"],
+            "bearer"
+        );
+        assert!(doc["paths"]["/v1/volumes"]["post"].is_object());
+        assert_eq!(
+            doc["paths"]["/healthz"]["get"]["security"],
+            serde_json::json!([{}])
+        );
+    }
+}
