@@ -352,6 +352,9 @@ for (const tr of document.querySelectorAll("#volumes-body tr[data-volume]")) {
   rows[tr.dataset.volume] = {
     iops: num(f("iops")), bytes_per_s: num(f("bytes_per_s")),
     latency_us_mean: num(f("latency_us_mean")), queue_depth: num(f("queue_depth")),
+    latency_us_p99: num(f("latency_us_p99")),
+    promise: f("promise_short_seconds").textContent,
+    promise_short_seconds: num(f("promise_short_seconds")),
     credits: num(f("credits")), tenant: f("tenant").textContent,
     phase: f("phase").dataset.value, bursting: tr.dataset.bursting === "true",
   };
@@ -447,7 +450,13 @@ fn the_dashboard_shows_live_numbers_that_match_the_api() {
         let api = api_rows
             .get(name)
             .unwrap_or_else(|| panic!("{name} not in the sample"));
-        for field in ["iops", "bytes_per_s", "latency_us_mean", "queue_depth"] {
+        for field in [
+            "iops",
+            "bytes_per_s",
+            "latency_us_mean",
+            "latency_us_p99",
+            "queue_depth",
+        ] {
             assert_eq!(
                 shown[field].as_f64(),
                 api[field].as_f64(),
@@ -463,6 +472,14 @@ fn the_dashboard_shows_live_numbers_that_match_the_api() {
     assert!(dom["cpu"].as_f64().unwrap() > 0.0, "load but no CPU use");
     assert_eq!(dom["node_iops"].as_f64(), sample["node"]["iops"].as_f64());
     assert_eq!(dom["rows"]["acme-data"]["tenant"], "acme");
+    // The promise audit's column: a volume without a baseline has no promise; one with a
+    // baseline and no demand was never short.
+    assert_eq!(dom["rows"]["busy"]["promise"], "–");
+    assert_eq!(dom["rows"]["idle"]["promise"], "kept");
+    assert_eq!(
+        dom["rows"]["idle"]["promise_short_seconds"].as_f64(),
+        Some(0.0)
+    );
 
     // 2. Close to fio's fixed rate (±25 %: fio catches up after a stall on a busy machine,
     //    and one second is a short window).

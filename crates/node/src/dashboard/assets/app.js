@@ -365,6 +365,27 @@ function cell(row, field, text, value, cls) {
   return td;
 }
 
+// The promise audit over the history drawn: seconds this volume wanted its baseline and got
+// less (the node's fault), and the I/Os it was owed then.
+function promiseOver(name) {
+  let seconds = 0, ops = 0, seen = false;
+  for (const sample of state.samples) {
+    const v = sample.volumes.find((row) => row.name === name);
+    if (v && v.promise) {
+      seen = true;
+      seconds += v.promise.short_seconds;
+      ops += v.promise.shortfall_ops;
+    }
+  }
+  return seen ? { seconds, ops } : null;
+}
+
+function fmtPromise(v, p) {
+  if (!p || !(v.baseline.iops || v.baseline.bytes_per_s)) return "–"; // no baseline, no promise
+  if (p.seconds === 0) return "kept";
+  return `${fmtInt(p.seconds)} s short · ${fmtInt(p.ops)} I/Os`;
+}
+
 function renderTable(report) {
   const body = $("volumes-body");
   const rows = [];
@@ -385,6 +406,7 @@ function renderTable(report) {
     cell(tr, "iops", fmtInt(v.iops), v.iops, "num");
     cell(tr, "bytes_per_s", fmtMBps(v.bytes_per_s), v.bytes_per_s, "num");
     cell(tr, "latency_us_mean", fmtLatency(v.latency_us_mean), v.latency_us_mean, "num");
+    cell(tr, "latency_us_p99", fmtLatency(v.latency_us_p99 ?? null), v.latency_us_p99 ?? null, "num");
     cell(tr, "queue_depth", v.queue_depth === null ? "–" : fmtInt(v.queue_depth), v.queue_depth, "num");
     cell(tr, "credits", fmtCredits(v.credits), v.credits ? v.credits.iops : null, "num");
     const [phase, label] = phaseOf(v);
@@ -396,12 +418,15 @@ function renderTable(report) {
     td.append(span);
     cell(tr, "baseline", fmtBaseline(v.baseline), v.baseline.iops, "num");
     cell(tr, "lending", fmtLending(v.lending), v.lending ? v.lending.unused_iops : null, "num lend");
+    const promise = promiseOver(v.name);
+    cell(tr, "promise_short_seconds", fmtPromise(v, promise), promise ? promise.seconds : null,
+      promise && promise.seconds > 0 ? "num short" : "num");
     rows.push(tr);
   }
   if (!rows.length) {
     const tr = document.createElement("tr");
     const td = document.createElement("td");
-    td.colSpan = 10;
+    td.colSpan = 12;
     td.className = "muted";
     td.textContent = "no volumes";
     tr.append(td);
