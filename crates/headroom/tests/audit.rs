@@ -147,6 +147,12 @@ fn the_audit_sees_the_seconds_a_victim_was_short_as_fio_did() {
     let fio_mean =
         short.iter().map(|&v| BASELINE_IOPS - v).sum::<u64>() as f64 / short.len() as f64;
     let audit_mean = field(&audit, "shortfall_ops") as f64 / short_seconds as f64;
+    eprintln!(
+        "wild next to a burster: audit {short_seconds} short seconds, {audit_mean:.0} I/Os short \
+         per short second; fio {} seconds under 95 % of the baseline, {fio_mean:.0} short per \
+         second (per-second IOPS {seen:?})",
+        short.len()
+    );
     assert!(
         (audit_mean - fio_mean).abs() <= fio_mean * 0.10,
         "shortfall per short second: audit {audit_mean:.0} I/Os, fio {fio_mean:.0} ({seen:?}); {audit}"
@@ -169,6 +175,7 @@ fn where_the_scheduler_keeps_the_promise_no_second_is_short() {
     let dir = tempfile::tempdir().unwrap();
     let (seen, audit) = victim_next_to_burster(dir.path(), "burst");
     let threshold = BASELINE_IOPS * 95 / 100;
+    eprintln!("burst next to a burster: fio's per-second IOPS {seen:?}; audit {audit}");
     assert!(
         seen.iter().all(|&v| v >= threshold),
         "the scheduler should keep the victim at its baseline: fio saw {seen:?}"

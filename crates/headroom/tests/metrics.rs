@@ -21,7 +21,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::raw::Client;
-use common::{Server, TEST_TOKEN, have_tool, run_ok, text};
+use common::{Server, TEST_TOKEN, have_tool, run_ok};
 use serde_json::Value;
 
 /// One sample of the exposition: name, labels, value.
