@@ -14,7 +14,7 @@ use clap::Args;
 use headroom_node::timeline::{Dimensions, StatsReport, VolumeSample};
 
 use crate::client::{Api, ApiArgs};
-use crate::output::emit;
+use crate::output::{emit, grouped};
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
@@ -117,16 +117,7 @@ fn first_few(items: Vec<String>, max: usize) -> String {
 }
 
 fn thousands(value: f64) -> String {
-    let whole = value.round().max(0.0) as u64;
-    let digits = whole.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    grouped(value.round().max(0.0) as u64)
 }
 
 fn opt<T>(value: Option<T>, show: impl Fn(T) -> String) -> String {

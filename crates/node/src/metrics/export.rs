@@ -21,7 +21,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use headroom_qos::{Dimension, Phase};
-use headroom_store::{DeviceOp, LATENCY_FINITE_BUCKETS, LatencySnapshot, Store};
+use headroom_store::{DeviceOp, DeviceOpStats, LATENCY_FINITE_BUCKETS, LatencySnapshot, Store};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
@@ -456,32 +456,26 @@ impl Collector for Scrape {
                 ("op", op.name().to_string()),
             ]
         };
-        let mut m = encoder.encode_descriptor(
-            "headroom_device_ops",
-            "Operations on a backing device",
-            None,
-            MetricType::Counter,
-        )?;
-        for d in &devices {
-            for op in DeviceOp::ALL {
-                counter(
-                    m.encode_family(&dev_op(&d.device, op))?,
-                    d.ops[op as usize].ops,
-                )?;
-            }
-        }
-        let mut m = encoder.encode_descriptor(
-            "headroom_device_errors",
-            "Failed operations on a backing device",
-            None,
-            MetricType::Counter,
-        )?;
-        for d in &devices {
-            for op in DeviceOp::ALL {
-                counter(
-                    m.encode_family(&dev_op(&d.device, op))?,
-                    d.ops[op as usize].errors,
-                )?;
+        for (name, help, value) in [
+            (
+                "headroom_device_ops",
+                "Operations on a backing device",
+                (|s: &DeviceOpStats| s.ops) as fn(&DeviceOpStats) -> u64,
+            ),
+            (
+                "headroom_device_errors",
+                "Failed operations on a backing device",
+                |s: &DeviceOpStats| s.errors,
+            ),
+        ] {
+            let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for d in &devices {
+                for op in DeviceOp::ALL {
+                    counter(
+                        m.encode_family(&dev_op(&d.device, op))?,
+                        value(&d.ops[op as usize]),
+                    )?;
+                }
             }
         }
         let mut m = encoder.encode_descriptor(
