@@ -72,6 +72,9 @@ impl Load {
             .map(|(uri, extra)| {
                 Command::new("fio")
                     .args([
+                        // One process (jobs as threads): the kill below ends all of it. A
+                        // forked job process would outlive it, spinning on a dead server.
+                        "--thread",
                         "--name=load",
                         "--ioengine=nbd",
                         &format!("--uri={uri}"),

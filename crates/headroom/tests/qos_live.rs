@@ -72,6 +72,9 @@ fn iops_per_second(log: &Path) -> Vec<u64> {
 fn fio_randread(uri: &str, seconds: u32, iodepth: u32, log_prefix: &Path) -> Command {
     let mut fio = Command::new("fio");
     fio.args([
+        // Jobs as threads of one process: killing it (a test that stops early) leaves no
+        // forked job process behind.
+        "--thread",
         "--name=qos",
         "--ioengine=nbd",
         &format!("--uri={uri}"),
