@@ -237,7 +237,10 @@ fn a_live_qos_change_never_refills_credits() {
     );
     let after = iops_credits(&server, "c");
     // Idle since the drain: the bucket earned at most its refill (now up to 200/s) meanwhile.
-    let earned = 200 * at.elapsed().as_millis() as u64 / 1000 + 1;
+    // The balance shown is as of the bucket's last update, the drain's last request, so the
+    // time between that request and the first read (fio's teardown, not measured here) earns
+    // too: allow 100 ms of it. A refill, QEMU's behaviour, would show the whole bucket.
+    let earned = 200 * (at.elapsed().as_millis() as u64 + 100) / 1000 + 1;
     assert!(
         after <= before + earned,
         "credits went from {before} to {after} across two QoS changes (at most {earned} earned)"
