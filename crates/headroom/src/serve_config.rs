@@ -1846,7 +1846,20 @@ mod tests {
             .nth(1)
             .and_then(|rest| rest.split("```").next())
             .expect("a toml block");
-        let c = resolve(&ConfigFile::parse(block, &path).unwrap()).unwrap();
+        let config = ConfigFile::parse(block, &path).unwrap();
+        let config = if headroom_node::TLS_SUPPORTED {
+            config
+        } else {
+            // A build without TLS refuses the example's [tls] section by name; the rest of
+            // the example must still hold.
+            let err = resolve(&config).expect_err("[tls] without the tls feature");
+            assert_eq!(err.key, "tls", "{err:?}");
+            ConfigFile {
+                tls: TlsSection::default(),
+                ..config
+            }
+        };
+        let c = resolve(&config).unwrap();
         // The values it shows as defaults are the defaults.
         assert_eq!(c.qos.params, QosConfig::server_params());
         assert_eq!(c.qos.workers, QosConfig::default().workers);
