@@ -139,12 +139,16 @@ fn every_cited_repository_path_exists() {
 fn nothing_points_outside_the_repository() {
     // Names of documents that lived outside the repository once; the docs now carry what a
     // reader needs from them (docs/design.md, docs/background.md).
-    let outside = ["../shared", "DESIGN.md", "papers.md", "peers.md", "seeds/"];
+    // (Spelt in pieces so that this file does not itself contain the names it looks for.)
+    let outside = [
+        concat!("..", "/shared"),
+        concat!("DESIGN", ".md"),
+        concat!("papers", ".md"),
+        concat!("peers", ".md"),
+        concat!("seeds", "/"),
+    ];
     let mut offenders = Vec::new();
     for file in sources() {
-        if file.ends_with("docs_cited.rs") {
-            continue;
-        }
         let Ok(text) = std::fs::read_to_string(&file) else {
             continue;
         };
