@@ -11,12 +11,7 @@ mod common;
 use common::Server;
 use serde_json::{Value, json};
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
+use common::agent;
 
 /// Status and JSON body of a response; fails if the body is not the JSON error shape.
 fn error_of(mut response: ureq::http::Response<ureq::Body>) -> (u16, Value) {

@@ -15,12 +15,7 @@ use std::process::{Command, Stdio};
 use common::{BIN, Server, TEST_TOKEN, text};
 use serde_json::Value;
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
+use common::agent;
 
 /// Status, `WWW-Authenticate` and JSON body of a GET with these headers.
 fn get(url: &str, authorization: Option<&str>) -> (u16, Option<String>, Value) {

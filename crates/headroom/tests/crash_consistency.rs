@@ -211,11 +211,7 @@ struct Api {
 
 impl Api {
     fn new(base: &str) -> Api {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(60)))
-            .build()
-            .into();
+        let agent = common::agent();
         Api {
             base: base.trim_end_matches('/').to_string(),
             agent,

@@ -27,13 +27,7 @@ const CREDIT_CEILING_IOPS: f64 = 1_600.0;
 /// The idle volume's baseline: all of it is lent.
 const IDLE_BASELINE_IOPS: f64 = 1_000.0;
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into()
-}
+use common::agent;
 
 /// `GET` with a bearer token; (status, body as JSON or Null).
 fn get_with(url: &str, token: &str) -> (u16, Value) {

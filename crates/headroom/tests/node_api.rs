@@ -152,10 +152,7 @@ fn the_overcommit_ratio_refuses_volumes_past_it_with_507_and_the_numbers() {
 
     // Half a GiB more fits (1.5 GiB <= 1.5 x 1 GiB); one more extent does not.
     server.create_volume("b", "512MiB");
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent = common::agent();
     let mut response = agent
         .post(format!("{}/v1/volumes", server.api))
         .header("authorization", common::bearer())

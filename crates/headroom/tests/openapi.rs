@@ -32,12 +32,7 @@ const KNOWN_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/stats"),
 ];
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
+use common::agent;
 
 /// Every `"$ref": "#/..."` in `value`.
 fn refs(value: &Value, out: &mut Vec<String>) {

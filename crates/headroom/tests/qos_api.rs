@@ -394,10 +394,7 @@ fn invalid_qos_is_refused_with_its_reason_and_changes_nothing() {
 #[test]
 fn the_api_takes_qos_objects_and_reports_invalid_qos_as_such() {
     let (_dir, server) = start();
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent = common::agent();
     let volumes = format!("{}/v1/volumes", server.api);
     let mut response = agent
         .post(&volumes)

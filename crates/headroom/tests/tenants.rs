@@ -348,10 +348,7 @@ fn tenant_and_access_mode_in_the_cli_and_the_api() {
     assert!(!out.status.success(), "{}", text(&out));
 
     // The raw API: fields in the POST body, kind `invalid_tenant`, and the list filter.
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent = common::agent();
     let volumes = format!("{}/v1/volumes", server.api);
     let mut response = agent
         .post(&volumes)
@@ -439,10 +436,7 @@ fn tenants_are_created_before_their_volumes_and_deleted_after_them() {
         "{}",
         text(&out)
     );
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent = common::agent();
     let mut response = agent
         .post(format!("{}/v1/volumes", server.api))
         .header("authorization", common::bearer())

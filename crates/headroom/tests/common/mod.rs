@@ -21,6 +21,16 @@ pub fn bearer() -> String {
     format!("Bearer {TEST_TOKEN}")
 }
 
+/// An HTTP client for tests that read error statuses themselves (4xx/5xx are answers, not
+/// errors), bounded at 60 s per request so a stuck server fails the test instead of hanging it.
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
 /// True when `tool` is on PATH. When it is missing the test is skipped with a message, unless
 /// HEADROOM_REQUIRE_TOOLS is set (CI), where a missing tool fails the test.
 pub fn have_tool(tool: &str) -> bool {
