@@ -68,7 +68,7 @@ pub struct NodeSample {
     /// dimension is unlimited, or no scheduler runs. Can exceed 1 briefly (the cost model's
     /// estimates, charged at dispatch).
     pub utilisation: Dimensions<Option<f64>>,
-    /// I/Os per second completed by the followed volumes (`null`: no scheduler counters).
+    /// I/Os per second completed by the followed volumes (`null`: no volume had counters).
     pub iops: Option<f64>,
     /// Payload bytes per second completed by the followed volumes.
     pub bytes_per_s: Option<f64>,
@@ -90,7 +90,8 @@ pub struct Lending {
     pub unused_bytes_per_s: Option<f64>,
 }
 
-/// The promise audit's view of a volume in the interval (filled by per-op stats when wired).
+/// The promise audit's view of a volume in the interval (differences of `node::metrics`'
+/// audit totals).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PromiseAudit {
     /// Time the volume wanted its baseline and got less.
@@ -104,7 +105,7 @@ pub struct PromiseAudit {
 pub struct VolumeSample {
     pub name: String,
     pub tenant: Option<String>,
-    /// Completed I/Os per second (`null`: no counters, `policy = "off"`).
+    /// Completed I/Os per second, every operation (`null`: no counters for it yet).
     pub iops: Option<f64>,
     /// Completed payload bytes per second.
     pub bytes_per_s: Option<f64>,
