@@ -19,6 +19,7 @@ use std::time::Instant;
 use rustix::fs::{Advice, FallocateFlags, SeekFrom};
 use rustix::io::Errno;
 
+use crate::extent_memory::ExtentMemory;
 use crate::fault::{self, ActiveRule, Fault, IoClass};
 use crate::layout::EXTENT_SIZE_BYTES;
 use crate::stats::{DeviceCounters, DeviceOp};
@@ -56,6 +57,8 @@ enum Backend {
 struct FileDevice {
     file: File,
     is_block_device: bool,
+    /// On tmpfs or ramfs: its pages live in RAM, so no read or write waits for a disk.
+    in_memory: bool,
     punch_supported: AtomicBool,
     zero_range_supported: AtomicBool,
     seek_data_supported: AtomicBool,
@@ -69,7 +72,7 @@ struct MemoryDevice {
 }
 
 /// One RAM extent: `None` until first written (reads as zeros) and after a whole-extent punch.
-type MemorySlot = RwLock<Option<Box<[u8]>>>;
+type MemorySlot = RwLock<Option<ExtentMemory>>;
 
 /// Opens (or creates) a device file or block device; returns the file, its usable capacity in
 /// bytes and whether it is a block device. A new or empty regular file is sized (sparse) to
@@ -106,6 +109,23 @@ pub(crate) fn open_device_file(
     Ok((file, md.len(), false))
 }
 
+/// `statfs` magic numbers of the filesystems that keep file pages in RAM (linux/magic.h).
+const TMPFS_MAGIC: u64 = 0x0102_1994;
+const RAMFS_MAGIC: u64 = 0x8584_58f6;
+
+/// Whether `file` is on tmpfs or ramfs. An error answers no (the safe side: I/O then leaves
+/// the network threads).
+fn on_memory_filesystem(file: &File) -> bool {
+    match rustix::fs::fstatfs(file) {
+        #[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+        Ok(stat) => {
+            let magic = stat.f_type as u64;
+            magic == TMPFS_MAGIC || magic == RAMFS_MAGIC
+        }
+        Err(_) => false,
+    }
+}
+
 fn invalid(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, what.to_string())
 }
@@ -127,6 +147,7 @@ impl Device {
             label,
             extent_count,
             backend: Backend::File(FileDevice {
+                in_memory: !is_block_device && on_memory_filesystem(&file),
                 file,
                 is_block_device,
                 punch_supported: AtomicBool::new(true),
@@ -257,6 +278,16 @@ impl Device {
         matches!(self.backend, Backend::Memory(_))
     }
 
+    /// Whether its data lives in RAM: a RAM device, or a file on tmpfs or ramfs. No
+    /// operation on it waits for a disk (memory pressure aside), so it may run on a network
+    /// thread.
+    pub(crate) fn is_memory_resident(&self) -> bool {
+        match &self.backend {
+            Backend::Memory(_) => true,
+            Backend::File(f) => f.in_memory,
+        }
+    }
+
     /// Whether zeroing and punching are metadata operations here (RAM, or a kernel and
     /// filesystem that support punch-hole and zero-range), not writes of zeros.
     pub(crate) fn zeroes_fast(&self) -> bool {
@@ -327,9 +358,7 @@ impl Device {
             }
             Backend::Memory(m) => {
                 let mut slot = write(m.slot(ext)?);
-                let buf = slot.get_or_insert_with(|| {
-                    vec![0u8; EXTENT_SIZE_BYTES as usize].into_boxed_slice()
-                });
+                let buf = slot.get_or_insert_with(ExtentMemory::zeroed);
                 let start = off as usize;
                 let dst = buf
                     .get_mut(start..start + data.len())
@@ -579,6 +608,23 @@ impl MemoryDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_on_tmpfs_count_as_memory_and_files_on_disk_do_not() {
+        assert!(Device::memory(0, 1).is_memory_resident());
+        let shm = tempfile::tempdir_in("/dev/shm").expect("/dev/shm is tmpfs on Linux");
+        let (file, _, block) = open_device_file(&shm.path().join("d"), 4 << 20, true).unwrap();
+        assert!(Device::from_file(0, "shm".into(), file, block, 2).is_memory_resident());
+        // The source tree is on a disk filesystem on every machine we build on; say so if not.
+        let here = std::fs::File::open(env!("CARGO_MANIFEST_DIR")).unwrap();
+        if on_memory_filesystem(&here) {
+            eprintln!("skipped the disk half: the source tree is on tmpfs here");
+            return;
+        }
+        let disk = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let (file, _, block) = open_device_file(&disk.path().join("d"), 4 << 20, true).unwrap();
+        assert!(!Device::from_file(0, "disk".into(), file, block, 2).is_memory_resident());
+    }
 
     #[test]
     fn memory_device_reads_zero_until_written_and_after_punch() {

@@ -839,6 +839,13 @@ impl Store {
         *write(&self.overcommit_ratio) = ratio;
     }
 
+    /// Whether every device keeps its data in RAM (RAM devices, files on tmpfs or ramfs):
+    /// then no block operation waits for a disk, and the node may run them inline on its
+    /// network threads.
+    pub fn is_memory_resident(&self) -> bool {
+        self.shared.devices.iter().all(|d| d.is_memory_resident())
+    }
+
     /// The ratio in force (`None`: no limit).
     pub fn overcommit_ratio(&self) -> Option<f64> {
         *read(&self.overcommit_ratio)

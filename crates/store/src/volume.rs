@@ -388,10 +388,36 @@ impl Volume {
             .map_err(|e| self.failed("read", offset, len, e))
     }
 
+    /// Reads `buf.len()` bytes at `offset` unless the whole range is a hole (never written,
+    /// or trimmed away): then it returns `true` and leaves `buf` as it was, so a reply can say
+    /// "zeros" without carrying them. Fails exactly as `read_at` would.
+    pub fn read_at_unless_hole(&self, offset: u64, buf: &mut [u8]) -> Result<bool, StoreError> {
+        let len = buf.len() as u64;
+        self.inject(IoClass::Read, offset, len)
+            .and_then(|()| {
+                let st = read(&self.state);
+                self.check_live()?;
+                check_range(st.size_bytes, offset, len)?;
+                if pieces(offset, len)
+                    .all(|p| PhysExtent::from_entry(st.map.get(p.extent)).is_none())
+                {
+                    return Ok(true);
+                }
+                self.read_pieces(&st, offset, buf).map(|()| false)
+            })
+            .map_err(|e| self.failed("read", offset, len, e))
+    }
+
     fn read_inner(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let st = read(&self.state);
         self.check_live()?;
         check_range(st.size_bytes, offset, buf.len() as u64)?;
+        self.read_pieces(&st, offset, buf)
+    }
+
+    /// Copies `[offset, offset + buf.len())` out of the devices; holes read as zeros. The
+    /// caller holds the state's read lock and has checked the range.
+    fn read_pieces(&self, st: &VolumeState, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         for p in pieces(offset, buf.len() as u64) {
             let dst = &mut buf[p.buf_range()];
             match PhysExtent::from_entry(st.map.get(p.extent)) {
