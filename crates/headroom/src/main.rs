@@ -112,9 +112,13 @@ struct ServeArgs {
     #[arg(long)]
     io_threads: Option<usize>,
     /// Requests moving at most this many bytes run inline on the network threads
-    /// [default: 64KiB with --memory, 0 with a data directory].
+    /// [default: 64KiB when every device is in RAM (--memory, or device files on tmpfs), else 0].
     #[arg(long, value_parser = parse_inline_bytes)]
     inline_max_bytes: Option<u32>,
+    /// Microseconds a network thread about to sleep waits for more requests, to answer
+    /// several per wake-up; adaptive, 0 = off [default: 10].
+    #[arg(long)]
+    coalesce_us: Option<u64>,
     /// Maximum NBD connections at once [default: 256].
     #[arg(long)]
     max_connections: Option<usize>,
@@ -170,6 +174,7 @@ impl ServeArgs {
                 api_listen: self.api_listen,
                 io_threads: self.io_threads,
                 inline_max_bytes: self.inline_max_bytes.map(|b| Size(u64::from(b))),
+                coalesce_us: self.coalesce_us,
             },
             storage: StorageSection {
                 data_dir: self.data_dir.clone(),
@@ -295,6 +300,9 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("headroom-net")
+        .on_thread_start(headroom_node::coalesce::on_worker_start)
+        .on_thread_park(headroom_node::coalesce::on_worker_park)
+        .on_thread_unpark(headroom_node::coalesce::on_worker_unpark)
         .build()
         .context("starting the async runtime")
 }

@@ -301,6 +301,7 @@ pub struct ServerSection {
     pub api_listen: Option<SocketAddr>,
     pub io_threads: Option<usize>,
     pub inline_max_bytes: Option<Size>,
+    pub coalesce_us: Option<u64>,
 }
 
 /// `[storage]`: where the data lives, and an optional emulated device in front of it.
@@ -631,6 +632,7 @@ impl ConfigFile {
             api_listen: s.api_listen.or(l.api_listen),
             io_threads: s.io_threads.or(l.io_threads),
             inline_max_bytes: s.inline_max_bytes.or(l.inline_max_bytes),
+            coalesce_us: s.coalesce_us.or(l.coalesce_us),
         };
         let (s, l) = (self.storage, lower.storage);
         let storage = StorageSection {
@@ -749,6 +751,18 @@ impl ConfigFile {
                 "server.inline_max_bytes",
                 size,
                 "must be less than 4GiB",
+            ));
+        }
+        if let Some(us) = sv.coalesce_us
+            && us > headroom_node::config::MAX_COALESCE_US
+        {
+            return Err(Invalid::new(
+                "server.coalesce_us",
+                us,
+                format!(
+                    "must be between 0 (off) and {}",
+                    headroom_node::config::MAX_COALESCE_US
+                ),
             ));
         }
 
@@ -968,6 +982,9 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     }
     if let Some(n) = sv.io_threads {
         config.io_threads = n;
+    }
+    if let Some(us) = sv.coalesce_us {
+        config.coalesce_us = us;
     }
     // `check` made sure it fits.
     config.inline_max_bytes = sv
@@ -1309,6 +1326,7 @@ mod tests {
         assert_eq!(c.api_listen, d.api_listen);
         assert_eq!(c.io_threads, d.io_threads);
         assert_eq!(c.inline_max_bytes, None);
+        assert_eq!(c.coalesce_us, headroom_node::config::DEFAULT_COALESCE_US);
         assert_eq!(c.qos, QosConfig::default());
         assert_eq!(c.credit_save_period_ms, d.credit_save_period_ms);
         assert_eq!(c.emulated_device, None);
@@ -1330,6 +1348,7 @@ mod tests {
             api_listen = "127.0.0.1:2"
             io_threads = 3
             inline_max_bytes = "16KiB"
+            coalesce_us = 35
             [storage]
             memory = "1GiB"
             [storage.emulated]
@@ -1385,6 +1404,7 @@ mod tests {
         assert_eq!(c.api_listen, "127.0.0.1:2".parse::<SocketAddr>().unwrap());
         assert_eq!(c.io_threads, 3);
         assert_eq!(c.inline_max_bytes, Some(16 << 10));
+        assert_eq!(c.coalesce_us, 35);
         let e = c.emulated_device.expect("emulated device");
         assert_eq!(e.parallelism, 4);
         assert_eq!(e.write_interference_permille, 500);
@@ -1552,6 +1572,10 @@ mod tests {
             (
                 "[server]\nio_threads = 1000",
                 "server.io_threads = 1000: must be between 0 (inline) and 256",
+            ),
+            (
+                "[server]\ncoalesce_us = 5000",
+                "server.coalesce_us = 5000: must be between 0 (off) and 1000",
             ),
             (
                 "[server]\ninline_max_bytes = \"8GiB\"",

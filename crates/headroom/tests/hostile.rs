@@ -681,11 +681,11 @@ mod with_tls {
         std::fs::write(&keys, format!("bob:{KEY_BOB}\n")).unwrap();
         // The default limits (128 MiB per connection, 256 MiB per tenant, 1 GiB per node).
         let config = write_config(dir.path(), "");
+        // Files, not RAM: bob's 16 GiB volume below holds data in every extent, mostly sparse
+        // file ranges, which cost no memory.
         let server = Server::start_with(
-            &dir.path().join("mem"),
+            &dir.path().join("data"),
             &[
-                "--memory",
-                "4GiB",
                 "--config",
                 config.to_str().unwrap(),
                 "--tls-psk-file",
@@ -693,9 +693,33 @@ mod with_tls {
             ],
         );
         server.create_volume("victim", "64MiB");
-        // Thin: never written, read as zeros (16 GiB, so the copy cannot end first).
+        // 16 GiB, so the copy cannot end first.
         server.create_tenant("bob");
         server.create_volume_with("b1", "16GiB", &["--tenant", "bob"]);
+        let bob = format!(
+            "nbds://bob@{}/b1?tls-psk-file={}",
+            server.nbd,
+            keys.display()
+        );
+        // One byte in every 2 MiB extent, so every read carries a payload: a read of a hole is
+        // answered with a 12-byte hole chunk and would hold no buffer.
+        let pattern = dir.path().join("pattern.raw");
+        {
+            use std::os::unix::fs::FileExt;
+            let file = std::fs::File::create(&pattern).unwrap();
+            file.set_len(16 << 30).unwrap();
+            for extent in 0..(16u64 << 30) / (2 << 20) {
+                file.write_all_at(&[1], extent * (2 << 20)).unwrap();
+            }
+        }
+        let out = Command::new("nbdcopy")
+            .arg("--destination-is-zero")
+            .arg(&pattern)
+            .arg(&bob)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "nbdcopy: {}", text(&out));
+        std::fs::remove_file(&pattern).unwrap();
         let pid = server.pid();
         let before = proc_status_bytes(pid, "VmRSS");
         let victim = server.uri("victim");
@@ -703,11 +727,6 @@ mod with_tls {
 
         // Tenant bob: nbdcopy over TLS, 4 connections with 8 x 32 MiB reads in flight each,
         // stopped with SIGSTOP once it transmits: a frozen client that reads no reply.
-        let bob = format!(
-            "nbds://bob@{}/b1?tls-psk-file={}",
-            server.nbd,
-            keys.display()
-        );
         let hog = Frozen(
             Command::new("nbdcopy")
                 .args([

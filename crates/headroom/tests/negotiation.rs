@@ -14,6 +14,7 @@ const NBD_INFO_DESCRIPTION: u16 = 2;
 const NBD_INFO_BLOCK_SIZE: u16 = 3;
 const REPLY_TYPE_NONE: u16 = 0;
 const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 const REPLY_TYPE_ERROR: u16 = 32769;
 const REPLY_FLAG_DONE: u16 = 1;
@@ -191,6 +192,34 @@ fn structured_replies_and_block_status() {
     assert_eq!(be64(&data.payload), 3 << 20);
     assert!(data.payload[8..].iter().all(|&b| b == 0x42));
 
+    // A read of a hole is one OFFSET_HOLE chunk (offset, length) and no zeros on the wire...
+    client.send_request(0, CMD_READ, 7, 5 << 20, 65536);
+    let hole = read_chunk(&mut client.stream);
+    assert_eq!(
+        (hole.chunk_type, hole.flags, hole.cookie),
+        (REPLY_TYPE_OFFSET_HOLE, REPLY_FLAG_DONE, 7)
+    );
+    assert_eq!(hole.payload.len(), 12);
+    assert_eq!(
+        (be64(&hole.payload), be32(&hole.payload[8..])),
+        (5 << 20, 65536)
+    );
+    // ...unless the client asks for one data chunk (DF): then the zeros come as data.
+    const DF: u16 = 1 << 2;
+    client.send_request(DF, CMD_READ, 8, 5 << 20, 4096);
+    let zeros = read_chunk(&mut client.stream);
+    assert_eq!(
+        (zeros.chunk_type, zeros.flags, zeros.cookie),
+        (REPLY_TYPE_OFFSET_DATA, REPLY_FLAG_DONE, 8)
+    );
+    assert_eq!(zeros.payload.len(), 8 + 4096);
+    assert!(zeros.payload[8..].iter().all(|&b| b == 0));
+    // A read that covers data and hole is data (zeros included).
+    client.send_request(0, CMD_READ, 9, (4 << 20) - 4096, 8192);
+    let mixed = read_chunk(&mut client.stream);
+    assert_eq!(mixed.chunk_type, REPLY_TYPE_OFFSET_DATA);
+    assert_eq!(mixed.payload.len(), 8 + 8192);
+
     // Block status over the whole volume: hole, data (the 2 MiB extent), hole.
     client.send_request(0, CMD_BLOCK_STATUS, 3, 0, 8 << 20);
     let status = read_chunk(&mut client.stream);
@@ -240,7 +269,15 @@ fn structured_replies_and_block_status() {
         .map(|_| {
             let chunk = read_chunk(&mut client.stream);
             assert_eq!(chunk.flags & REPLY_FLAG_DONE, REPLY_FLAG_DONE);
-            assert_eq!(chunk.payload.len(), 8 + 65536);
+            // Only the second extent (2-4 MiB) holds data; the rest reads as holes.
+            let offset = (chunk.cookie % 8) << 20;
+            if (2 << 20..4 << 20).contains(&offset) {
+                assert_eq!(chunk.chunk_type, REPLY_TYPE_OFFSET_DATA);
+                assert_eq!(chunk.payload.len(), 8 + 65536);
+            } else {
+                assert_eq!(chunk.chunk_type, REPLY_TYPE_OFFSET_HOLE);
+                assert_eq!(chunk.payload.len(), 12);
+            }
             chunk.cookie
         })
         .collect();

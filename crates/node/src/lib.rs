@@ -12,6 +12,7 @@ pub mod api;
 pub mod budget;
 pub mod buffers;
 pub mod clock;
+pub mod coalesce;
 pub mod config;
 pub mod dashboard;
 pub mod emulated;

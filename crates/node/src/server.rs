@@ -121,9 +121,10 @@ impl Node {
             ),
             None => None,
         };
+        crate::coalesce::set_delay_us(config.coalesce_us);
         let io = Arc::new(IoRuntime {
             executor,
-            inline_max_bytes: config.effective_inline_max_bytes(),
+            inline_max_bytes: config.effective_inline_max_bytes(store.is_memory_resident()),
             buffers: Arc::new(BufferPool::new(config.limits.max_request_bytes as usize)),
             device,
             clock,

@@ -41,8 +41,10 @@ use crate::scheduler::{IoDesc, Ready, Runner, Scheduler, Ticket, VolumeHandle};
 /// The one metadata context we serve.
 const ALLOCATION_CONTEXT_ID: u32 = nbd::BASE_ALLOCATION_CONTEXT_ID;
 const ALLOCATION_CONTEXT_NAME: &str = nbd::BASE_ALLOCATION;
-/// Replies copied into the batch buffer; larger payloads are written straight from their buffer.
-const INLINE_PAYLOAD_BYTES: usize = 64 << 10;
+/// A batch of replies is written once it holds this many bytes (headers and payloads)...
+const BATCH_BYTES_MAX: usize = 192 << 10;
+/// ...or this many replies (each takes at most two of the kernel's 1,024 iovecs).
+const BATCH_REPLIES_MAX: usize = 256;
 
 /// What a session needs from the node.
 #[derive(Debug)]
@@ -633,8 +635,18 @@ struct Permits {
 enum ReplyBody {
     Done,
     Error(nbd::Errno, &'static str),
-    Data { offset: u64, data: PooledBuffer },
-    BlockStatus { extents: Vec<(u32, u32)> },
+    Data {
+        offset: u64,
+        data: PooledBuffer,
+    },
+    /// A READ of a range that is all hole: one `NBD_REPLY_TYPE_OFFSET_HOLE` chunk, no payload.
+    Hole {
+        offset: u64,
+        len: u32,
+    },
+    BlockStatus {
+        extents: Vec<(u32, u32)>,
+    },
 }
 
 struct Reply {
@@ -762,6 +774,7 @@ where
             if reply_tx.is_closed() {
                 break Ok(());
             }
+            crate::coalesce::note_request();
             let header = match nbd::decode_request_header(&header_buf) {
                 Ok(header) => header,
                 Err(err) => break Err(err.into()),
@@ -875,7 +888,7 @@ where
                     (Some(scheduler), Some(handle)) => {
                         scheduler.submit(handle, io, job, &mut ready);
                         if !ready.is_empty() {
-                            run_ready(&ctx.io, Some(scheduler), std::mem::take(&mut ready));
+                            run_ready_reusing(&ctx.io, scheduler, &mut ready);
                         }
                     }
                     _ => {
@@ -902,6 +915,7 @@ where
                         volume: Arc::clone(&volume),
                         request: piece,
                         write_payload: None,
+                        sparse_read: false,
                         answer: Answer::Piece {
                             split: Arc::clone(&split),
                             index,
@@ -910,10 +924,14 @@ where
                 }
                 continue;
             }
+            // With structured replies, a READ of a hole is answered by a hole chunk instead of
+            // zeros (as qemu-nbd and nbdkit do), unless the client asked for one data chunk (DF).
+            let sparse_read = negotiated.structured && !request.df;
             submit(IoJob {
                 volume: Arc::clone(&volume),
                 request,
                 write_payload,
+                sparse_read,
                 answer: Answer::Whole {
                     permits,
                     reply: Arc::clone(&path),
@@ -1125,6 +1143,8 @@ pub struct IoJob {
     volume: Arc<Volume>,
     request: nbd::ValidRequest,
     write_payload: Option<PooledBuffer>,
+    /// A READ whose range is all hole may be answered with `ReplyBody::Hole`.
+    sparse_read: bool,
     answer: Answer,
 }
 
@@ -1190,6 +1210,22 @@ impl Admission {
     }
 }
 
+/// `run_ready` on a vector the caller keeps: its allocation serves the next request too.
+fn run_ready_reusing(
+    io: &Arc<IoRuntime>,
+    scheduler: &Arc<Scheduler<IoJob>>,
+    ready: &mut Vec<Ready<IoJob>>,
+) {
+    let mut work: std::collections::VecDeque<Ready<IoJob>> = std::mem::take(ready).into();
+    while let Some(Ready { job, ticket }) = work.pop_front() {
+        if let Some(released) = run_job(io, Some(scheduler), job, Scheduled(ticket)) {
+            work.extend(released);
+        }
+    }
+    // Empty, hence contiguous: the conversion keeps the buffer.
+    *ready = work.into();
+}
+
 /// Runs dispatched jobs and whatever their completions release, in order.
 fn run_ready(
     io: &Arc<IoRuntime>,
@@ -1252,9 +1288,10 @@ fn execute_and_finish(
         volume,
         request,
         write_payload,
+        sparse_read,
         answer,
     } = job;
-    let body = execute(&io.buffers, &volume, &request, write_payload);
+    let body = execute(&io.buffers, &volume, &request, write_payload, sparse_read);
     let cookie = request.cookie;
     let clock = io.clock;
     let finish = move |scheduler: Option<&Arc<Scheduler<IoJob>>>| {
@@ -1291,14 +1328,27 @@ fn execute(
     volume: &Volume,
     request: &nbd::ValidRequest,
     write_payload: Option<PooledBuffer>,
+    sparse_read: bool,
 ) -> ReplyBody {
     let offset = request.offset;
     let length = u64::from(request.length);
     let outcome = match request.command {
         nbd::Command::Read => {
             let mut data = buffers.get(request.length as usize);
-            match volume.read_at(offset, data.as_mut_slice()) {
-                Ok(()) => return ReplyBody::Data { offset, data },
+            let read = if sparse_read && request.length > 0 {
+                volume.read_at_unless_hole(offset, data.as_mut_slice())
+            } else {
+                volume.read_at(offset, data.as_mut_slice()).map(|()| false)
+            };
+            match read {
+                Ok(true) => {
+                    buffers.put(data);
+                    return ReplyBody::Hole {
+                        offset,
+                        len: request.length,
+                    };
+                }
+                Ok(false) => return ReplyBody::Data { offset, data },
                 Err(err) => {
                     buffers.put(data);
                     Err(err)
@@ -1395,27 +1445,44 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     buffers: Arc<BufferPool>,
     stall: Duration,
 ) -> std::io::Result<()> {
-    let mut out: Vec<u8> = Vec::with_capacity(256 << 10);
-    let mut written: Vec<Reply> = Vec::with_capacity(64);
+    // Headers (and other small replies) are encoded into `out`; READ payloads stay in their
+    // buffers. `segments` lists the batch in wire order, and one `writev` sends it all: no
+    // payload is copied on its way out.
+    let mut out: Vec<u8> = Vec::with_capacity(64 << 10);
+    let mut segments: Vec<Segment> = Vec::with_capacity(2 * BATCH_REPLIES_MAX);
+    let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES_MAX);
     while let Some(first) = replies.recv().await {
         let mut next = Some(first);
+        let mut head_start = 0;
+        let mut payload_bytes = 0;
         while let Some(reply) = next.take() {
-            if let Some(payload) = encode_reply(&mut out, &reply, structured) {
-                // Header (and whatever was batched before it) and payload in one syscall.
-                write_all_vectored(&mut writer, &out, payload, stall).await?;
-                out.clear();
+            if encode_reply(&mut out, &reply, structured) {
+                segments.push(Segment::Head(head_start..out.len()));
+                head_start = out.len();
+                segments.push(Segment::Payload(batch.len()));
+                payload_bytes += reply_payload(&reply).len();
             }
-            written.push(reply);
-            if out.len() < (192 << 10) && written.len() < 256 {
+            batch.push(reply);
+            if out.len() + payload_bytes < BATCH_BYTES_MAX && batch.len() < BATCH_REPLIES_MAX {
                 next = replies.try_recv().ok();
             }
         }
-        if !out.is_empty() {
-            write_all_vectored(&mut writer, &out, &[], stall).await?;
-            out.clear();
+        if head_start < out.len() {
+            segments.push(Segment::Head(head_start..out.len()));
         }
+        let mut slices: Vec<std::io::IoSlice<'_>> = segments
+            .iter()
+            .map(|segment| match segment {
+                Segment::Head(range) => std::io::IoSlice::new(&out[range.clone()]),
+                Segment::Payload(index) => std::io::IoSlice::new(reply_payload(&batch[*index])),
+            })
+            .collect();
+        write_all_slices(&mut writer, &mut slices, stall).await?;
+        drop(slices);
+        out.clear();
+        segments.clear();
         // Releases the permits of everything now on the wire, and recycles read buffers.
-        for reply in written.drain(..) {
+        for reply in batch.drain(..) {
             if let ReplyBody::Data { data, .. } = reply.body {
                 buffers.put(data);
             }
@@ -1465,33 +1532,46 @@ async fn read_exact_progressing<R: AsyncRead + Unpin>(
     Ok(())
 }
 
-/// Writes `head` then `payload`; each write must make progress within `stall`.
-async fn write_all_vectored<W: AsyncWrite + Unpin>(
+/// One piece of a batch of replies on the wire.
+enum Segment {
+    /// Bytes of the batch's encode buffer.
+    Head(std::ops::Range<usize>),
+    /// The payload of the batch's reply at this index.
+    Payload(usize),
+}
+
+/// The payload bytes a reply carries after its header (READ data).
+fn reply_payload(reply: &Reply) -> &[u8] {
+    match &reply.body {
+        ReplyBody::Data { data, .. } => data.as_slice(),
+        _ => &[],
+    }
+}
+
+/// Writes every slice, in order; each write must make progress within `stall`.
+async fn write_all_slices<W: AsyncWrite + Unpin>(
     writer: &mut W,
-    head: &[u8],
-    payload: &[u8],
+    slices: &mut [std::io::IoSlice<'_>],
     stall: Duration,
 ) -> std::io::Result<()> {
-    let mut head = head;
-    let mut payload = payload;
-    while !head.is_empty() || !payload.is_empty() {
-        let slices = [std::io::IoSlice::new(head), std::io::IoSlice::new(payload)];
-        let n = match tokio::time::timeout(stall, writer.write_vectored(&slices)).await {
+    let mut slices = slices;
+    std::io::IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        let n = match tokio::time::timeout(stall, writer.write_vectored(slices)).await {
             Ok(written) => written?,
             Err(_) => return Err(Stalled::error()),
         };
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        let from_head = n.min(head.len());
-        head = &head[from_head..];
-        payload = &payload[n - from_head..];
+        std::io::IoSlice::advance_slices(&mut slices, n);
     }
     Ok(())
 }
 
-/// Appends a reply to `out`; returns a large payload that must follow `out` on the wire.
-fn encode_reply<'a>(out: &mut Vec<u8>, reply: &'a Reply, structured: bool) -> Option<&'a [u8]> {
+/// Appends a reply to `out`; returns whether its payload (`reply_payload`) must follow `out`
+/// on the wire.
+fn encode_reply(out: &mut Vec<u8>, reply: &Reply, structured: bool) -> bool {
     let cookie = reply.cookie;
     match (&reply.body, structured) {
         (ReplyBody::Done, false) => nbd::encode_simple_reply_header(out, cookie, 0),
@@ -1504,30 +1584,29 @@ fn encode_reply<'a>(out: &mut Vec<u8>, reply: &'a Reply, structured: bool) -> Op
         }
         (ReplyBody::Data { data, .. }, false) => {
             nbd::encode_simple_reply_header(out, cookie, 0);
-            return attach(out, data.as_slice());
+            return !data.is_empty();
         }
         (ReplyBody::Data { offset, data }, true) => {
             if data.is_empty() {
                 nbd::encode_structured_none_done(out, cookie);
-                return None;
+                return false;
             }
             // Lengths were validated against the 32 MiB maximum, so they fit in 32 bits.
             let length = u32::try_from(data.len()).unwrap_or(u32::MAX);
             nbd::encode_structured_offset_data_header(out, true, cookie, *offset, length);
-            return attach(out, data.as_slice());
+            return true;
+        }
+        (ReplyBody::Hole { offset, len }, true) => {
+            nbd::encode_structured_offset_hole(out, true, cookie, *offset, *len);
+        }
+        // Not produced without structured replies; answered correctly all the same.
+        (ReplyBody::Hole { len, .. }, false) => {
+            nbd::encode_simple_reply_header(out, cookie, 0);
+            out.resize(out.len() + *len as usize, 0);
         }
         (ReplyBody::BlockStatus { extents }, _) => {
             nbd::encode_structured_block_status(out, true, cookie, ALLOCATION_CONTEXT_ID, extents);
         }
     }
-    None
-}
-
-fn attach<'a>(out: &mut Vec<u8>, data: &'a [u8]) -> Option<&'a [u8]> {
-    if data.len() > INLINE_PAYLOAD_BYTES {
-        Some(data)
-    } else {
-        out.extend_from_slice(data);
-        None
-    }
+    false
 }
