@@ -19,7 +19,6 @@ use std::time::Instant;
 use rustix::fs::{Advice, FallocateFlags, SeekFrom};
 use rustix::io::Errno;
 
-use crate::extent_memory::ExtentMemory;
 use crate::fault::{self, ActiveRule, Fault, IoClass};
 use crate::layout::EXTENT_SIZE_BYTES;
 use crate::stats::{DeviceCounters, DeviceOp};
@@ -72,7 +71,7 @@ struct MemoryDevice {
 }
 
 /// One RAM extent: `None` until first written (reads as zeros) and after a whole-extent punch.
-type MemorySlot = RwLock<Option<ExtentMemory>>;
+type MemorySlot = RwLock<Option<Box<[u8]>>>;
 
 /// Opens (or creates) a device file or block device; returns the file, its usable capacity in
 /// bytes and whether it is a block device. A new or empty regular file is sized (sparse) to
@@ -358,7 +357,9 @@ impl Device {
             }
             Backend::Memory(m) => {
                 let mut slot = write(m.slot(ext)?);
-                let buf = slot.get_or_insert_with(ExtentMemory::zeroed);
+                let buf = slot.get_or_insert_with(|| {
+                    vec![0u8; EXTENT_SIZE_BYTES as usize].into_boxed_slice()
+                });
                 let start = off as usize;
                 let dst = buf
                     .get_mut(start..start + data.len())

@@ -16,7 +16,6 @@ mod config;
 mod device;
 mod error;
 mod extent_map;
-mod extent_memory;
 mod fault;
 mod layout;
 mod meta;
