@@ -116,7 +116,7 @@ struct ServeArgs {
     #[arg(long, value_parser = parse_inline_bytes)]
     inline_max_bytes: Option<u32>,
     /// Microseconds a network thread about to sleep waits for more requests, to answer
-    /// several per wake-up; adaptive, 0 = off [default: 10].
+    /// several per wake-up; adaptive, 0 = off [default: 10 with --memory, 0 with a data directory].
     #[arg(long)]
     coalesce_us: Option<u64>,
     /// Maximum NBD connections at once [default: 256].

@@ -984,7 +984,7 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         config.io_threads = n;
     }
     if let Some(us) = sv.coalesce_us {
-        config.coalesce_us = us;
+        config.coalesce_us = Some(us);
     }
     // `check` made sure it fits.
     config.inline_max_bytes = sv
@@ -1326,7 +1326,7 @@ mod tests {
         assert_eq!(c.api_listen, d.api_listen);
         assert_eq!(c.io_threads, d.io_threads);
         assert_eq!(c.inline_max_bytes, None);
-        assert_eq!(c.coalesce_us, headroom_node::config::DEFAULT_COALESCE_US);
+        assert_eq!(c.coalesce_us, None);
         assert_eq!(c.qos, QosConfig::default());
         assert_eq!(c.credit_save_period_ms, d.credit_save_period_ms);
         assert_eq!(c.emulated_device, None);
@@ -1337,6 +1337,20 @@ mod tests {
             c.limits.max_inflight_bytes_per_conn,
             l.max_inflight_bytes_per_conn
         );
+    }
+
+    #[test]
+    fn coalescing_is_on_by_default_for_memory_only() {
+        let memory = resolved("[storage]\nmemory = \"1GiB\"");
+        assert_eq!(
+            memory.effective_coalesce_us(),
+            headroom_node::config::DEFAULT_COALESCE_US
+        );
+        assert_eq!(resolved("").effective_coalesce_us(), 0);
+        let files_on = resolved("[server]\ncoalesce_us = 7");
+        assert_eq!(files_on.effective_coalesce_us(), 7);
+        let memory_off = resolved("[server]\ncoalesce_us = 0\n[storage]\nmemory = \"1GiB\"");
+        assert_eq!(memory_off.effective_coalesce_us(), 0);
     }
 
     #[test]
@@ -1404,7 +1418,7 @@ mod tests {
         assert_eq!(c.api_listen, "127.0.0.1:2".parse::<SocketAddr>().unwrap());
         assert_eq!(c.io_threads, 3);
         assert_eq!(c.inline_max_bytes, Some(16 << 10));
-        assert_eq!(c.coalesce_us, 35);
+        assert_eq!(c.coalesce_us, Some(35));
         let e = c.emulated_device.expect("emulated device");
         assert_eq!(e.parallelism, 4);
         assert_eq!(e.write_interference_permille, 500);

@@ -241,8 +241,9 @@ pub struct NodeConfig {
     /// must not stall a network thread).
     pub inline_max_bytes: Option<u32>,
     /// How long a network thread about to sleep first waits for more requests, so it answers
-    /// several per wake-up (`node::coalesce`); 0: never.
-    pub coalesce_us: u64,
+    /// several per wake-up (`node::coalesce`); 0: never. `None`: `DEFAULT_COALESCE_US` for
+    /// the memory backend, 0 with a data directory (see `effective_coalesce_us`).
+    pub coalesce_us: Option<u64>,
     /// How I/O is scheduled (policy, capacity, workers, dispatch).
     pub qos: QosConfig,
     /// An emulated device in front of the backend: a known bottleneck for experiments.
@@ -263,14 +264,28 @@ pub struct NodeConfig {
     pub calibration_file: Option<PathBuf>,
 }
 
-/// `NodeConfig::coalesce_us` by default: one or two request arrivals at 150k requests/s. Of
-/// 10, 20, 30, 50 and 100 µs it gave the most IOPS at 4 KiB QD32 here, at the same CPU per
-/// I/O as 20-30 µs; longer waits lose IOPS (docs/results.md, "Data path speed").
+/// `NodeConfig::coalesce_us` by default for the memory backend: one or two request arrivals
+/// at 150k requests/s. Of 10, 20, 30, 50 and 100 µs it gave the most IOPS at 4 KiB QD32 here,
+/// at the same CPU per I/O as 20-30 µs; longer waits lose IOPS (docs/results.md, "Data path
+/// speed").
 pub const DEFAULT_COALESCE_US: u64 = 10;
 /// Longest coalescing wait accepted: beyond it the wait is latency, not batching.
 pub const MAX_COALESCE_US: u64 = 1000;
 
 impl NodeConfig {
+    /// The coalescing wait in force (see `coalesce_us`). Off by default with a data
+    /// directory: on files (measured on tmpfs, where it could help most) the batches it made
+    /// bought no CPU per I/O and cost 12-17 % of the IOPS, each request being a `pread` that
+    /// holds the whole batch's replies back; on the RAM backend it saves 13-14 % of the CPU
+    /// per I/O (docs/results.md, "Data path speed").
+    pub fn effective_coalesce_us(&self) -> u64 {
+        match (self.coalesce_us, &self.backend) {
+            (Some(us), _) => us,
+            (None, StoreBackend::Memory { .. }) => DEFAULT_COALESCE_US,
+            (None, StoreBackend::Files { .. }) => 0,
+        }
+    }
+
     /// The inline threshold in force (see `inline_max_bytes`), given whether every device
     /// of the opened store keeps its data in RAM (`Store::is_memory_resident`).
     pub fn effective_inline_max_bytes(&self, memory_resident: bool) -> u32 {
@@ -296,7 +311,7 @@ impl NodeConfig {
             api_listen: Self::default_api_listen(),
             limits: Limits::default(),
             io_threads: 2,
-            coalesce_us: DEFAULT_COALESCE_US,
+            coalesce_us: None,
             inline_max_bytes: None,
             qos: QosConfig::default(),
             emulated_device: None,

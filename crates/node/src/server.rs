@@ -121,7 +121,7 @@ impl Node {
             ),
             None => None,
         };
-        crate::coalesce::set_delay_us(config.coalesce_us);
+        crate::coalesce::set_delay_us(config.effective_coalesce_us());
         let io = Arc::new(IoRuntime {
             executor,
             inline_max_bytes: config.effective_inline_max_bytes(store.is_memory_resident()),
