@@ -888,7 +888,7 @@ where
                     (Some(scheduler), Some(handle)) => {
                         scheduler.submit(handle, io, job, &mut ready);
                         if !ready.is_empty() {
-                            run_ready_reusing(&ctx.io, scheduler, &mut ready);
+                            run_ready_in(&ctx.io, Some(scheduler), &mut ready);
                         }
                     }
                     _ => {
@@ -925,7 +925,7 @@ where
                 continue;
             }
             // With structured replies, a READ of a hole is answered by a hole chunk instead of
-            // zeros (as qemu-nbd and nbdkit do), unless the client asked for one data chunk (DF).
+            // zeros (as qemu-nbd does), unless the client asked for one data chunk (DF).
             let sparse_read = negotiated.structured && !request.df;
             submit(IoJob {
                 volume: Arc::clone(&volume),
@@ -1210,34 +1210,30 @@ impl Admission {
     }
 }
 
-/// `run_ready` on a vector the caller keeps: its allocation serves the next request too.
-fn run_ready_reusing(
-    io: &Arc<IoRuntime>,
-    scheduler: &Arc<Scheduler<IoJob>>,
-    ready: &mut Vec<Ready<IoJob>>,
-) {
-    let mut work: std::collections::VecDeque<Ready<IoJob>> = std::mem::take(ready).into();
-    while let Some(Ready { job, ticket }) = work.pop_front() {
-        if let Some(released) = run_job(io, Some(scheduler), job, Scheduled(ticket)) {
-            work.extend(released);
-        }
-    }
-    // Empty, hence contiguous: the conversion keeps the buffer.
-    *ready = work.into();
-}
-
 /// Runs dispatched jobs and whatever their completions release, in order.
 fn run_ready(
     io: &Arc<IoRuntime>,
     scheduler: Option<&Arc<Scheduler<IoJob>>>,
-    ready: Vec<Ready<IoJob>>,
+    mut ready: Vec<Ready<IoJob>>,
 ) {
-    let mut work: std::collections::VecDeque<Ready<IoJob>> = ready.into();
+    run_ready_in(io, scheduler, &mut ready);
+}
+
+/// `run_ready` on a vector the caller keeps (a session's): its allocation serves the next
+/// request too. Leaves it empty.
+fn run_ready_in(
+    io: &Arc<IoRuntime>,
+    scheduler: Option<&Arc<Scheduler<IoJob>>>,
+    ready: &mut Vec<Ready<IoJob>>,
+) {
+    let mut work: std::collections::VecDeque<Ready<IoJob>> = std::mem::take(ready).into();
     while let Some(Ready { job, ticket }) = work.pop_front() {
         if let Some(released) = run_job(io, scheduler, job, Scheduled(ticket)) {
             work.extend(released);
         }
     }
+    // Empty, hence contiguous: the conversion keeps the buffer.
+    *ready = work.into();
 }
 
 /// Runs one job inline or on the executor. Returns the jobs its completion released when it
