@@ -10,22 +10,17 @@
 
 mod common;
 
-use common::{Server, bearer};
+use common::{Server, bearer, openmetrics};
 use headroom_lab::{ClosedLoopSpec, LabError, Target, closed_loop};
 
 /// The value of `name{volume="VOLUME",op="OP"}` in an OpenMetrics exposition.
 fn volume_series(body: &str, name: &str, volume: &str, op: &str) -> u64 {
-    body.lines()
-        .filter(|line| !line.starts_with('#'))
-        .find_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (metric, labels) = series.split_once('{')?;
-            let labels = labels.strip_suffix('}')?;
-            let has = |k: &str, v: &str| labels.split(',').any(|l| l == format!("{k}=\"{v}\""));
-            (metric == name && has("volume", volume) && has("op", op))
-                .then(|| value.parse::<f64>().expect("numeric value") as u64)
-        })
-        .unwrap_or_else(|| panic!("no {name}{{volume={volume},op={op}}} in\n{body}"))
+    openmetrics::value(
+        &openmetrics::parse(body),
+        name,
+        &[("volume", volume), ("op", op)],
+    )
+    .unwrap_or_else(|| panic!("no {name}{{volume={volume},op={op}}} in\n{body}")) as u64
 }
 
 fn scrape(server: &Server) -> String {

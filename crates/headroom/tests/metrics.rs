@@ -16,56 +16,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::openmetrics::{Sample, parse, value};
 use common::raw::Client;
 use common::{Server, TEST_TOKEN, have_tool, run_ok};
 use serde_json::Value;
-
-/// One sample of the exposition: name, labels, value.
-#[derive(Debug, Clone)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-/// Parses OpenMetrics text (the subset the server writes: no exemplars, no timestamps).
-fn parse(text: &str) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if line.starts_with('#') || line.is_empty() {
-            continue;
-        }
-        let (series, value) = line.rsplit_once(' ').expect("sample line");
-        let value = match value {
-            "+Inf" | "inf" => f64::INFINITY,
-            v => v
-                .parse()
-                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
-        };
-        let (name, labels) = match series.split_once('{') {
-            None => (series.to_string(), BTreeMap::new()),
-            Some((name, rest)) => {
-                let body = rest.strip_suffix('}').expect("closing brace");
-                let mut labels = BTreeMap::new();
-                for pair in body.split("\",") {
-                    let (k, v) = pair.split_once("=\"").expect("label");
-                    labels.insert(k.to_string(), v.trim_end_matches('"').to_string());
-                }
-                (name.to_string(), labels)
-            }
-        };
-        out.push(Sample {
-            name,
-            labels,
-            value,
-        });
-    }
-    out
-}
 
 /// `GET /metrics` with the bearer token; the body and how long it took.
 fn scrape(server: &Server) -> (String, Duration) {
@@ -92,19 +49,6 @@ fn scrape(server: &Server) -> (String, Duration) {
         .expect("body");
     assert!(body.ends_with("# EOF\n"), "no EOF marker");
     (body, started.elapsed())
-}
-
-/// The value of `name` with exactly these labels (besides any not given).
-fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    samples
-        .iter()
-        .find(|s| {
-            s.name == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-        })
-        .map(|s| s.value)
 }
 
 fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {

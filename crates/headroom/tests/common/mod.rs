@@ -3,6 +3,7 @@
 //! it by PID (SIGTERM for a clean stop, SIGKILL to simulate a crash).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod openmetrics;
 pub mod raw;
 
 use std::io::{BufRead, BufReader};
