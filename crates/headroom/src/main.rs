@@ -6,6 +6,7 @@ mod calibrate;
 mod client;
 #[cfg(test)]
 mod config_docs;
+mod device_cmd;
 mod output;
 mod pool_cmd;
 mod qos_cmd;
@@ -51,6 +52,9 @@ enum Command {
     /// Show the pool: capacity, allocation and each device, from a running server's API.
     #[command(after_help = EXIT_CODES)]
     Pool(pool_cmd::PoolArgs),
+    /// The pool's devices and what each is doing now (telemetry), from a running server's API.
+    #[command(subcommand, after_help = EXIT_CODES)]
+    Device(device_cmd::DeviceCommand),
     /// Manage volumes through a running server's API.
     #[command(subcommand, after_help = EXIT_CODES)]
     Volume(volume_cmd::VolumeCommand),
@@ -245,6 +249,7 @@ fn run(cli: Cli) -> Result<()> {
             runtime()?.block_on(serve(args.serve, Some((args.volume, args.size))))
         }
         Command::Pool(args) => pool_cmd::run(args),
+        Command::Device(command) => device_cmd::run(command),
         Command::Volume(command) => volume_cmd::run(command),
         Command::Tenant(command) => tenant_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),

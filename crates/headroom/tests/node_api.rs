@@ -1,6 +1,7 @@
 //! `GET /v1/node` and `GET /v1/devices`: what the node runs (version, policy, workers,
 //! capacity, the calibration it loaded, uptime) and its devices (path, capacity, allocated
-//! bytes, failed), as the operator sees them.
+//! bytes, failed, and their telemetry: smoothed rates, latencies and write cost, also in
+//! `headroom device list` and `/metrics`), as the operator sees them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
 
@@ -123,8 +124,123 @@ fn devices_show_path_capacity_and_what_is_allocated_on_them() {
         volume["allocated_bytes"].as_u64().unwrap(),
         "{devices} {volume}"
     );
-    // The pool view carries the same devices.
-    assert_eq!(get(&server, "/v1/pool")["devices"], devices);
+    // The pool view carries the same devices (but for their telemetry, which the sampler
+    // may move on between the two requests).
+    let without_telemetry = |mut devices: Value| {
+        for d in devices.as_array_mut().unwrap() {
+            d.as_object_mut().unwrap().remove("telemetry");
+        }
+        devices
+    };
+    assert_eq!(
+        without_telemetry(get(&server, "/v1/pool")["devices"].clone()),
+        without_telemetry(devices)
+    );
+    server.stop();
+}
+
+fn scrape(server: &Server) -> String {
+    ureq::get(format!("{}/metrics", server.api))
+        .header("authorization", common::bearer())
+        .call()
+        .expect("GET /metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("metrics body")
+}
+
+/// Sum of `headroom_device_bytes{op}` over the devices.
+fn device_bytes(server: &Server, op: &str) -> f64 {
+    common::openmetrics::parse(&scrape(server))
+        .iter()
+        .filter(|s| {
+            s.name == "headroom_device_bytes_total"
+                && s.labels.get("op").map(String::as_str) == Some(op)
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+#[test]
+fn device_telemetry_shows_what_each_device_is_doing_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--devices", "2", "--device-size", "1GiB"],
+    );
+    // Before any I/O: no rates, no latency, version 0 (or no telemetry yet at all).
+    for d in get(&server, "/v1/devices").as_array().unwrap() {
+        let version = d["telemetry"]["version"].as_u64().unwrap_or(0);
+        assert_eq!(version, 0, "{d}");
+    }
+    server.create_volume("v", "256MiB");
+    let mut client = Client::open(server.nbd, "v");
+    let block = vec![0xa5_u8; 64 << 10];
+    for i in 0..16u64 {
+        assert_eq!(client.write(i, i * (16 << 20), &block, 0), 0);
+    }
+    for i in 0..16u64 {
+        let data = client.read(100 + i, i * (16 << 20), 64 << 10).unwrap();
+        assert!(data == block, "read {i} differs");
+    }
+    assert_eq!(client.flush(99), 0);
+    client.disconnect();
+    // The device counters have the bytes exactly: 1 MiB written, 1 MiB read.
+    assert_eq!(device_bytes(&server, "write"), f64::from(16 << 16));
+    assert_eq!(device_bytes(&server, "read"), f64::from(16 << 16));
+
+    // The sampler takes them into the telemetry at its next interval (1 s): poll for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let devices = loop {
+        let devices = get(&server, "/v1/devices");
+        let seen = devices
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["telemetry"]["version"].as_u64().unwrap_or(0) >= 1);
+        if seen {
+            break devices;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no device telemetry after 20 s: {devices}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100)); // polling, with a deadline
+    };
+    let busy: Vec<&Value> = devices
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["telemetry"]["version"].as_u64().unwrap_or(0) >= 1)
+        .collect();
+    for d in &busy {
+        let t = &d["telemetry"];
+        // File devices are timed: both latencies, hence a write cost, are known and positive.
+        assert!(t["write_bytes_per_s"].as_f64().unwrap() > 0.0, "{d}");
+        assert!(t["read_bytes_per_s"].as_f64().unwrap() > 0.0, "{d}");
+        assert!(t["write_iops"].as_f64().unwrap() > 0.0, "{d}");
+        assert!(t["read_latency_us"].as_f64().unwrap() > 0.0, "{d}");
+        assert!(t["write_latency_us"].as_f64().unwrap() > 0.0, "{d}");
+        assert!(t["write_cost"].as_f64().unwrap() > 0.0, "{d}");
+        assert!(t["interval_ms"].as_f64().unwrap() > 0.0, "{d}");
+    }
+    // The CLI shows the same devices.
+    let out = server.cli(&["device", "list", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+    let out = server.cli(&["device", "list"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && table.contains("WRITE COST"),
+        "{table}"
+    );
+    // And /metrics has the smoothed gauges for the busy devices.
+    let text = scrape(&server);
+    assert!(
+        text.contains("headroom_device_telemetry_iops{"),
+        "no telemetry gauges in {text}"
+    );
     server.stop();
 }
 

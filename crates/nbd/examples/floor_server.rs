@@ -37,10 +37,7 @@ fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let usage = || std::io::Error::other("usage: floor_server ADDR SIZE_MIB [--copy]");
     let addr = args.get(1).ok_or_else(usage)?;
-    let size_mib: usize = args
-        .get(2)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(usage)?;
+    let size_mib: usize = args.get(2).and_then(|s| s.parse().ok()).ok_or_else(usage)?;
     let copy = args.get(3).is_some_and(|a| a == "--copy");
     let mut data = vec![0u8; size_mib << 20];
     // Touched and not zero, so reads come from memory of their own (an untouched zero

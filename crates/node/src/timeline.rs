@@ -273,6 +273,8 @@ pub struct Timeline {
     sources: Sources,
     interval_ms: u64,
     history: Mutex<History>,
+    /// Origin of the times given to the store's device telemetry.
+    origin: Instant,
 }
 
 impl std::fmt::Debug for Timeline {
@@ -415,6 +417,7 @@ impl Timeline {
             sources,
             interval_ms: interval_ms.max(1),
             history: Mutex::new(History::default()),
+            origin: Instant::now(),
         })
     }
 
@@ -449,6 +452,12 @@ impl Timeline {
 
     /// [`Timeline::sample`] as if the time were `now` (tests choose the interval).
     fn sample_at(&self, now: Instant) {
+        // The devices' smoothed view (placement and `GET /v1/devices` read it) moves on with
+        // the same interval as the history.
+        let since_origin_ns = now.saturating_duration_since(self.origin).as_nanos();
+        self.sources
+            .store
+            .observe_devices(u64::try_from(since_origin_ns).unwrap_or(u64::MAX));
         let scheduler = self.sources.scheduler.as_ref();
         let cost = scheduler.map(|s| s.dispatched_cost_total());
         let infos = self.sources.store.list_volumes();

@@ -178,47 +178,58 @@ impl Device {
     /// RAM device are counted but not timed: they are memory copies, far below the first
     /// latency bucket, and two clock reads would cost more than many of them.
     #[inline]
-    fn timed<T>(&self, op: DeviceOp, run: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    fn timed<T>(
+        &self,
+        op: DeviceOp,
+        bytes: u64,
+        run: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
         if self.is_memory() {
             let result = run();
-            self.stats.count(op, result.is_err());
+            self.stats.count(op, bytes, result.is_err());
             return result;
         }
         let start = Instant::now();
         let result = run();
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.stats.record(op, ns, result.is_err());
+        self.stats.record(op, bytes, ns, result.is_err());
         result
     }
 
     /// Reads `buf.len()` bytes at `off` inside physical extent `ext`.
     pub(crate) fn read(&self, ext: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.timed(DeviceOp::Read, || self.read_untimed(ext, off, buf))
+        self.timed(DeviceOp::Read, buf.len() as u64, || {
+            self.read_untimed(ext, off, buf)
+        })
     }
 
     /// Writes `data` at `off` inside physical extent `ext`.
     pub(crate) fn write(&self, ext: u32, off: u64, data: &[u8]) -> io::Result<()> {
-        self.timed(DeviceOp::Write, || self.write_untimed(ext, off, data))
+        self.timed(DeviceOp::Write, data.len() as u64, || {
+            self.write_untimed(ext, off, data)
+        })
     }
 
     /// Zeroes `[off, off + len)` of extent `ext`, keeping the space allocated (NO_HOLE).
     pub(crate) fn zero(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
-        self.timed(DeviceOp::Zero, || self.zero_untimed(ext, off, len))
+        self.timed(DeviceOp::Zero, len, || self.zero_untimed(ext, off, len))
     }
 
     /// Deallocates `[off, off + len)` of extent `ext`; the range reads as zeros afterwards.
     pub(crate) fn punch(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
-        self.timed(DeviceOp::Punch, || self.punch_untimed(ext, off, len))
+        self.timed(DeviceOp::Punch, 0, || self.punch_untimed(ext, off, len))
     }
 
     /// Deallocates `count` whole extents starting at `first` (one call for a contiguous run).
     pub(crate) fn punch_extents(&self, first: u32, count: u32) -> io::Result<()> {
-        self.timed(DeviceOp::Punch, || self.punch_extents_untimed(first, count))
+        self.timed(DeviceOp::Punch, 0, || {
+            self.punch_extents_untimed(first, count)
+        })
     }
 
     /// Unconditional data sync (FUA). Once a sync fails the device stays failed.
     pub(crate) fn sync_now(&self) -> io::Result<()> {
-        self.timed(DeviceOp::Sync, || self.sync_now_untimed())
+        self.timed(DeviceOp::Sync, 0, || self.sync_now_untimed())
     }
 
     /// The device's operation counters.

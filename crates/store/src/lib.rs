@@ -23,6 +23,7 @@ mod name;
 mod stats;
 mod store;
 mod sync;
+mod telemetry;
 mod volume;
 
 pub use config::{DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, MAX_DEVICES, StoreConfig};
@@ -35,4 +36,5 @@ pub use stats::{
     LatencySnapshot, latency_bucket,
 };
 pub use store::{DeviceInfo, NewVolume, PoolInfo, Store, TenantInfo};
+pub use telemetry::{DeviceTelemetry, EWMA_ALPHA};
 pub use volume::{Extent, PhysicalLocation, Volume, VolumeInfo};

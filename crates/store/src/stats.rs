@@ -118,6 +118,8 @@ impl DeviceOp {
 #[derive(Debug, Default)]
 pub(crate) struct DeviceOpCounters {
     errors: AtomicU64,
+    /// Bytes the operations moved (read, written or zeroed).
+    bytes: AtomicU64,
     /// Operations counted without a duration (RAM devices).
     untimed: AtomicU64,
     latency: LatencyHistogram,
@@ -130,21 +132,23 @@ pub(crate) struct DeviceCounters {
 }
 
 impl DeviceCounters {
-    /// Records one operation that took `ns` and failed or not.
+    /// Records one operation of `bytes` that took `ns` and failed or not.
     #[inline]
-    pub(crate) fn record(&self, op: DeviceOp, ns: u64, failed: bool) {
+    pub(crate) fn record(&self, op: DeviceOp, bytes: u64, ns: u64, failed: bool) {
         let c = &self.ops[op as usize];
         c.latency.record(ns);
+        c.bytes.fetch_add(bytes, Ordering::Relaxed);
         if failed {
             c.errors.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Counts one operation without timing it.
+    /// Counts one operation of `bytes` without timing it.
     #[inline]
-    pub(crate) fn count(&self, op: DeviceOp, failed: bool) {
+    pub(crate) fn count(&self, op: DeviceOp, bytes: u64, failed: bool) {
         let c = &self.ops[op as usize];
         c.untimed.fetch_add(1, Ordering::Relaxed);
+        c.bytes.fetch_add(bytes, Ordering::Relaxed);
         if failed {
             c.errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -156,6 +160,7 @@ impl DeviceCounters {
             o.latency = c.latency.snapshot();
             o.ops = o.latency.count() + c.untimed.load(Ordering::Relaxed);
             o.errors = c.errors.load(Ordering::Relaxed);
+            o.bytes = c.bytes.load(Ordering::Relaxed);
         }
         out
     }
@@ -166,6 +171,8 @@ impl DeviceCounters {
 pub struct DeviceOpStats {
     pub ops: u64,
     pub errors: u64,
+    /// Bytes moved: read, written or zeroed (0 for punches and syncs).
+    pub bytes: u64,
     /// Time spent in the operation (device call entry to return).
     pub latency: LatencySnapshot,
 }

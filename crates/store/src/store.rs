@@ -335,6 +335,8 @@ pub struct Store {
     tenants: RwLock<BTreeMap<String, TenantRecord>>,
     /// Most volume bytes per pool byte (`None`: no limit); read under `management`.
     overcommit_ratio: RwLock<Option<f64>>,
+    /// Each device's smoothed view, in device order (`observe_devices`).
+    telemetry: Mutex<Vec<crate::telemetry::TelemetryState>>,
 }
 
 /// A tenant and what it holds.
@@ -658,6 +660,7 @@ impl Store {
             management: Mutex::new(next_volume_id),
             tenants: RwLock::new(tenants),
             overcommit_ratio: RwLock::new(None),
+            telemetry: Mutex::new(Vec::new()),
         }
     }
 
@@ -1059,6 +1062,26 @@ impl Store {
                 ops: d.stats(),
                 timed: !d.is_memory(),
             })
+            .collect()
+    }
+
+    /// Takes every device's counters into its telemetry at `now_ns` (a monotonic clock of
+    /// the caller's, the same origin every call): the node's sampler calls it once per
+    /// interval. See `telemetry` for what is smoothed and how.
+    pub fn observe_devices(&self, now_ns: u64) {
+        let mut states = self.telemetry.lock().unwrap_or_else(|p| p.into_inner());
+        states.resize_with(self.shared.devices.len(), Default::default);
+        for (state, device) in states.iter_mut().zip(&self.shared.devices) {
+            state.observe(now_ns, &device.stats());
+        }
+    }
+
+    /// Every device's telemetry as of the last `observe_devices`, in device order (the id is
+    /// the index); all zero and unknown before two observations.
+    pub fn device_telemetry(&self) -> Vec<crate::telemetry::DeviceTelemetry> {
+        let states = self.telemetry.lock().unwrap_or_else(|p| p.into_inner());
+        (0..self.shared.devices.len())
+            .map(|i| states.get(i).map(|s| s.current()).unwrap_or_default())
             .collect()
     }
 

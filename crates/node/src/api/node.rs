@@ -144,12 +144,13 @@ pub(super) async fn node(State(state): State<ApiState>) -> Json<NodeView> {
     })
 }
 
-/// The pool's devices: path, capacity, allocated bytes, failed.
+/// The pool's devices: path, capacity, allocated bytes, failed, and what each is doing now
+/// (telemetry).
 #[utoipa::path(get, path = "/v1/devices", tag = "node",
     responses((status = 200, body = Vec<DeviceView>),
         (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
 pub(super) async fn devices(State(state): State<ApiState>) -> Json<Vec<DeviceView>> {
-    Json(PoolView::from(state.store.pool_info()).devices)
+    Json(PoolView::of(&state.store).devices)
 }
 
 /// Body of `GET /v1/pool`: the pool's extents and devices.
@@ -193,6 +194,49 @@ pub struct DeviceView {
     /// new extents go elsewhere. Absent from the JSON when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub failed: bool,
+    /// What the device is doing now, smoothed over the node's sampling intervals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<DeviceTelemetryView>,
+}
+
+/// A device's smoothed view (the store's `telemetry` module): rates and mean latencies as
+/// exponentially weighted moving averages over the sampling intervals (weight 0.3 for the
+/// newest), with a version that grows with every interval in which the device did work.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
+pub struct DeviceTelemetryView {
+    /// Intervals in which the device completed at least one operation.
+    pub version: u64,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub read_bytes_per_s: f64,
+    /// Written and zeroed bytes per second.
+    pub write_bytes_per_s: f64,
+    /// Mean time of a read on the device, µs; `null` until timed (RAM devices never are).
+    pub read_latency_us: Option<f64>,
+    /// Mean time of a write on the device, µs; `null` until timed.
+    pub write_latency_us: Option<f64>,
+    /// Time per KiB written over time per KiB read; `null` until both were timed.
+    pub write_cost: Option<f64>,
+    pub errors_per_s: f64,
+    /// Length of the last interval, ms.
+    pub interval_ms: f64,
+}
+
+impl From<headroom_store::DeviceTelemetry> for DeviceTelemetryView {
+    fn from(t: headroom_store::DeviceTelemetry) -> Self {
+        DeviceTelemetryView {
+            version: t.version,
+            read_iops: t.read_iops,
+            write_iops: t.write_iops,
+            read_bytes_per_s: t.read_bytes_per_s,
+            write_bytes_per_s: t.write_bytes_per_s,
+            read_latency_us: t.read_latency_us,
+            write_latency_us: t.write_latency_us,
+            write_cost: t.write_cost,
+            errors_per_s: t.errors_per_s,
+            interval_ms: t.window_ns as f64 / 1e6,
+        }
+    }
 }
 
 impl DeviceView {
@@ -209,6 +253,7 @@ impl DeviceView {
                 .saturating_mul(extent_size_bytes),
             physical_used_bytes: device.physical_used_bytes,
             failed: device.failed,
+            telemetry: None,
         }
     }
 }
@@ -217,6 +262,13 @@ impl PoolView {
     /// The store's pool, with what is provisioned against it.
     pub fn of(store: &headroom_store::Store) -> PoolView {
         let mut view = PoolView::from(store.pool_info());
+        let telemetry = store.device_telemetry();
+        for device in &mut view.devices {
+            device.telemetry = usize::try_from(device.id)
+                .ok()
+                .and_then(|i| telemetry.get(i))
+                .map(|&t| t.into());
+        }
         view.provisioned_bytes = store.provisioned_bytes();
         view.overcommit_ratio = store.overcommit_ratio();
         view.provisionable_bytes = view

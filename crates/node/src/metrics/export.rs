@@ -212,6 +212,10 @@ fn gauge(encoder: MetricEncoder<'_>, value: i64) -> Result<(), std::fmt::Error> 
     ConstGauge::new(value).encode(encoder)
 }
 
+fn gauge_f64(encoder: MetricEncoder<'_>, value: f64) -> Result<(), std::fmt::Error> {
+    ConstGauge::new(value).encode(encoder)
+}
+
 fn gauge_u64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
@@ -467,6 +471,11 @@ impl Collector for Scrape {
                 "Failed operations on a backing device",
                 |s: &DeviceOpStats| s.errors,
             ),
+            (
+                "headroom_device_bytes",
+                "Bytes read, written or zeroed on a backing device (0 for punch and sync)",
+                |s: &DeviceOpStats| s.bytes,
+            ),
         ] {
             let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for d in &devices {
@@ -492,6 +501,67 @@ impl Collector for Scrape {
                 )?;
             }
         }
-        Ok(())
+        encode_device_telemetry(&self.store, &mut encoder, &devices)
     }
+}
+
+/// The devices' smoothed view (store `telemetry`), as of the sampler's last interval.
+fn encode_device_telemetry(
+    store: &headroom_store::Store,
+    encoder: &mut DescriptorEncoder<'_>,
+    devices: &[headroom_store::DeviceStats],
+) -> Result<(), std::fmt::Error> {
+    let telemetry = store.device_telemetry();
+    let rows: Vec<(&str, &headroom_store::DeviceTelemetry)> = devices
+        .iter()
+        .map(|d| d.device.as_str())
+        .zip(telemetry.iter())
+        .collect();
+    let labels = |device: &str, op: &str| [("device", device.to_string()), ("op", op.to_string())];
+    type Pick = fn(&headroom_store::DeviceTelemetry) -> Option<f64>;
+    let families: [(&str, &str, Option<Unit>, Pick, Pick); 3] = [
+        (
+            "headroom_device_telemetry_iops",
+            "Operations per second on a backing device, smoothed (EWMA over the sampling intervals)",
+            None,
+            |t| Some(t.read_iops),
+            |t| Some(t.write_iops),
+        ),
+        (
+            "headroom_device_telemetry_bytes_per_second",
+            "Bytes per second read and written on a backing device, smoothed",
+            None,
+            |t| Some(t.read_bytes_per_s),
+            |t| Some(t.write_bytes_per_s),
+        ),
+        (
+            "headroom_device_telemetry_latency",
+            "Mean time of an operation on a backing device, smoothed (absent until timed)",
+            Some(Unit::Seconds),
+            |t| t.read_latency_us.map(|us| us / 1e6),
+            |t| t.write_latency_us.map(|us| us / 1e6),
+        ),
+    ];
+    for (name, help, unit, read, write) in families {
+        let mut m = encoder.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
+        for (device, t) in &rows {
+            for (op, pick) in [("read", read), ("write", write)] {
+                if let Some(value) = pick(t) {
+                    gauge_f64(m.encode_family(&labels(device, op))?, value)?;
+                }
+            }
+        }
+    }
+    let mut m = encoder.encode_descriptor(
+            "headroom_device_telemetry_write_cost",
+            "Time per KiB written over time per KiB read on a backing device (absent until both were timed)",
+            None,
+            MetricType::Gauge,
+        )?;
+    for (device, t) in &rows {
+        if let Some(cost) = t.write_cost {
+            gauge_f64(m.encode_family(&[("device", device.to_string())])?, cost)?;
+        }
+    }
+    Ok(())
 }

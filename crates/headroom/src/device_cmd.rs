@@ -1,0 +1,126 @@
+//! `headroom device list`: each device of the pool with what it is doing now — the smoothed
+//! rates, mean latencies and write cost of the store's telemetry — from `GET /v1/devices`.
+//!
+//! Why apart from `headroom pool`: the pool view answers "how full", this one "how busy";
+//! placement and read routing decide on the second, and an operator looking for a slow or
+//! failing device needs it per device. Read as loose JSON, like `pool`: a server without
+//! telemetry still gets its rows, with dashes.
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use crate::client::ApiArgs;
+use crate::output::{Align, Table, emit, mb_per_s, print_json};
+
+#[derive(Subcommand, Debug)]
+pub enum DeviceCommand {
+    /// Each device: state, and its smoothed IOPS, bandwidth, latency and write cost.
+    List(DeviceListArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DeviceListArgs {
+    /// Print the API's JSON (`GET /v1/devices`).
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+pub fn run(command: DeviceCommand) -> Result<()> {
+    match command {
+        DeviceCommand::List(args) => {
+            let devices = args.api.client()?.get_json("/v1/devices")?;
+            if args.json {
+                return print_json(&devices);
+            }
+            emit(&render(&devices));
+            Ok(())
+        }
+    }
+}
+
+fn number(value: Option<&Value>, key: &str) -> Option<f64> {
+    value.and_then(|v| v.get(key)).and_then(Value::as_f64)
+}
+
+/// The device table, for people.
+fn render(devices: &Value) -> String {
+    let mut table = Table::new(&[
+        ("DEVICE", Align::Right),
+        ("STATE", Align::Left),
+        ("READ IOPS", Align::Right),
+        ("WRITE IOPS", Align::Right),
+        ("READ", Align::Right),
+        ("WRITE", Align::Right),
+        ("READ LAT", Align::Right),
+        ("WRITE LAT", Align::Right),
+        ("WRITE COST", Align::Right),
+        ("PATH", Align::Left),
+    ]);
+    let dash = || "-".to_string();
+    for device in devices.as_array().map_or(&[][..], Vec::as_slice) {
+        let t = device.get("telemetry");
+        let failed = device.get("failed").and_then(Value::as_bool) == Some(true);
+        table.row(vec![
+            device
+                .get("id")
+                .and_then(Value::as_u64)
+                .map_or_else(|| "?".to_string(), |id| id.to_string()),
+            if failed { "FAILED" } else { "ok" }.to_string(),
+            number(t, "read_iops").map_or_else(dash, |v| format!("{v:.0}")),
+            number(t, "write_iops").map_or_else(dash, |v| format!("{v:.0}")),
+            number(t, "read_bytes_per_s").map_or_else(dash, mb_per_s),
+            number(t, "write_bytes_per_s").map_or_else(dash, mb_per_s),
+            number(t, "read_latency_us").map_or_else(dash, |v| format!("{v:.0}us")),
+            number(t, "write_latency_us").map_or_else(dash, |v| format!("{v:.0}us")),
+            number(t, "write_cost").map_or_else(dash, |v| format!("{v:.2}")),
+            device
+                .get("path")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string(),
+        ]);
+    }
+    table.render(crate::output::stdout_styled())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_telemetry_and_dashes_where_it_is_unknown() {
+        let devices = serde_json::json!([
+            {"id": 0, "path": "/d/dev-0.img", "telemetry": {
+                "version": 3, "read_iops": 1200.4, "write_iops": 10.0,
+                "read_bytes_per_s": 4.9e6, "write_bytes_per_s": 40960.0,
+                "read_latency_us": 85.2, "write_latency_us": 240.0, "write_cost": 2.8,
+                "errors_per_s": 0.0, "interval_ms": 1000.0}},
+            {"id": 1, "path": "memory:1", "failed": true}
+        ]);
+        let text = render(&devices);
+        let row = |device: &str| {
+            text.lines()
+                .find(|l| l.split_whitespace().next() == Some(device))
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .unwrap()
+        };
+        let zero = row("0");
+        assert_eq!(zero[..4], ["0", "ok", "1200", "10"]);
+        assert_eq!(
+            zero[zero.len() - 4..],
+            ["85us", "240us", "2.80", "/d/dev-0.img"]
+        );
+        let line = text.lines().find(|l| l.contains("/d/dev-0.img")).unwrap();
+        assert!(
+            line.contains("4.9 MB/s") && line.contains("0.0 MB/s"),
+            "{line}"
+        );
+        assert_eq!(
+            row("1"),
+            ["1", "FAILED", "-", "-", "-", "-", "-", "-", "-", "memory:1"]
+        );
+    }
+}
