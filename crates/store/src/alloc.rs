@@ -1,11 +1,25 @@
 //! Free-space bookkeeping and placement of new extents on the pool's devices.
 //!
 //! Why: placement decides how a volume's I/O spreads over devices. Following Flint's eVol
-//! placement score (docs/background.md §2.3) without its telemetry terms, a new extent of volume V goes
-//! to the device holding the fewest extents of V, ties broken by the most free extents, then
-//! by the lowest device id. This stripes a volume round-robin across equal devices and fills
-//! emptier devices first. Within a device the lowest free index is taken, which keeps used
-//! space dense and free space in long runs (cheap to punch at startup).
+//! placement score (docs/background.md §2.3), a new extent of volume V goes to the healthy
+//! device of the lowest cost
+//!
+//! ```text
+//! cost(d) = 1.0 × share of V's extents already on d
+//!         + 1.0 × fraction of d's extents in use
+//!         + 1.5 × d's load (its telemetry: device time per second, at most 1)
+//! ```
+//!
+//! ties broken by the most free extents, then the lowest device id. On equal idle devices this stripes a volume
+//! round-robin (the share term) and fills emptier devices first (the fullness term); a
+//! device busy with other volumes' I/O gets fewer new extents (the load term), so a new or
+//! growing volume does not pile onto the device that is already the bottleneck. The weights
+//! are Flint's (its busy term is a write cost; ours is measured time busy, which folds the
+//! write cost in); Flint's fragmentation and preference terms have no counterpart here. The
+//! load comes from `Store::observe_devices`, once per sampling interval; before any, and on
+//! RAM devices (whose operations are not timed), it is 0. Within a device the lowest free
+//! index is taken, which keeps used space dense and free space in long runs (cheap to punch
+//! at startup).
 //!
 //! This is plain state under the store's pool mutex: no I/O, no locking here.
 
@@ -13,12 +27,23 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::layout::PhysExtent;
 
+/// Weight of the share of the volume's extents already on a device.
+pub(crate) const WEIGHT_VOLUME_SHARE: f64 = 1.0;
+/// Weight of the fraction of a device's extents in use.
+pub(crate) const WEIGHT_FULLNESS: f64 = 1.0;
+/// Weight of a device's load (device time per second, capped at 1).
+pub(crate) const WEIGHT_LOAD: f64 = 1.5;
+
 #[derive(Debug)]
 pub(crate) struct Allocator {
     /// Free extent indexes per device.
     free: Vec<BTreeSet<u32>>,
+    /// Extents per device, free or not.
+    totals: Vec<u32>,
     /// Extents per device of each volume (for the placement score).
     per_volume: HashMap<u64, Vec<u32>>,
+    /// Each device's load in [0, 1] (`set_load`); 0 until measured.
+    load: Vec<f64>,
 }
 
 impl Allocator {
@@ -26,8 +51,38 @@ impl Allocator {
     pub(crate) fn new(extent_counts: &[u32]) -> Allocator {
         Allocator {
             free: extent_counts.iter().map(|&n| (0..n).collect()).collect(),
+            totals: extent_counts.to_vec(),
             per_volume: HashMap::new(),
+            load: vec![0.0; extent_counts.len()],
         }
+    }
+
+    /// Sets the devices' loads (device time per second each, from their telemetry); values
+    /// are clamped to [0, 1], missing devices count as idle.
+    pub(crate) fn set_load(&mut self, load: &[f64]) {
+        for (d, slot) in self.load.iter_mut().enumerate() {
+            let value = load.get(d).copied().unwrap_or(0.0);
+            *slot = if value.is_finite() {
+                value.clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
+        }
+    }
+
+    /// The placement cost of device `d` for a volume with `counts` extents per device
+    /// (`mine_total` in all): lower is better.
+    fn cost(&self, d: usize, counts: Option<&Vec<u32>>, mine_total: u32) -> f64 {
+        let mine = counts.map_or(0, |c| c.get(d).copied().unwrap_or(0));
+        let share = if mine_total == 0 {
+            0.0
+        } else {
+            f64::from(mine) / f64::from(mine_total)
+        };
+        let total = self.totals.get(d).copied().unwrap_or(0).max(1);
+        let used = total.saturating_sub(self.free[d].len() as u32);
+        let fullness = f64::from(used) / f64::from(total);
+        WEIGHT_VOLUME_SHARE * share + WEIGHT_FULLNESS * fullness + WEIGHT_LOAD * self.load[d]
     }
 
     fn device_count(&self) -> usize {
@@ -59,12 +114,16 @@ impl Allocator {
     /// Like `allocate`, on the devices whose bit is clear in `avoid` (failed devices).
     pub(crate) fn allocate_avoiding(&mut self, volume_id: u64, avoid: u64) -> Option<PhysExtent> {
         let counts = self.per_volume.get(&volume_id);
+        let mine_total = counts.map_or(0, |c| c.iter().sum::<u32>());
         let device = (0..self.device_count())
             .filter(|&d| !self.free[d].is_empty() && avoid & (1u64 << (d % 64)) == 0)
-            .min_by_key(|&d| {
-                let mine = counts.map_or(0, |c| c[d]);
-                (mine, std::cmp::Reverse(self.free[d].len()), d)
-            })?;
+            .map(|d| (self.cost(d, counts, mine_total), d))
+            .min_by(|a, b| {
+                a.0.total_cmp(&b.0)
+                    .then_with(|| self.free[b.1].len().cmp(&self.free[a.1].len()))
+                    .then(a.1.cmp(&b.1))
+            })
+            .map(|(_, d)| d)?;
         let index = self.free[device].pop_first()?;
         let n = self.device_count();
         self.per_volume
@@ -170,6 +229,36 @@ mod tests {
         assert_eq!(a.first_device_holding(1, 0b110), Some(2));
         assert_eq!(a.first_device_holding(1, 0b010), None);
         assert_eq!(a.first_device_holding(9, 0b111), None);
+    }
+
+    #[test]
+    fn a_busy_device_gets_fewer_new_extents() {
+        // Device 0 saturated (load 1), device 1 idle: a new volume avoids device 0 until
+        // its share of device 1 outweighs the load (1.5): all of the first extents go to 1.
+        let mut a = Allocator::new(&[64, 64]);
+        a.set_load(&[1.0, 0.0]);
+        let got: Vec<u32> = (0..8).map(|_| a.allocate(1).unwrap().device).collect();
+        assert_eq!(got, vec![1; 8]);
+        // Half busy (0.75 of cost): the volume goes there only once device 1 holds well over
+        // its share, so device 1 gets more of them.
+        let mut a = Allocator::new(&[64, 64]);
+        a.set_load(&[0.5, 0.0]);
+        let got: Vec<u32> = (0..12).map(|_| a.allocate(1).unwrap().device).collect();
+        let on_busy = got.iter().filter(|&&d| d == 0).count();
+        assert!((1..6).contains(&on_busy), "{got:?}");
+        // Idle again: back to striping.
+        a.set_load(&[0.0, 0.0]);
+        let got: Vec<u32> = (0..4).map(|_| a.allocate(2).unwrap().device).collect();
+        assert_eq!(got, vec![0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn loads_are_clamped_and_missing_ones_are_idle() {
+        let mut a = Allocator::new(&[4, 4, 4]);
+        a.set_load(&[f64::NAN, 7.0]);
+        assert_eq!(a.load, vec![0.0, 1.0, 0.0]);
+        a.set_load(&[-1.0, 0.25, f64::INFINITY]);
+        assert_eq!(a.load, vec![0.0, 0.25, 0.0]);
     }
 
     #[test]

@@ -1074,6 +1074,10 @@ impl Store {
         for (state, device) in states.iter_mut().zip(&self.shared.devices) {
             state.observe(now_ns, &device.stats());
         }
+        // Placement weighs each device's load: the time it spends busy per second.
+        let load: Vec<f64> = states.iter().map(|s| s.current().busy_fraction()).collect();
+        drop(states);
+        lock(&self.shared.pool).allocator.set_load(&load);
     }
 
     /// Every device's telemetry as of the last `observe_devices`, in device order (the id is

@@ -51,6 +51,16 @@ pub struct DeviceTelemetry {
     pub window_ns: u64,
 }
 
+impl DeviceTelemetry {
+    /// Seconds of device time per second (reads and writes at their mean latency): how busy
+    /// the device is, 1 = always one operation in progress. 0 when untimed (RAM devices).
+    pub fn busy_fraction(&self) -> f64 {
+        let read = self.read_iops * self.read_latency_us.unwrap_or(0.0) / 1e6;
+        let write = self.write_iops * self.write_latency_us.unwrap_or(0.0) / 1e6;
+        read + write
+    }
+}
+
 /// The telemetry of one device and the counters it was last computed from.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TelemetryState {
@@ -256,6 +266,12 @@ mod tests {
         let c = t.current();
         assert_eq!(c.read_latency_us, Some(100.0));
         assert_eq!(c.write_latency_us, Some(300.0));
+        // 10 reads of 100 µs and 10 writes of 300 µs in a second: 4 ms busy.
+        assert!(
+            (c.busy_fraction() - 0.004).abs() < 1e-12,
+            "{}",
+            c.busy_fraction()
+        );
         let cost = c.write_cost.expect("both timed");
         assert!((cost - 3.0).abs() < 1e-9, "{cost}");
     }

@@ -1009,3 +1009,51 @@ fn the_overcommit_ratio_limits_creating_and_growing_but_not_shrinking() {
         store.create_volume("d", 8 * capacity).unwrap();
     });
 }
+
+/// Extents allocated on each device (from the pool view).
+fn allocated_per_device(store: &Store) -> Vec<u64> {
+    store
+        .pool_info()
+        .devices
+        .iter()
+        .map(|d| d.extent_count - d.free_extents)
+        .collect()
+}
+
+#[test]
+fn placement_steers_new_extents_away_from_a_busy_device() {
+    for busy in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&file_config(&dir)).unwrap();
+        let hot = store.create_volume("hot", 4 * MIB).unwrap();
+        let hot = store.open_volume(&hot.name).unwrap();
+        // Its only extent: the first allocation of an empty pool goes to device 0.
+        hot.write_at(0, &pattern(1, 4096), false).unwrap();
+        assert_eq!(allocated_per_device(&store), vec![1, 0]);
+        // Telemetry over a window of 1 ms (time is an argument): 20,000 reads of device 0
+        // "in" it keep the device busy many times over, so its load is 1.
+        store.observe_devices(1_000_000);
+        if busy {
+            let mut buf = vec![0u8; 4096];
+            for _ in 0..20_000 {
+                hot.read_at(0, &mut buf).unwrap();
+            }
+        }
+        store.observe_devices(2_000_000);
+        let telemetry = store.device_telemetry();
+        assert_eq!(telemetry[0].read_iops > 0.0, busy, "{telemetry:?}");
+        let fresh = store.create_volume("fresh", 8 * MIB).unwrap();
+        let fresh = store.open_volume(&fresh.name).unwrap();
+        for e in 0..4u64 {
+            fresh.write_at(e * E, &pattern(e, 4096), false).unwrap();
+        }
+        let placed = allocated_per_device(&store);
+        if busy {
+            // All four new extents avoid the busy device.
+            assert_eq!(placed, vec![1, 4], "busy device 0: {telemetry:?}");
+        } else {
+            // Idle devices: the new volume stripes over both.
+            assert_eq!(placed, vec![3, 2]);
+        }
+    }
+}
