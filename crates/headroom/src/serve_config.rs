@@ -326,6 +326,8 @@ pub struct EmulatedSection {
     pub parallelism: u32,
     #[serde(default)]
     pub write_interference_permille: u32,
+    #[serde(default)]
+    pub per_device: bool,
 }
 
 /// An IOCost linear model ([`IoCostModel`]); `rbps`/`wbps` accept sizes (`"200MB"`).
@@ -952,6 +954,7 @@ fn emulated_spec(e: &EmulatedSection) -> EmulatedDeviceSpec {
         model: e.model.model(),
         parallelism: e.parallelism,
         write_interference_permille: e.write_interference_permille,
+        per_device: e.per_device,
     }
 }
 

@@ -112,6 +112,11 @@ pub struct EmulatedDeviceSpec {
     /// this many thousandths times the fraction of channels busy with writes (0 = none).
     #[serde(default)]
     pub write_interference_permille: u32,
+    /// One emulated device per pool device instead of one for the whole pool: a request
+    /// books the devices its extents are on, so a volume striped over N devices gets N
+    /// times one device's rates (`[storage.emulated] per_device`).
+    #[serde(default)]
+    pub per_device: bool,
 }
 
 impl EmulatedDeviceSpec {
@@ -457,6 +462,7 @@ mod tests {
 
     fn spec(parallelism: u32, interference: u32) -> EmulatedDeviceSpec {
         EmulatedDeviceSpec {
+            per_device: false,
             model: model(),
             parallelism,
             write_interference_permille: interference,

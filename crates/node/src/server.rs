@@ -19,7 +19,9 @@ use crate::config::{Limits, LimitsError, NodeConfig, StoreBackend};
 use crate::emulated::EmulatedDevice;
 use crate::exec::Executor;
 use crate::scheduler::{Scheduler, SchedulerError};
-use crate::session::{IoJob, IoRunner, IoRuntime, SessionContext, SessionError, serve_connection};
+use crate::session::{
+    Emulation, IoJob, IoRunner, IoRuntime, SessionContext, SessionError, serve_connection,
+};
 use crate::volume_qos::{CreditRecord, SAVE_MARGIN_PERIODS};
 
 /// Failures while starting or stopping a node.
@@ -114,19 +116,24 @@ impl Node {
             Some(Executor::start(config.io_threads).map_err(NodeError::Workers)?)
         };
         let clock = Clock::new();
-        let device = match config.emulated_device {
-            Some(spec) => Some(
-                EmulatedDevice::start(spec, clock)
-                    .map_err(|err| NodeError::Emulated(err.to_string()))?,
+        let start_device = |spec| {
+            EmulatedDevice::start(spec, clock).map_err(|err| NodeError::Emulated(err.to_string()))
+        };
+        let emulation = match config.emulated_device {
+            Some(spec) if spec.per_device => Emulation::PerDevice(
+                (0..store.pool_info().devices.len())
+                    .map(|_| start_device(spec))
+                    .collect::<Result<_, _>>()?,
             ),
-            None => None,
+            Some(spec) => Emulation::Node(start_device(spec)?),
+            None => Emulation::Off,
         };
         crate::coalesce::set_delay_us(config.effective_coalesce_us());
         let io = Arc::new(IoRuntime {
             executor,
             inline_max_bytes: config.effective_inline_max_bytes(store.is_memory_resident()),
             buffers: Arc::new(BufferPool::new(config.limits.max_request_bytes as usize)),
-            device,
+            emulation,
             clock,
             runtime: tokio::runtime::Handle::current(),
         });
@@ -135,7 +142,7 @@ impl Node {
             None => None,
             Some(_) => {
                 let runner = Arc::new(IoRunner(Arc::clone(&io)));
-                let parallelism = config.emulated_device.map(|d| d.parallelism);
+                let parallelism = io.emulation.parallelism();
                 let scheduler = Scheduler::start(&config.qos, clock, runner, parallelism)?;
                 register_volumes(&store, &scheduler)?;
                 metrics.attach_scheduler(&scheduler);

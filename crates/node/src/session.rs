@@ -84,11 +84,85 @@ pub struct IoRuntime {
     pub inline_max_bytes: u32,
     /// Payload buffers for READ replies and WRITE data.
     pub buffers: Arc<BufferPool>,
-    /// An emulated device that decides when each request completes.
-    pub device: Option<Arc<EmulatedDevice>>,
+    /// Emulated devices that decide when each request completes.
+    pub emulation: Emulation,
     pub clock: Clock,
     /// For FLUSH without an executor, from threads outside the runtime too.
     pub runtime: tokio::runtime::Handle,
+}
+
+/// Which emulated devices decide when requests complete (`[storage.emulated]`).
+#[derive(Debug, Default)]
+pub enum Emulation {
+    /// None: a request completes when its operation is done.
+    #[default]
+    Off,
+    /// One device in front of the whole pool.
+    Node(Arc<EmulatedDevice>),
+    /// One per pool device, by device id (`per_device`): a request books the devices its
+    /// extents are on and completes when the last of them is done.
+    PerDevice(Vec<Arc<EmulatedDevice>>),
+}
+
+impl Emulation {
+    /// Channels of all the emulated devices together (`None`: no emulation).
+    pub fn parallelism(&self) -> Option<u32> {
+        match self {
+            Emulation::Off => None,
+            Emulation::Node(device) => Some(device.spec().parallelism),
+            Emulation::PerDevice(devices) => Some(
+                devices
+                    .iter()
+                    .map(|d| d.spec().parallelism)
+                    .fold(0u32, u32::saturating_add),
+            ),
+        }
+    }
+}
+
+/// Books a request on the per-device emulated devices of the extents it touches (after it
+/// ran, so a write's new extents are placed): each piece on its extent's device, at its
+/// length; FLUSH on every device. Returns the device to complete on and when, or `None` when
+/// no device works for it (a read of holes, a trim of what is gone).
+fn book_per_device<'d>(
+    devices: &'d [Arc<EmulatedDevice>],
+    volume: &Volume,
+    request: &nbd::ValidRequest,
+    desc: IoDesc,
+    sequential: bool,
+    now_ns: u64,
+) -> Option<(&'d Arc<EmulatedDevice>, u64)> {
+    let mut latest: Option<(&Arc<EmulatedDevice>, u64)> = None;
+    let mut book = |device: &'d Arc<EmulatedDevice>, len_bytes: u32| {
+        let done_ns = device.book(now_ns, desc.op, len_bytes, sequential);
+        if latest.is_none_or(|(_, at)| done_ns > at) {
+            latest = Some((device, done_ns));
+        }
+    };
+    if matches!(request.command, nbd::Command::Flush) {
+        for device in devices {
+            book(device, 0);
+        }
+        return latest;
+    }
+    let extent_bytes = headroom_store::EXTENT_SIZE_BYTES;
+    let start = request.offset;
+    let end = start.saturating_add(u64::from(request.length));
+    let mut at = start;
+    while at < end {
+        let extent = at / extent_bytes;
+        let piece_end = ((extent + 1) * extent_bytes).min(end);
+        let piece = u32::try_from(piece_end - at).unwrap_or(u32::MAX);
+        if let Some(location) = volume.extent_location(extent)
+            && let Some(device) = usize::try_from(location.device)
+                .ok()
+                .and_then(|d| devices.get(d))
+        {
+            book(device, if desc.len_bytes == 0 { 0 } else { piece });
+        }
+        at = piece_end;
+    }
+    latest
 }
 
 /// Why a session ended early. None of these affect other sessions.
@@ -1300,10 +1374,20 @@ fn execute_and_finish(
         }
         released
     };
-    let Some(device) = &io.device else {
-        return Some(finish(scheduler));
+    let now_ns = io.clock.now_ns();
+    let (device, done_ns) = match &io.emulation {
+        Emulation::Off => return Some(finish(scheduler)),
+        Emulation::Node(device) => (
+            device,
+            device.book(now_ns, desc.op, desc.len_bytes, sequential),
+        ),
+        Emulation::PerDevice(devices) => {
+            match book_per_device(devices, &volume, &request, desc, sequential, now_ns) {
+                Some(booked) => booked,
+                None => return Some(finish(scheduler)),
+            }
+        }
     };
-    let done_ns = device.book(io.clock.now_ns(), desc.op, desc.len_bytes, sequential);
     let io = Arc::clone(io);
     let scheduler = scheduler.cloned();
     device.complete_at(
@@ -1605,4 +1689,104 @@ fn encode_reply(out: &mut Vec<u8>, reply: &Reply, structured: bool) -> bool {
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests panic on failure by design
+
+    use super::*;
+    use crate::emulated::EmulatedDeviceSpec;
+    use headroom_qos::model::IoCostModel;
+    use headroom_store::EXTENT_SIZE_BYTES as E;
+
+    fn devices(n: usize) -> Vec<Arc<EmulatedDevice>> {
+        let spec = EmulatedDeviceSpec {
+            model: IoCostModel {
+                rbps: 100_000_000,
+                rseqiops: 20_000,
+                rrandiops: 10_000,
+                wbps: 100_000_000,
+                wseqiops: 20_000,
+                wrandiops: 10_000,
+            },
+            parallelism: 2,
+            write_interference_permille: 0,
+            per_device: true,
+        };
+        (0..n)
+            .map(|_| EmulatedDevice::start(spec, Clock::new()).unwrap())
+            .collect()
+    }
+
+    fn request(command: nbd::Command, offset: u64, length: u32) -> nbd::ValidRequest {
+        nbd::ValidRequest {
+            command,
+            fua: false,
+            no_hole: false,
+            fast_zero: false,
+            df: false,
+            req_one: false,
+            cookie: 1,
+            offset,
+            length,
+        }
+    }
+
+    fn booked(devices: &[Arc<EmulatedDevice>]) -> Vec<u64> {
+        devices.iter().map(|d| d.stats().booked).collect()
+    }
+
+    #[test]
+    fn per_device_emulation_books_the_devices_a_request_touches() {
+        // A RAM store has two devices; a volume's first two extents stripe over them.
+        let store = Store::open_memory(64 << 20).unwrap();
+        store.create_volume("v", 16 << 20).unwrap();
+        let volume = store.open_volume("v").unwrap();
+        volume.write_at(0, &[1u8; 4096], false).unwrap();
+        volume.write_at(E, &[2u8; 4096], false).unwrap();
+        let on = |extent: u64| volume.extent_location(extent).unwrap().device;
+        assert_eq!((on(0), on(1)), (0, 1));
+        let devices = devices(2);
+        let book = |req: nbd::ValidRequest| {
+            let job_desc = IoDesc {
+                op: match req.command {
+                    nbd::Command::Flush => OpKind::Flush,
+                    nbd::Command::Write => OpKind::Write,
+                    _ => OpKind::Read,
+                },
+                offset_bytes: req.offset,
+                len_bytes: if matches!(req.command, nbd::Command::Flush) {
+                    0
+                } else {
+                    req.length
+                },
+            };
+            book_per_device(&devices, &volume, &req, job_desc, false, 1_000)
+                .map(|(device, at)| (Arc::as_ptr(device), at))
+        };
+        // Within extent 0: device 0 only.
+        let (device, at) = book(request(nbd::Command::Read, 0, 4096)).unwrap();
+        assert_eq!(booked(&devices), vec![1, 0]);
+        assert_eq!(device, Arc::as_ptr(&devices[0]));
+        assert!(at > 1_000);
+        // Across the boundary of extents 0 and 1: one piece on each device.
+        assert!(book(request(nbd::Command::Read, E - 4096, 8192)).is_some());
+        assert_eq!(booked(&devices), vec![2, 1]);
+        // A read of a hole (extent 5 was never written): no device works, no booking.
+        assert!(book(request(nbd::Command::Read, 5 * E, 4096)).is_none());
+        assert_eq!(booked(&devices), vec![2, 1]);
+        // FLUSH reaches every device; it completes with the later of the two.
+        let (_, flush_at) = book(request(nbd::Command::Flush, 0, 0)).unwrap();
+        assert_eq!(booked(&devices), vec![3, 2]);
+        assert!(flush_at > 1_000);
+    }
+
+    #[test]
+    fn emulation_parallelism_sums_the_devices() {
+        assert_eq!(Emulation::Off.parallelism(), None);
+        let two = devices(2);
+        assert_eq!(Emulation::Node(Arc::clone(&two[0])).parallelism(), Some(2));
+        assert_eq!(Emulation::PerDevice(two).parallelism(), Some(4));
+    }
 }
