@@ -85,6 +85,9 @@ type GroupSeries = (String, Vec<(f64, f64)>, Vec<(f64, f64)>);
 pub struct LabDetails {
     /// `headroom`, `qemu-storage-daemon` or `nbdkit`.
     pub server: String,
+    /// PID of the server process the lab started (and stopped) for this row.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_pid: Option<u32>,
     /// Wall time from the first request to the last reply, s.
     pub elapsed_s: f64,
     /// The generator's own CPU per completed I/O, ns.
@@ -347,7 +350,9 @@ fn run_headroom(
         );
     }
     let (run, server_counts) = outcome;
-    Ok(result(policy, plan, "headroom", &run, Some(&server_counts)))
+    let mut row = result(policy, plan, "headroom", &run, Some(&server_counts));
+    row.details.server_pid = Some(pid);
+    Ok(row)
 }
 
 /// Creates the volumes, runs the load, reads the server's counters.
@@ -481,6 +486,7 @@ pub fn result(
         variant: plan.variant.clone(),
         details: LabDetails {
             server: server.to_string(),
+            server_pid: None,
             elapsed_s: run.elapsed.as_secs_f64(),
             generator_cpu_ns_per_io: run.cpu_ns_per_io(),
             generator_cpu_cores: run.cpu_ns as f64 / 1e9 / run.elapsed.as_secs_f64().max(1e-9),
