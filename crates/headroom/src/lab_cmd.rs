@@ -157,6 +157,19 @@ pub fn run(command: LabCommand) -> Result<()> {
             not_honoured.push(n.clone());
         }
     }
+    if policies.iter().any(|p| p.starts_with("qsd-")) || policies.iter().any(|p| p == "nbdkit-rate")
+    {
+        not_honoured.push(NotHonoured {
+            key: "node.devices (peer rows)".into(),
+            reason: "qemu-storage-daemon and nbdkit have no emulated device: their rows run at this machine's RAM and CPU speed".into(),
+        });
+    }
+    if policies.iter().any(|p| p == "nbdkit-rate") {
+        not_honoured.push(NotHonoured {
+            key: "groups.*.qos (nbdkit-rate row)".into(),
+            reason: "nbdkit's rate filter limits bandwidth only: each tenant gets its baseline bytes/s (else its ceiling), no IOPS limit, no burst".into(),
+        });
+    }
     for n in &not_honoured {
         eprintln!("lab: not honoured: {}: {}", n.key, n.reason);
     }
@@ -240,13 +253,8 @@ pub fn volume_name(prefix: &str, group: &str, i: u32) -> String {
     name + &suffix
 }
 
-/// The generator's groups for volumes named by `name(group, i)` on `nbd`.
-pub fn group_loads(
-    plan: &Plan,
-    nbd: &str,
-    seed: u64,
-    name: impl Fn(&str, u32) -> String,
-) -> Vec<GroupLoad> {
+/// The generator's groups; tenant `i` of a group goes to `target(group, i)`.
+pub fn group_loads(plan: &Plan, seed: u64, target: impl Fn(&str, u32) -> Target) -> Vec<GroupLoad> {
     plan.groups
         .iter()
         .enumerate()
@@ -256,10 +264,7 @@ pub fn group_loads(
                 None => Vec::new(),
                 Some(mode) => (0..g.tenants)
                     .map(|ti| TenantLoad {
-                        target: Target {
-                            addr: nbd.to_string(),
-                            export: name(&g.name, ti),
-                        },
+                        target: target(&g.name, ti),
                         mode,
                         sizes: g.sizes.clone(),
                         read_permille: g.read_permille,
@@ -306,10 +311,14 @@ pub struct Scratch(pub PathBuf);
 
 impl Scratch {
     pub fn new(tag: &str) -> Result<Scratch> {
+        Self::under(&std::env::temp_dir(), tag)
+    }
+
+    /// A scratch directory under `base` (e.g. /dev/shm for images that must be in RAM).
+    pub fn under(base: &Path, tag: &str) -> Result<Scratch> {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("headroom-lab-{}-{n}-{tag}", std::process::id()));
+        let dir = base.join(format!("headroom-lab-{}-{n}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Scratch(dir))
     }
@@ -374,7 +383,10 @@ fn measure(
             )?;
         }
     }
-    let loads = group_loads(plan, &server.nbd, seed, |g, i| volume_name(prefix, g, i));
+    let loads = group_loads(plan, seed, |g, i| Target {
+        addr: server.nbd.clone(),
+        export: volume_name(prefix, g, i),
+    });
     let run = drive(&loads, plan, progress)?;
     let ops = lab_server::volume_ops(&server.api_url, token)?;
     let counts = plan

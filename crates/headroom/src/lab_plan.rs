@@ -56,6 +56,8 @@ pub struct GroupPlan {
     pub region_bytes: u64,
     /// The QoS each volume is created with, through the API.
     pub qos: ApiQos,
+    /// What it resolves to (the peers' throttles are set from it).
+    pub limits: VolumeQos,
     /// `None`: an idle group (volumes, no load).
     pub mode: Option<LoadMode>,
     pub sizes: SizeMix,
@@ -414,7 +416,7 @@ fn group_plan(
         .qos
         .to_volume_qos(volume_bytes)
         .map_err(|e| anyhow::anyhow!("{}: {}: {e}", file.display(), key("qos")))?;
-    let qos = api_qos(file, &key("qos"), &g.qos, volume_bytes, &resolved, note)?;
+    let (qos, limits) = api_qos(file, &key("qos"), &g.qos, volume_bytes, &resolved, note)?;
 
     let mix = SimSizeMix::from_spec(&w.sizes)
         .map_err(|e| anyhow::anyhow!("{}: {}: {e}", file.display(), key("workload.sizes")))?;
@@ -553,6 +555,7 @@ fn group_plan(
         volume_bytes,
         region_bytes,
         qos,
+        limits,
         mode,
         sizes,
         read_permille: (w.read_fraction * 1000.0).round() as u32,
@@ -572,7 +575,7 @@ fn api_qos(
     volume_bytes: u64,
     sim: &VolumeQos,
     note: &mut impl FnMut(&str, &str),
-) -> Result<ApiQos> {
+) -> Result<(ApiQos, VolumeQos)> {
     let whole = |v: Option<f64>| v.map(|v| v.round().max(0.0) as u64);
     let mbps = |v: Option<f64>| v.map(|mib| (mib * 1.048_576).round().max(1.0) as u64);
     let api = ApiQos {
@@ -633,7 +636,7 @@ fn api_qos(
             ),
         );
     }
-    Ok(api)
+    Ok((api, live))
 }
 
 fn burst_name(b: &BurstMode) -> &'static str {

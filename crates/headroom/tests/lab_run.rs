@@ -78,7 +78,15 @@ fn a_short_scenario_runs_end_to_end_and_counts_match_the_server() {
     let (out, _) = lab(
         dir.path(),
         SHORT,
-        &["--policy", "burst", "--json", "--seed", "7", "--out", plots.to_str().unwrap()],
+        &[
+            "--policy",
+            "burst",
+            "--json",
+            "--seed",
+            "7",
+            "--out",
+            plots.to_str().unwrap(),
+        ],
     );
     assert!(out.status.success(), "lab run failed: {}", stderr(&out));
     let report: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
@@ -114,7 +122,9 @@ fn a_short_scenario_runs_end_to_end_and_counts_match_the_server() {
     );
     assert!((num(victim, "bytes_per_s") / num(victim, "iops") - 4096.0).abs() < 1.0);
     // What the generator completed is what the server counted, group by group.
-    let details = burst["details"]["groups"].as_array().expect("details.groups");
+    let details = burst["details"]["groups"]
+        .as_array()
+        .expect("details.groups");
     assert_eq!(details.len(), 2);
     for d in details {
         assert_eq!(d["errors"], 0, "{d}");
@@ -152,8 +162,7 @@ fn a_short_scenario_runs_end_to_end_and_counts_match_the_server() {
         assert!(text.starts_with("<svg") && text.contains("victim"), "{svg}");
     }
     let saved: Value =
-        serde_json::from_str(&std::fs::read_to_string(plots.join("report.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(plots.join("report.json")).unwrap()).unwrap();
     assert_eq!(saved["results"][0]["groups"], burst["groups"]);
 }
 
