@@ -178,13 +178,11 @@ pub fn plan(file: &Path, variant: &str, spec: &ScenarioSpec, seed: u64) -> Resul
             "invariant checks are the simulator's",
         );
     }
-    for p in &spec.uncapped_policies {
-        if !p.eq_ignore_ascii_case("wild") {
-            note(
-                "uncapped_policies",
-                &format!("the live server caps {p} at the node's capacity; only wild never gates"),
-            );
-        }
+    if !spec.uncapped_policies.is_empty() {
+        note(
+            "uncapped_policies",
+            "the live server gives every policy the node's capacity: its wild runs with the node pacer (weighted round robin in the scheduler), not uncapped into the device queue",
+        );
     }
     if !spec.actions.is_empty() {
         note("actions", "timed changes are not run by the lab");
