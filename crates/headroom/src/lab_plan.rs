@@ -34,7 +34,7 @@ pub const MAX_IN_FLIGHT: u32 = headroom_lab::MAX_QUEUE_DEPTH;
 pub const MAX_TENANTS: u64 = 256;
 /// I/O offsets stay in the first this many bytes of each volume, so written data fits in RAM
 /// (volumes are still created at the scenario's size).
-pub const REGION_CAP_BYTES: u64 = 1 << 30;
+pub const REGION_CAP_BYTES: u64 = 256 << 20;
 /// Channels of the emulated device when the scenario leaves parallelism unbounded.
 pub const DEFAULT_PARALLELISM: u32 = 16;
 
@@ -407,7 +407,7 @@ fn group_plan(
     if volume_bytes > REGION_CAP_BYTES {
         note(
             &key("volume_gib"),
-            "volumes are created at full size; I/O offsets span the first 1 GiB (RAM-backed)",
+            "volumes are created at full size; I/O offsets span the first 256 MiB (RAM-backed)",
         );
     }
     let resolved = g
