@@ -133,18 +133,24 @@ pub fn plan(file: &Path, variant: &str, spec: &ScenarioSpec, seed: u64) -> Resul
     if n.steal_batch != 8 {
         note("node.steal_batch", "the server's stealing batch is its own");
     }
-    if n.cpu != CpuSpec::default() {
-        note(
-            "node.cpu",
-            "the simulated per-I/O CPU cost; the real server spends what it spends on this machine",
-        );
-    }
-    if n.nic != NicSpec::default() {
-        note(
-            "node.nic",
-            "loopback is the NIC; the lab does not emulate link rates",
-        );
-    }
+    // The simulator always models a worker CPU cost and a NIC (defaults when the file names
+    // none); the lab never does, so these are listed whether or not the file sets them.
+    note(
+        "node.cpu",
+        if n.cpu == CpuSpec::default() {
+            "the simulator's default per-I/O CPU cost; the real server spends what it spends on this machine's CPUs (shared with the generator)"
+        } else {
+            "the simulated per-I/O CPU cost; the real server spends what it spends on this machine's CPUs (shared with the generator)"
+        },
+    );
+    note(
+        "node.nic",
+        if n.nic == NicSpec::default() {
+            "the simulator's default 100 Gb/s per direction; loopback is the lab's NIC, no link rate is emulated"
+        } else {
+            "loopback is the lab's NIC; no link rate is emulated"
+        },
+    );
     if n.stripe_kib != 2048 {
         note(
             "node.stripe_kib",

@@ -157,6 +157,17 @@ fn a_short_scenario_runs_end_to_end_and_counts_match_the_server() {
         "{}",
         stderr(&out)
     );
+    // Keys honoured exactly are not listed: the device's cost model, its parallelism.
+    for honoured in [
+        "node.devices.parallelism",
+        "node.devices.iocost",
+        "node.workers",
+    ] {
+        assert!(
+            !not_honoured.iter().any(|n| n["key"] == honoured),
+            "{honoured} listed: {not_honoured:?}"
+        );
+    }
     for svg in ["timeline_burst.svg", "latency_cdf_burst.svg"] {
         let text = std::fs::read_to_string(plots.join(svg)).expect(svg);
         assert!(text.starts_with("<svg") && text.contains("victim"), "{svg}");
