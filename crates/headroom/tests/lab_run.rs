@@ -223,3 +223,70 @@ fn impossible_workloads_fail_with_the_file_the_key_and_the_reason() {
         assert!(out.stdout.is_empty(), "{key}: printed a report");
     }
 }
+
+#[test]
+fn peers_are_extra_rows_started_and_stopped_by_the_lab() {
+    if !common::have_tool("qemu-storage-daemon") || !common::have_tool("nbdkit") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) = lab(
+        dir.path(),
+        SHORT,
+        &[
+            "--policy",
+            "qsd-static",
+            "--policy",
+            "nbdkit-rate",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "lab run failed: {}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let results = report["results"].as_array().expect("results");
+    let policies: Vec<&str> = results
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["qsd-static", "nbdkit-rate"]);
+    // Each burster is sold 10 MiB/s; qsd's throttle group holds it there, nbdkit's rate filter
+    // too, after the bucket it starts with (2 s of rate by default, so up to ~2.5x over a 1.5 s
+    // window). Unthrottled, two QD-8 bursters of 4/64 KiB move hundreds of MB/s here.
+    let baseline = 2.0 * 10.0 * 1_048_576.0;
+    for (r, slack) in results.iter().zip([1.3, 2.6]) {
+        let burster = &r["groups"][1];
+        assert_eq!(burster["name"], "burster");
+        let bps = num(burster, "bytes_per_s");
+        assert!(
+            bps > 0.0 && bps <= slack * baseline,
+            "{}: bursters at {bps} B/s",
+            r["policy"]
+        );
+        let victim = &r["groups"][0];
+        assert!(
+            (num(victim, "iops") - 400.0).abs() < 40.0,
+            "{}: victim at {}",
+            r["policy"],
+            victim["iops"]
+        );
+        assert!(
+            r["details"]["server"]
+                .as_str()
+                .unwrap()
+                .contains("no emulated device")
+        );
+        let pid = r["details"]["server_pid"].as_u64().expect("server_pid");
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "{}: peer {pid} still running",
+            r["policy"]
+        );
+    }
+    let not_honoured = report["not_honoured"].as_array().expect("not_honoured");
+    assert!(
+        not_honoured
+            .iter()
+            .any(|n| n["key"] == "node.devices (peer rows)"),
+        "{not_honoured:?}"
+    );
+}
