@@ -130,6 +130,7 @@ pub fn run(command: LabCommand) -> Result<()> {
     } = command;
     let scenario =
         Scenario::load(&file).with_context(|| format!("loading scenario {}", file.display()))?;
+    let requested = policies.clone();
     let policies = if policies.is_empty() {
         scenario.default_policies()
     } else {
@@ -170,6 +171,12 @@ pub fn run(command: LabCommand) -> Result<()> {
             reason: "nbdkit's rate filter limits bandwidth only: each tenant gets its baseline bytes/s (else its ceiling), no IOPS limit, no burst".into(),
         });
     }
+    if target.is_some() && requested.is_empty() {
+        not_honoured.push(NotHonoured {
+            key: "policies".into(),
+            reason: "--target runs the target's own policy (the row's \"policy\"), not the scenario's list".into(),
+        });
+    }
     for n in &not_honoured {
         eprintln!("lab: not honoured: {}: {}", n.key, n.reason);
     }
@@ -201,7 +208,7 @@ pub fn run(command: LabCommand) -> Result<()> {
             progress_bar.set_position(((done as f64 + f) / total * 1000.0) as u64);
         });
         let result = match &target {
-            Some(url) => run_target(plan, url, token.as_deref(), seed, progress),
+            Some(url) => run_target(plan, url, token.as_deref(), &requested, seed, progress),
             None if lab_peers::is_peer(policy) => lab_peers::run_peer(plan, policy, seed, progress),
             None => run_headroom(plan, policy, seed, progress),
         };
@@ -401,10 +408,13 @@ fn measure(
     Ok((run, counts))
 }
 
+/// One run against an already running server. `requested`: the `--policy` values given (none:
+/// the target's own policy is run, whatever the scenario lists; given: it must be the target's).
 fn run_target(
     plan: &Plan,
     url: &str,
     token: Option<&str>,
+    requested: &[String],
     seed: u64,
     progress: Box<dyn Fn(f64) + Send + Sync>,
 ) -> Result<LabResult> {
@@ -417,6 +427,17 @@ fn run_target(
         .context("GET /v1/node: no nbd_listen")?
         .to_string();
     let policy = node["policy"].as_str().unwrap_or("unknown").to_string();
+    let asked: Vec<String> = requested
+        .iter()
+        .filter_map(|p| lab_plan::server_policy(p))
+        .collect();
+    if !asked.is_empty() && (asked.len() > 1 || asked[0] != policy) {
+        bail!(
+            "--target {url} runs policy {policy}; --policy {} cannot be honoured against it (start that server with --policy, or leave --policy out)",
+            requested.join(", --policy ")
+        );
+    }
+
     let server = HeadroomServer {
         guard: lab_server::ChildGuard::detached(),
         nbd,

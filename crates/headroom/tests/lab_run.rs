@@ -7,6 +7,9 @@
 //!   and write counts equal the server's `/metrics` counters for the group's volumes; the
 //!   server the lab started is gone by the time it prints; keys the lab does not honour are
 //!   listed in the JSON and on stderr; `--out` holds the SVG plots.
+//! * Peer rows (qemu-storage-daemon, nbdkit) hold the bursters to their baseline and are gone
+//!   after the run; `--target` runs against a server already running, with its own policy,
+//!   and removes the volumes it created; a `--policy` the target does not run is refused.
 //! * A scenario with a misspelt key, and ones with workloads the lab cannot generate (a queue
 //!   deeper than a connection holds, a trace replay), fail before any server starts, naming the
 //!   file, the key and the reason.
@@ -289,4 +292,71 @@ fn peers_are_extra_rows_started_and_stopped_by_the_lab() {
             .any(|n| n["key"] == "node.devices (peer rows)"),
         "{not_honoured:?}"
     );
+}
+
+#[test]
+fn a_running_server_is_a_target_with_its_own_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start_memory(&dir.path().join("data"), "1GiB");
+    let file = dir.path().join("scenario.toml");
+    std::fs::write(&file, SHORT).unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(BIN)
+            .args([
+                "lab",
+                "run",
+                file.to_str().unwrap(),
+                "--json",
+                "--target",
+                &server.api,
+            ])
+            .args(extra)
+            .env("HEADROOM_TOKEN", common::TEST_TOKEN)
+            .output()
+            .expect("run headroom lab run")
+    };
+    let out = run(&[]);
+    assert!(
+        out.status.success(),
+        "lab run --target failed: {}",
+        stderr(&out)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let results = report["results"].as_array().expect("results");
+    assert_eq!(results.len(), 1, "one row: the target's policy");
+    assert_eq!(results[0]["policy"], "burst", "the server's default policy");
+    assert!(
+        report["not_honoured"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["key"] == "policies")
+    );
+    for d in results[0]["details"]["groups"].as_array().unwrap() {
+        assert_eq!(d["generator_reads"], d["server_reads"], "{d}");
+        assert_eq!(d["generator_writes"], d["server_writes"], "{d}");
+    }
+    // The lab's volumes are gone again.
+    let volumes = common::agent()
+        .get(format!("{}/v1/volumes", server.api))
+        .header("Authorization", common::bearer())
+        .call()
+        .expect("GET /v1/volumes")
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let volumes: Value = serde_json::from_str(&volumes).unwrap();
+    assert_eq!(volumes.as_array().map(Vec::len), Some(0), "{volumes}");
+    // A policy the target does not run cannot be honoured.
+    let out = run(&["--policy", "wild"]);
+    assert!(
+        !out.status.success(),
+        "--policy wild against a burst server accepted"
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("runs policy burst") && err.contains("wild"),
+        "{err}"
+    );
+    server.stop();
 }
