@@ -171,6 +171,13 @@ pub fn run(command: LabCommand) -> Result<()> {
             reason: "nbdkit's rate filter limits bandwidth only: each tenant gets its baseline bytes/s (else its ceiling), no IOPS limit, no burst".into(),
         });
     }
+    if target.is_some() {
+        not_honoured.push(NotHonoured {
+            key: "node".into(),
+            reason: "--target runs on the target's own device, scheduler workers and capacity"
+                .into(),
+        });
+    }
     if target.is_some() && requested.is_empty() {
         not_honoured.push(NotHonoured {
             key: "policies".into(),

@@ -332,6 +332,13 @@ fn a_running_server_is_a_target_with_its_own_policy() {
             .iter()
             .any(|n| n["key"] == "policies")
     );
+    assert!(
+        report["not_honoured"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["key"] == "node")
+    );
     for d in results[0]["details"]["groups"].as_array().unwrap() {
         assert_eq!(d["generator_reads"], d["server_reads"], "{d}");
         assert_eq!(d["generator_writes"], d["server_writes"], "{d}");
