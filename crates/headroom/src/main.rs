@@ -7,6 +7,10 @@ mod client;
 #[cfg(test)]
 mod config_docs;
 mod device_cmd;
+mod lab_cmd;
+mod lab_peers;
+mod lab_plan;
+mod lab_server;
 mod output;
 mod pool_cmd;
 mod qos_cmd;
@@ -67,6 +71,9 @@ enum Command {
     /// The discrete-event simulator.
     #[command(subcommand)]
     Sim(sim_cmd::SimCommand),
+    /// The lab: a scenario of `sim run` on real I/O, against servers it starts itself.
+    #[command(subcommand)]
+    Lab(lab_cmd::LabCommand),
     /// Measure this machine's CPU cost per request and the backend's IOPS per request size,
     /// and write them as a configuration file `serve` loads.
     Calibrate(calibrate::CalibrateArgs),
@@ -254,6 +261,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Tenant(command) => tenant_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),
+        Command::Lab(command) => lab_cmd::run(command),
         Command::Calibrate(args) => calibrate::run(args),
         Command::Top(args) => top::run(args),
     }

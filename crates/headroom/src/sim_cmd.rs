@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use headroom_sim::{RunOptions, Scenario, SimReport, run as run_scenario};
+use headroom_sim::{GroupResult, RunOptions, Scenario, SimReport, run as run_scenario};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::output::{Align, Table, emit, mb_per_s, print_json};
@@ -83,6 +83,23 @@ pub fn run(command: SimCommand) -> Result<()> {
 
 /// Per policy (and variant) and tenant group: throughput and latency percentiles.
 fn table(report: &SimReport) -> String {
+    let rows: Vec<(String, &GroupResult)> = report
+        .results
+        .iter()
+        .flat_map(|result| {
+            let policy = if result.variant.is_empty() {
+                result.policy.clone()
+            } else {
+                format!("{} [{}]", result.policy, result.variant)
+            };
+            result.groups.iter().map(move |g| (policy.clone(), g))
+        })
+        .collect();
+    results_table(&report.scenario, report.seed, &rows)
+}
+
+/// The table `sim run` and `lab run` print: one row per (policy label, group).
+pub(crate) fn results_table(scenario: &str, seed: u64, rows: &[(String, &GroupResult)]) -> String {
     let mut table = Table::new(&[
         ("POLICY", Align::Left),
         ("GROUP", Align::Left),
@@ -93,29 +110,20 @@ fn table(report: &SimReport) -> String {
         ("P99 µS", Align::Right),
         ("P99.9 µS", Align::Right),
     ]);
-    for result in &report.results {
-        let policy = if result.variant.is_empty() {
-            result.policy.clone()
-        } else {
-            format!("{} [{}]", result.policy, result.variant)
-        };
-        for group in &result.groups {
-            table.row(vec![
-                policy.clone(),
-                group.name.clone(),
-                format!("{:.0}", group.iops),
-                mb_per_s(group.bytes_per_s),
-                format!("{:.1}", group.lat_mean_us),
-                format!("{:.1}", group.lat_p50_us),
-                format!("{:.1}", group.lat_p99_us),
-                format!("{:.1}", group.lat_p999_us),
-            ]);
-        }
+    for (policy, group) in rows {
+        table.row(vec![
+            policy.clone(),
+            group.name.clone(),
+            format!("{:.0}", group.iops),
+            mb_per_s(group.bytes_per_s),
+            format!("{:.1}", group.lat_mean_us),
+            format!("{:.1}", group.lat_p50_us),
+            format!("{:.1}", group.lat_p99_us),
+            format!("{:.1}", group.lat_p999_us),
+        ]);
     }
     format!(
-        "scenario {} (seed {})\n{}",
-        report.scenario,
-        report.seed,
+        "scenario {scenario} (seed {seed})\n{}",
         table.render(crate::output::stdout_styled())
     )
 }

@@ -92,6 +92,24 @@ pub enum LabError {
     /// The load writes but the export is read-only.
     #[error("the export is read-only but the load has writes (read_permille < 1000)")]
     ReadOnlyExport,
+    /// A tenant of a group failed.
+    #[error("group {group}, tenant {tenant}: {source}")]
+    Tenant {
+        /// Group name.
+        group: String,
+        /// Tenant index in the group.
+        tenant: usize,
+        /// What went wrong.
+        source: Box<LabError>,
+    },
+    /// Requests were still in flight long after the run's end.
+    #[error("{in_flight} requests still in flight {after:?} after the end of the run")]
+    DrainTimeout {
+        /// Requests not answered.
+        in_flight: usize,
+        /// The drain timeout.
+        after: std::time::Duration,
+    },
     /// A reply carried a cookie of no request in flight.
     #[error("reply for cookie {cookie:#018x}, which is not in flight")]
     UnknownCookie {

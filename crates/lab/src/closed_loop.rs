@@ -349,7 +349,7 @@ async fn read_replies(
 /// CPU time (user + system, all threads) of this process, in nanoseconds:
 /// `CLOCK_PROCESS_CPUTIME_ID`, the same sum `getrusage(RUSAGE_SELF)` reports, at
 /// nanosecond rather than microsecond resolution.
-fn process_cpu_ns() -> u64 {
+pub(crate) fn process_cpu_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     let secs = u64::try_from(t.tv_sec).unwrap_or(0);
     let nanos = u64::try_from(t.tv_nsec).unwrap_or(0);

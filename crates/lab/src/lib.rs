@@ -7,13 +7,22 @@
 //! tenant; this crate drives many tenants' load from one process with exact latency
 //! histograms. It speaks NBD with the client-side codecs of `headroom-nbd` over plain TCP.
 //!
-//! First slice: one connection, one closed-loop group ([`closed_loop`]): a fixed queue depth
-//! of pipelined random reads and writes for a fixed number of I/Os.
+//! * [`closed_loop`]: one connection, one closed-loop group of a fixed count (the exact-count
+//!   check against the server's counters).
+//! * [`run`]: many groups of tenants for a fixed time ([`engine`]), each tenant its own
+//!   connection, closed loop at a queue depth or open loop at a rate ([`arrival`]), with size
+//!   and read/write mixes and on/off phases ([`load`]); per-group histograms and timelines.
 
+pub mod arrival;
 mod client;
 mod closed_loop;
+pub mod engine;
+pub mod load;
 mod rng;
 
+pub use arrival::{ArrivalKind, Arrivals};
 pub use client::{Export, LabError, NbdClient};
 pub use closed_loop::{ClosedLoopSpec, GroupResult, MAX_QUEUE_DEPTH, Target, closed_loop};
+pub use engine::{Bucket, GroupOutcome, RunOutcome, run};
+pub use load::{GroupLoad, LoadMode, Phases, RunPlan, SizeMix, TenantLoad};
 pub use rng::SplitMix64;

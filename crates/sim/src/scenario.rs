@@ -881,6 +881,12 @@ impl Scenario {
         &self.base
     }
 
+    /// Every variant with its spec (one entry named "" when the file has no variants): what
+    /// `headroom lab run` translates into real load.
+    pub fn variants(&self) -> &[(String, ScenarioSpec)] {
+        &self.variants
+    }
+
     /// Names of the variants ("" when there are none).
     pub fn variant_names(&self) -> Vec<String> {
         self.variants.iter().map(|v| v.0.clone()).collect()

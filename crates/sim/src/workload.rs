@@ -144,6 +144,21 @@ impl SizeMix {
         self.sizes_bytes[i]
     }
 
+    /// Every size with its probability, `(bytes, probability)` (the lab draws from the same
+    /// mix with its own generator).
+    pub fn entries(&self) -> Vec<(u32, f64)> {
+        let mut prev = 0.0;
+        self.sizes_bytes
+            .iter()
+            .zip(&self.cumulative)
+            .map(|(s, c)| {
+                let p = c - prev;
+                prev = *c;
+                (*s, p)
+            })
+            .collect()
+    }
+
     /// Mean request size in bytes.
     pub fn mean_bytes(&self) -> f64 {
         let mut prev = 0.0;
