@@ -237,6 +237,23 @@ impl Api {
         self.expect_success(response)
     }
 
+    /// `POST /v1/devices`: adds a device to the running pool; the new device as the API
+    /// answered it.
+    pub fn add_device(&self, path: Option<&str>, size_bytes: Option<u64>) -> Result<Value> {
+        let mut body = serde_json::Map::new();
+        if let Some(path) = path {
+            body.insert("path".into(), Value::from(path));
+        }
+        if let Some(size) = size_bytes {
+            body.insert("size_bytes".into(), Value::from(size));
+        }
+        let response = self
+            .authorized(self.agent.post(self.url("/v1/devices")))
+            .send_json(Value::Object(body))
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
     /// `GET /v1/pool`, as the API answered it (for `headroom pool`).
     pub fn pool_json(&self) -> Result<Value> {
         self.get_json("/v1/pool")

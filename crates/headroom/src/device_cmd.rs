@@ -11,12 +11,33 @@ use clap::{Args, Subcommand};
 use serde_json::Value;
 
 use crate::client::ApiArgs;
-use crate::output::{Align, Table, emit, mb_per_s, print_json};
+use crate::outln;
+use crate::output::{Align, Table, emit, human_bytes, mb_per_s, print_json};
+use crate::size::parse_size;
 
 #[derive(Subcommand, Debug)]
 pub enum DeviceCommand {
     /// Each device: state, and its smoothed IOPS, bandwidth, latency and write cost.
     List(DeviceListArgs),
+    /// Add a device to the running pool: new extents may go there at once, and it stays
+    /// after a restart (file pools only).
+    Add(DeviceAddArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DeviceAddArgs {
+    /// A file or block device on the server's machine; absent: a new sparse file
+    /// `devices/dev-N.img` in the server's data directory.
+    path: Option<String>,
+    /// Length of a file that is created or empty (an existing file keeps its length), e.g.
+    /// `100GiB`; rounded down to whole 2 MiB extents [default: 64GiB, sparse].
+    #[arg(long, value_parser = parse_size)]
+    size: Option<u64>,
+    /// Print the API's JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    api: ApiArgs,
 }
 
 #[derive(Args, Debug)]
@@ -36,6 +57,31 @@ pub fn run(command: DeviceCommand) -> Result<()> {
                 return print_json(&devices);
             }
             emit(&render(&devices));
+            Ok(())
+        }
+        DeviceCommand::Add(args) => {
+            let device = args
+                .api
+                .client()?
+                .add_device(args.path.as_deref(), args.size)?;
+            if args.json {
+                return print_json(&device);
+            }
+            outln!(
+                "added device {} ({}, {} extents) at {}",
+                device.get("id").and_then(Value::as_u64).unwrap_or(0),
+                human_bytes(
+                    device
+                        .get("capacity_bytes")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0)
+                ),
+                device
+                    .get("extent_count")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0),
+                device.get("path").and_then(Value::as_str).unwrap_or("?")
+            );
             Ok(())
         }
     }

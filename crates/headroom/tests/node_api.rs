@@ -300,3 +300,90 @@ fn the_overcommit_ratio_refuses_volumes_past_it_with_507_and_the_numbers() {
     );
     server.stop();
 }
+
+#[test]
+fn a_device_added_to_the_running_pool_takes_writes_at_once_and_stays_after_a_restart() {
+    const E: u64 = 2 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start_with(&data, &["--devices", "1", "--device-size", "8MiB"]);
+    server.create_volume("v", "64MiB");
+    let mut client = Client::open(server.nbd, "v");
+    let block = |i: u64| vec![i as u8 + 1; 4096];
+    for i in 0..4u64 {
+        assert_eq!(client.write(i, i * E, &block(i), 0), 0);
+    }
+    // The pool's 4 extents are taken: the next new extent has no room (ENOSPC = 28).
+    assert_eq!(client.write(4, 4 * E, &block(4), 0), 28);
+
+    // Added while the client stays connected.
+    let out = server.cli(&["device", "add", "--size", "32MiB", "--json"]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let added: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (added["id"].as_u64(), added["extent_count"].as_u64()),
+        (Some(1), Some(16)),
+        "{added}"
+    );
+    assert!(
+        added["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("devices/dev-1.img"),
+        "{added}"
+    );
+    for i in 4..8u64 {
+        assert_eq!(client.write(i, i * E, &block(i), 0), 0, "write {i}");
+    }
+    assert_eq!(client.flush(99), 0);
+    let devices = get(&server, "/v1/devices");
+    assert_eq!(devices.as_array().unwrap().len(), 2, "{devices}");
+    assert_eq!(
+        devices[1]["allocated_bytes"].as_u64(),
+        Some(4 * E),
+        "{devices}"
+    );
+
+    // The same path again: 409; a body with an unknown field: 422.
+    let path = added["path"].as_str().unwrap();
+    let again = ureq::post(format!("{}/v1/devices", server.api))
+        .header("authorization", common::bearer())
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .send_json(serde_json::json!({ "path": path }))
+        .unwrap();
+    assert_eq!(again.status(), 409);
+    let unknown = ureq::post(format!("{}/v1/devices", server.api))
+        .header("authorization", common::bearer())
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .send_json(serde_json::json!({ "sise_bytes": 1 }))
+        .unwrap();
+    assert_eq!(unknown.status(), 422);
+    client.disconnect();
+    server.stop();
+
+    // After a restart with the same flags (one device), the pool has both and the data is
+    // where it was written.
+    let server = Server::start_with(&data, &["--devices", "1", "--device-size", "8MiB"]);
+    assert_eq!(get(&server, "/v1/devices").as_array().unwrap().len(), 2);
+    let mut client = Client::open(server.nbd, "v");
+    for i in 0..8u64 {
+        assert_eq!(client.read(i, i * E, 4096).unwrap(), block(i), "extent {i}");
+    }
+    client.disconnect();
+    server.stop();
+
+    // A RAM pool cannot grow: 400 with the reason.
+    let server = Server::start_memory(&dir.path().join("mem"), "64MiB");
+    let out = server.cli(&["device", "add"]);
+    assert!(!out.status.success());
+    assert!(
+        common::text(&out).contains("fixed size"),
+        "{}",
+        common::text(&out)
+    );
+    server.stop();
+}

@@ -245,6 +245,8 @@ impl IntoResponse for ApiError {
         let (status, kind) = match &store_err {
             StoreError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             StoreError::AlreadyExists(_) => (StatusCode::CONFLICT, "already_exists"),
+            StoreError::DeviceExists(_) => (StatusCode::CONFLICT, "already_exists"),
+            StoreError::InvalidDevice { .. } => (StatusCode::BAD_REQUEST, "invalid_device"),
             StoreError::InvalidName { .. } => (StatusCode::BAD_REQUEST, "invalid_name"),
             StoreError::InvalidSize { .. } => (StatusCode::BAD_REQUEST, "invalid_size"),
             StoreError::InvalidTenant { .. } => (StatusCode::BAD_REQUEST, "invalid_tenant"),

@@ -57,6 +57,23 @@ impl Allocator {
         }
     }
 
+    /// A device added to the running pool (the next id), all of its extents free.
+    pub(crate) fn add_device(&mut self, extent_count: u32) {
+        self.free.push((0..extent_count).collect());
+        self.totals.push(extent_count);
+        self.load.push(0.0);
+    }
+
+    /// `volume_id`'s extents per device, as long as the device list.
+    fn counts_mut(&mut self, volume_id: u64) -> &mut Vec<u32> {
+        let n = self.device_count();
+        let counts = self.per_volume.entry(volume_id).or_default();
+        if counts.len() < n {
+            counts.resize(n, 0);
+        }
+        counts
+    }
+
     /// Sets the devices' loads (device time per second each, from their telemetry); values
     /// are clamped to [0, 1], missing devices count as idle.
     pub(crate) fn set_load(&mut self, load: &[f64]) {
@@ -98,10 +115,7 @@ impl Allocator {
         if !free.remove(&phys.index) {
             return false;
         }
-        let n = self.device_count();
-        self.per_volume
-            .entry(volume_id)
-            .or_insert_with(|| vec![0; n])[phys.device as usize] += 1;
+        self.counts_mut(volume_id)[phys.device as usize] += 1;
         true
     }
 
@@ -125,10 +139,7 @@ impl Allocator {
             })
             .map(|(_, d)| d)?;
         let index = self.free[device].pop_first()?;
-        let n = self.device_count();
-        self.per_volume
-            .entry(volume_id)
-            .or_insert_with(|| vec![0; n])[device] += 1;
+        self.counts_mut(volume_id)[device] += 1;
         Some(PhysExtent {
             device: device as u32,
             index,
@@ -250,6 +261,28 @@ mod tests {
         a.set_load(&[0.0, 0.0]);
         let got: Vec<u32> = (0..4).map(|_| a.allocate(2).unwrap().device).collect();
         assert_eq!(got, vec![0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn an_added_device_takes_new_extents_of_existing_volumes() {
+        let mut a = Allocator::new(&[4]);
+        for _ in 0..3 {
+            assert_eq!(a.allocate(1).unwrap().device, 0);
+        }
+        a.add_device(4);
+        assert_eq!(a.free_extents(1), 4);
+        // Emptier, and volume 1 holds nothing there: the next extents go to device 1 until
+        // the volume's share evens out.
+        assert_eq!(a.allocate(1).unwrap().device, 1);
+        assert_eq!(a.allocate(1).unwrap().device, 1);
+        assert_eq!(a.first_device_holding(1, 0b10), Some(1));
+        a.disown(
+            1,
+            PhysExtent {
+                device: 1,
+                index: 0,
+            },
+        );
     }
 
     #[test]

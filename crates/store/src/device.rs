@@ -288,6 +288,11 @@ impl Device {
         matches!(self.backend, Backend::Memory(_))
     }
 
+    /// A file or block device (the pools that can grow by another one).
+    pub(crate) fn is_file_backed(&self) -> bool {
+        matches!(self.backend, Backend::File(_))
+    }
+
     /// Whether its data lives in RAM: a RAM device, or a file on tmpfs or ramfs. No
     /// operation on it waits for a disk (memory pressure aside), so it may run on a network
     /// thread.

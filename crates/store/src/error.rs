@@ -25,6 +25,12 @@ pub enum StoreError {
     /// A volume with this name exists already.
     #[error("volume {0:?} already exists")]
     AlreadyExists(String),
+    /// A device cannot be added to the pool as asked (path, size, backend or count).
+    #[error("cannot add device {path}: {reason}")]
+    InvalidDevice { path: String, reason: String },
+    /// The path is already a device of the pool.
+    #[error("{0} is already device of the pool")]
+    DeviceExists(String),
     /// The name breaks the naming rule (1-64 chars of `[A-Za-z0-9._-]`, not starting with `.` or `-`).
     #[error("invalid volume name {name:?}: {reason}")]
     InvalidName { name: String, reason: &'static str },

@@ -14,6 +14,7 @@
 mod alloc;
 mod config;
 mod device;
+mod devices;
 mod error;
 mod extent_map;
 mod fault;

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::alloc::Allocator;
 use crate::config::{MAX_DEVICES, StoreConfig};
 use crate::device::{Device, open_device_file};
+use crate::devices::Devices;
 use crate::error::{MetadataError, StoreError};
 use crate::extent_map::ExtentMap;
 use crate::fault::{ActiveRule, FaultConfig, FaultScope};
@@ -74,7 +75,7 @@ const MAX_QUARANTINE_EXTENTS: u64 = 1024;
 
 /// State shared by the store and every volume handle.
 pub(crate) struct Shared {
-    pub devices: Vec<Device>,
+    pub devices: Devices,
     meta: Meta,
     pub pool: Mutex<PoolState>,
     /// Serialises commits so that a commit's device syncs and its transaction stay ordered.
@@ -337,6 +338,8 @@ pub struct Store {
     overcommit_ratio: RwLock<Option<f64>>,
     /// Each device's smoothed view, in device order (`observe_devices`).
     telemetry: Mutex<Vec<crate::telemetry::TelemetryState>>,
+    /// The data directory of a file store (`None`: RAM), for devices added later.
+    data_dir: Option<PathBuf>,
 }
 
 /// A tenant and what it holds.
@@ -569,14 +572,130 @@ impl Store {
         }
         ops.push(MetaOp::SetClean(false));
         meta.commit(&[], &ops)?;
-        Ok(Store::assemble(
+        let mut store = Store::assemble(
             meta,
             devices,
             allocator,
             volumes,
             loaded.next_volume_id,
             tenants,
-        ))
+        );
+        store.data_dir = Some(cfg.data_dir.clone());
+        Ok(store)
+    }
+
+    /// Adds a device to the running pool: the file or block device at `path`, or with `None`
+    /// a new sparse file `devices/dev-N.img` in the data directory. A file that does not
+    /// exist or is empty is made `capacity_bytes` long; an existing one keeps its length
+    /// (rounded down to whole extents). Everything on it is punched (it joins as free
+    /// space), the pool's metadata records it durably, and from then on new extents may go
+    /// there (placement prefers the emptier device). Only file stores grow: a RAM pool has a
+    /// fixed size. Serialised with the other management operations.
+    pub fn add_device(
+        &self,
+        path: Option<&Path>,
+        capacity_bytes: u64,
+    ) -> Result<DeviceInfo, StoreError> {
+        let _management = lock(&self.management);
+        let id = self.shared.devices.len();
+        let shown = path.map_or_else(
+            || format!("devices/dev-{id}.img"),
+            |p| p.display().to_string(),
+        );
+        let invalid = |reason: String| StoreError::InvalidDevice {
+            path: shown.clone(),
+            reason,
+        };
+        let Some(data_dir) = &self.data_dir else {
+            return Err(invalid("a RAM pool has a fixed size".into()));
+        };
+        if self.shared.devices.iter().any(|d| !d.is_file_backed()) {
+            return Err(invalid(
+                "only a pool of device files or block devices grows".into(),
+            ));
+        }
+        if id >= MAX_DEVICES as usize {
+            return Err(invalid(format!(
+                "the pool has {MAX_DEVICES} devices, the most it may"
+            )));
+        }
+        let (abs, rec) = match path {
+            Some(p) => {
+                let abs = std::path::absolute(p)?;
+                let text = abs
+                    .to_str()
+                    .ok_or_else(|| invalid("the path is not UTF-8".into()))?
+                    .to_owned();
+                (
+                    abs,
+                    DeviceRecord {
+                        path: text,
+                        relative: false,
+                        capacity_bytes: 0,
+                    },
+                )
+            }
+            None => {
+                let relative = format!("devices/dev-{id}.img");
+                (
+                    data_dir.join(&relative),
+                    DeviceRecord {
+                        path: relative,
+                        relative: true,
+                        capacity_bytes: 0,
+                    },
+                )
+            }
+        };
+        let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        if abs.exists()
+            && self
+                .shared
+                .devices
+                .iter()
+                .any(|d| canonical(Path::new(&d.label)) == canonical(&abs))
+        {
+            return Err(StoreError::DeviceExists(abs.display().to_string()));
+        }
+        if let Some(parent) = abs.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let (file, capacity, is_block) =
+            open_device_file(&abs, capacity_bytes, true).map_err(|e| invalid(e.to_string()))?;
+        if capacity < EXTENT_SIZE_BYTES {
+            return Err(invalid(format!(
+                "{capacity} bytes hold less than one {EXTENT_SIZE_BYTES}-byte extent"
+            )));
+        }
+        let mut rec = rec;
+        rec.capacity_bytes = capacity - capacity % EXTENT_SIZE_BYTES;
+        let extent_count = extents_of(rec.capacity_bytes)?;
+        let device = Device::from_file(
+            id as u32,
+            abs.display().to_string(),
+            file,
+            is_block,
+            extent_count,
+        );
+        // It joins as free space: nothing written on it before may surface in a volume.
+        device.punch_extents(0, extent_count)?;
+        device.sync_if_dirty()?;
+        if let Some(parent) = abs.parent() {
+            sync_dir(parent)?;
+        }
+        self.shared
+            .commit(&[MetaOp::PutDevice(id as u32, rec)], false)?;
+        self.shared
+            .devices
+            .push(device)
+            .map_err(|_| invalid("the device list changed underneath".into()))?;
+        lock(&self.shared.pool).allocator.add_device(extent_count);
+        tracing::info!(device = id, path = %abs.display(), extents = extent_count, "device added to the pool");
+        self.pool_info()
+            .devices
+            .into_iter()
+            .find(|d| d.id as usize == id)
+            .ok_or_else(|| invalid("the device vanished after it was added".into()))
     }
 
     /// A store whose devices and metadata live in RAM (tests, benchmarks). `capacity_bytes`
@@ -627,7 +746,7 @@ impl Store {
     ) -> Store {
         let total_extents: u64 = devices.iter().map(|d| u64::from(d.extent_count)).sum();
         let shared = Arc::new(Shared {
-            devices,
+            devices: Devices::new(devices),
             meta,
             pool: Mutex::new(PoolState {
                 allocator,
@@ -661,6 +780,7 @@ impl Store {
             tenants: RwLock::new(tenants),
             overcommit_ratio: RwLock::new(None),
             telemetry: Mutex::new(Vec::new()),
+            data_dir: None,
         }
     }
 

@@ -1057,3 +1057,65 @@ fn placement_steers_new_extents_away_from_a_busy_device() {
         }
     }
 }
+
+#[test]
+fn a_device_added_to_a_running_pool_takes_new_extents_and_stays_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        device_count: 1,
+        device_capacity_bytes: 4 * E,
+        ..StoreConfig::new(dir.path())
+    };
+    let store = Store::open(&cfg).unwrap();
+    store.create_volume("v", 16 * E).unwrap();
+    let v = store.open_volume("v").unwrap();
+    for e in 0..4 {
+        v.write_at(e * E, &pattern(e, 4096), false).unwrap();
+    }
+    // Full: the fifth extent has nowhere to go.
+    assert!(matches!(
+        v.write_at(4 * E, &pattern(4, 4096), false),
+        Err(StoreError::NoSpace)
+    ));
+    let added = store.add_device(None, 8 * E).unwrap();
+    assert_eq!(
+        (added.id, added.extent_count, added.free_extents),
+        (1, 8, 8)
+    );
+    assert!(added.path.ends_with("devices/dev-1.img"), "{added:?}");
+    // The same volume grows onto it at once, and nothing written before moved.
+    for e in 4..8 {
+        v.write_at(e * E, &pattern(e, 4096), false).unwrap();
+        assert_eq!(v.extent_location(e).unwrap().device, 1);
+    }
+    v.flush().unwrap();
+    assert_eq!(allocated_per_device(&store), vec![4, 4]);
+    // A path already in the pool, a RAM pool and a device too small are refused clearly.
+    let dev0 = dir.path().join("devices/dev-0.img");
+    assert!(matches!(
+        store.add_device(Some(&dev0), 8 * E),
+        Err(StoreError::DeviceExists(_))
+    ));
+    let small = store
+        .add_device(Some(&dir.path().join("small.img")), 4096)
+        .unwrap_err();
+    assert!(
+        matches!(&small, StoreError::InvalidDevice { reason, .. } if reason.contains("less than one")),
+        "{small}"
+    );
+    let ram = Store::open_memory(64 * MIB).unwrap();
+    assert!(matches!(
+        ram.add_device(None, 8 * E),
+        Err(StoreError::InvalidDevice { .. })
+    ));
+    drop(v);
+    drop(store);
+    // After a restart with the same configuration (one device), the pool has both, and every
+    // byte written is where it was.
+    let store = Store::open(&cfg).unwrap();
+    assert_eq!(store.pool_info().devices.len(), 2);
+    let v = store.open_volume("v").unwrap();
+    for e in 0..8 {
+        assert_eq!(read_vec(&v, e * E, 4096), pattern(e, 4096), "extent {e}");
+    }
+}

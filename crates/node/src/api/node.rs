@@ -11,19 +11,21 @@ use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 use headroom_store::{DeviceInfo, PoolInfo};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{ApiErrorBody, ApiState};
+use super::{ApiErrorBody, ApiResult, ApiState, blocking};
 
 /// The routes of this module (merged into `api::routes`).
 pub(super) fn routes() -> Router<ApiState> {
     Router::new()
         .route("/v1/pool", get(pool))
-        .route("/v1/devices", get(devices))
+        .route("/v1/devices", get(devices).post(add_device))
         .route("/v1/node", get(node))
 }
 
@@ -151,6 +153,47 @@ pub(super) async fn node(State(state): State<ApiState>) -> Json<NodeView> {
         (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
 pub(super) async fn devices(State(state): State<ApiState>) -> Json<Vec<DeviceView>> {
     Json(PoolView::of(&state.store).devices)
+}
+
+/// Body of `POST /v1/devices`: the device to add to the running pool.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddDevice {
+    /// A file or block device on the node; absent: a new sparse file `devices/dev-N.img` in
+    /// the data directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Length of a file that is created or empty (an existing one keeps its length); rounded
+    /// down to whole 2 MiB extents. Default 64 GiB (sparse).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+}
+
+/// Adds a device to the running pool: new extents may go there at once (placement prefers
+/// the emptier device); it is recorded durably and stays after a restart. File pools only.
+#[utoipa::path(post, path = "/v1/devices", tag = "node", request_body = AddDevice,
+    responses((status = 201, body = DeviceView),
+        (status = 400, description = "A RAM or RADOS pool, a device too small, a path that cannot be opened, or the pool at 64 devices (`invalid_device`)", body = ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 409, description = "The path is a device of the pool already", body = ApiErrorBody),
+        (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
+pub(super) async fn add_device(
+    State(state): State<ApiState>,
+    body: Result<Json<AddDevice>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<DeviceView>)> {
+    let Json(body) = body?;
+    let store = std::sync::Arc::clone(&state.store);
+    let size = body
+        .size_bytes
+        .unwrap_or(headroom_store::DEFAULT_DEVICE_CAPACITY_BYTES);
+    let info =
+        blocking(move || store.add_device(body.path.as_deref().map(std::path::Path::new), size))
+            .await?;
+    let extent_size_bytes = state.store.pool_info().extent_size_bytes;
+    Ok((
+        StatusCode::CREATED,
+        Json(DeviceView::new(&info, extent_size_bytes)),
+    ))
 }
 
 /// Body of `GET /v1/pool`: the pool's extents and devices.

@@ -101,6 +101,7 @@ impl Modify for BearerAuth {
         super::delete_volume,
         super::node::pool,
         super::node::devices,
+        super::node::add_device,
         super::node::node,
         super::tenants::list_tenants,
         super::tenants::create_tenant,
