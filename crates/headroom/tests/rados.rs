@@ -8,7 +8,8 @@
 //!   on the same data directory and pool, fio verifies every block again: the data lives in
 //!   the cluster, not in the server process;
 //! * that restart after a crash removes the object of a free extent (as a crash can leave
-//!   behind) and leaves other namespaces of the pool alone.
+//!   behind) and leaves other namespaces of the pool alone;
+//! * deleting the volumes removes every object of the store.
 //!
 //! The cluster: the one named by `HEADROOM_TEST_CEPH_CONF` (pool `HEADROOM_TEST_CEPH_POOL`,
 //! default `headroom`), as `.ci/run` sets; otherwise this test starts its own with
@@ -285,5 +286,13 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
         "fio verified blocks nobody wrote: {}",
         text(&out)
     );
+
+    // Deleting the volumes releases their extents: every object of the store is removed
+    // (which also leaves a shared cluster as this test found it).
+    for volume in [VOLUME, "blank"] {
+        let out = server.cli(&["volume", "delete", volume]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    assert_eq!(list(namespace), Vec::<String>::new());
     server.stop();
 }
