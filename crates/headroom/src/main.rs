@@ -116,8 +116,7 @@ struct ServeArgs {
     /// many times the pool capacity (a number >= 1.0) [default: no limit].
     #[arg(long, value_name = "RATIO")]
     overcommit_ratio: Option<f64>,
-    /// Worker threads executing block I/O (0 = inline on the network threads) [default: 2;
-    /// 16 with --rados-pool, each having one request in flight to the cluster].
+    /// Worker threads executing block I/O (0 = inline on the network threads) [default: 2].
     #[arg(long)]
     io_threads: Option<usize>,
     /// Requests moving at most this many bytes run inline on the network threads

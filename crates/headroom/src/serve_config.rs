@@ -47,9 +47,6 @@ pub const DEFAULT_DATA_DIR: &str = "./headroom-data";
 pub const DEFAULT_DEVICES: u32 = 2;
 /// Capacity of each device file in a new data directory by default (sparse).
 pub const DEFAULT_DEVICE_SIZE: u64 = 64 << 30;
-/// I/O threads by default on RADOS: each has one synchronous request in flight to the
-/// cluster (docs/operations.md, "Running on Ceph RADOS").
-pub const DEFAULT_RADOS_IO_THREADS: usize = 16;
 /// Most scheduler workers.
 pub const MAX_WORKERS: usize = 64;
 /// Most I/O worker threads.
@@ -1054,8 +1051,6 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     }
     if let Some(n) = sv.io_threads {
         config.io_threads = n;
-    } else if matches!(config.backend, StoreBackend::Rados { .. }) {
-        config.io_threads = DEFAULT_RADOS_IO_THREADS;
     }
     if let Some(us) = sv.coalesce_us {
         config.coalesce_us = Some(us);
@@ -2065,9 +2060,6 @@ mod tests {
                 "{:?}",
                 config.backend
             );
-            assert_eq!(config.io_threads, DEFAULT_RADOS_IO_THREADS);
-            let chosen = resolved(&format!("{text}[server]\nio_threads = 3\n"));
-            assert_eq!(chosen.io_threads, 3);
             for (extra, key) in [
                 ("memory = \"1GiB\"\n", "storage.memory"),
                 ("devices = 2\n", "storage.devices"),

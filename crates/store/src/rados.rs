@@ -21,9 +21,10 @@
 //!
 //! **I/O.** Synchronous `rados_read` / `rados_write` / `rados_remove` / write-op `zero`,
 //! called on the node's I/O worker threads (the device is not memory resident, so no
-//! request runs inline on a network thread). Each worker has one request in flight, so
-//! `--io-threads` is the queue depth towards the cluster. The asynchronous `rados_aio_*`
-//! calls would let a few threads keep many requests in flight; they are the next step.
+//! request runs inline on a network thread). Each thread has one request in flight; while
+//! all workers wait for the cluster, the executor adds helper threads. The asynchronous
+//! `rados_aio_*` calls would keep many requests in flight without a thread each; they are
+//! the next step.
 //!
 //! **Durability.** librados acknowledges a write once every replica of the object's
 //! placement group has it on stable storage. So a device sync has nothing to do: FLUSH and
