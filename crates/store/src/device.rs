@@ -468,12 +468,9 @@ impl Device {
                 }
             }
             #[cfg(feature = "rados")]
-            Backend::Rados(p) => {
-                for ext in first..first + count {
-                    p.remove(self.object(ext).as_c_str())
-                        .map_err(|e| self.context(u64::from(ext) * EXTENT_SIZE_BYTES, e))?;
-                }
-            }
+            Backend::Rados(p) => p
+                .remove_many((first..first + count).map(|ext| self.object(ext)))
+                .map_err(|e| self.context(pos, e))?,
         }
         self.mark_dirty();
         Ok(())
@@ -485,17 +482,20 @@ impl Device {
     pub(crate) fn punch_free_runs(&self, runs: &[(u32, u32)]) -> io::Result<()> {
         #[cfg(feature = "rados")]
         if let Backend::Rados(p) = &self.backend {
-            for name in p.list()? {
-                let Some((device, ext)) = crate::rados::ObjectName::parse(&name) else {
-                    continue;
-                };
-                let i = runs.partition_point(|&(first, _)| first <= ext);
-                let free = i > 0 && ext - runs[i - 1].0 < runs[i - 1].1;
-                if device == self.id && free {
-                    self.punch_extents(ext, 1)?;
-                }
-            }
-            return Ok(());
+            let stray: Vec<u32> = p
+                .list()?
+                .iter()
+                .filter_map(|name| crate::rados::ObjectName::parse(name))
+                .filter(|&(device, ext)| {
+                    let i = runs.partition_point(|&(first, _)| first <= ext);
+                    device == self.id && i > 0 && ext - runs[i - 1].0 < runs[i - 1].1
+                })
+                .map(|(_, ext)| ext)
+                .collect();
+            return self.timed(DeviceOp::Punch, || {
+                p.remove_many(stray.iter().map(|&ext| self.object(ext)))
+                    .map_err(|e| self.context(0, e))
+            });
         }
         for &(first, count) in runs {
             self.punch_extents(first, count)?;

@@ -20,7 +20,8 @@
 //! its object; punching or zeroing part of one is a RADOS `zero` operation.
 //!
 //! **I/O.** Synchronous `rados_read` / `rados_write` / `rados_remove` / write-op `zero`,
-//! called on the node's I/O worker threads (the device is not memory resident, so no
+//! called on the node's I/O worker threads (releases of many extents at once, and the
+//! startup punch, remove their objects with `rados_aio_remove`, 64 in flight) (the device is not memory resident, so no
 //! request runs inline on a network thread). Each thread has one request in flight; while
 //! all workers wait for the cluster, the executor adds helper threads. The asynchronous
 //! `rados_aio_*` calls would keep many requests in flight without a thread each; they are
@@ -51,6 +52,8 @@ mod ffi {
     pub type IoctxT = *mut c_void;
     pub type ListCtxT = *mut c_void;
     pub type WriteOpT = *mut c_void;
+    pub type CompletionT = *mut c_void;
+    pub type CallbackT = Option<unsafe extern "C" fn(CompletionT, *mut c_void)>;
 
     #[link(name = "rados")]
     unsafe extern "C" {
@@ -109,6 +112,15 @@ mod ffi {
             nspace: *mut *const c_char,
         ) -> c_int;
         pub fn rados_nobjects_list_close(ctx: ListCtxT);
+        pub fn rados_aio_create_completion2(
+            cb_arg: *mut c_void,
+            cb_complete: CallbackT,
+            pc: *mut CompletionT,
+        ) -> c_int;
+        pub fn rados_aio_remove(io: IoctxT, oid: *const c_char, completion: CompletionT) -> c_int;
+        pub fn rados_aio_wait_for_complete(c: CompletionT) -> c_int;
+        pub fn rados_aio_get_return_value(c: CompletionT) -> c_int;
+        pub fn rados_aio_release(c: CompletionT);
     }
 
     /// `time_t` on the 64-bit Linux targets we build for.
@@ -118,6 +130,9 @@ mod ffi {
 
 /// ENOENT as librados returns it (negated errno).
 const ENOENT: c_int = 2;
+
+/// Most removals `Pool::remove_many` keeps in flight.
+const REMOVE_WINDOW: usize = 64;
 
 /// `Ok(n)` for a non-negative librados result, the errno otherwise.
 fn check(ret: c_int, what: &str) -> io::Result<c_int> {
@@ -331,6 +346,63 @@ impl Pool {
             return Ok(());
         }
         check(ret, "remove").map(|_| ())
+    }
+
+    /// Removes every object of `oids` (missing ones are already removed), with up to
+    /// `REMOVE_WINDOW` asynchronous removals (`rados_aio_remove`) in flight: releasing a large
+    /// volume, or the startup punch, would otherwise wait one round trip per object. No
+    /// callback and no buffer is involved: each completion is waited for, in order, before it
+    /// is released, also after an error; then the first error is returned.
+    pub(crate) fn remove_many(&self, oids: impl IntoIterator<Item = ObjectName>) -> io::Result<()> {
+        let mut in_flight: std::collections::VecDeque<ffi::CompletionT> =
+            std::collections::VecDeque::with_capacity(REMOVE_WINDOW);
+        let mut first_error: Option<io::Error> = None;
+        let finish = |c: ffi::CompletionT, first_error: &mut Option<io::Error>| {
+            // SAFETY: `c` is a completion of a removal started below and not yet released;
+            // it is released exactly once, after the removal completed.
+            let ret = unsafe {
+                ffi::rados_aio_wait_for_complete(c);
+                let ret = ffi::rados_aio_get_return_value(c);
+                ffi::rados_aio_release(c);
+                ret
+            };
+            if ret != -ENOENT
+                && let Err(e) = check(ret, "remove")
+            {
+                first_error.get_or_insert(e);
+            }
+        };
+        for oid in oids {
+            if first_error.is_some() {
+                break;
+            }
+            if in_flight.len() == REMOVE_WINDOW
+                && let Some(c) = in_flight.pop_front()
+            {
+                finish(c, &mut first_error);
+            }
+            let mut c: ffi::CompletionT = ptr::null_mut();
+            // SAFETY: out-pointer to a local; no callback, so no argument.
+            let ret = unsafe { ffi::rados_aio_create_completion2(ptr::null_mut(), None, &mut c) };
+            if let Err(e) = check(ret, "aio completion") {
+                first_error.get_or_insert(e);
+                break;
+            }
+            // SAFETY: valid context, NUL-terminated name (librados copies it into the
+            // operation before returning), fresh completion.
+            let ret = unsafe { ffi::rados_aio_remove(self.io, oid.as_c_str().as_ptr(), c) };
+            if let Err(e) = check(ret, "remove") {
+                // SAFETY: the operation was not started; the completion is released once.
+                unsafe { ffi::rados_aio_release(c) };
+                first_error.get_or_insert(e);
+                break;
+            }
+            in_flight.push_back(c);
+        }
+        while let Some(c) = in_flight.pop_front() {
+            finish(c, &mut first_error);
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Whether object `oid` exists.
