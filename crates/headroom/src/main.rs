@@ -108,13 +108,21 @@ struct ServeArgs {
     /// Number of device files in a new data directory [default: 2].
     #[arg(long)]
     devices: Option<u32>,
-    /// Capacity of each device file in a new data directory (sparse) [default: 64GiB].
+    /// Capacity of each device file in a new data directory (sparse), or with --rados-pool
+    /// the address space extents are allocated from [default: 64GiB].
     #[arg(long, value_parser = parse_size)]
     device_size: Option<u64>,
     /// Use this existing block device or file as a pool device (repeatable; replaces the
     /// created device files).
     #[arg(long = "device")]
     device_paths: Vec<PathBuf>,
+    /// Keep the extents in a Ceph RADOS pool: the cluster's ceph.conf (with --rados-pool;
+    /// needs a build with --features rados).
+    #[arg(long, value_name = "FILE")]
+    rados_conf: Option<PathBuf>,
+    /// The RADOS pool (existing) holding the extents (with --rados-conf).
+    #[arg(long, value_name = "POOL")]
+    rados_pool: Option<String>,
     /// Refuse to create or grow a volume when the volume sizes would sum to more than this
     /// many times the pool capacity (a number >= 1.0) [default: no limit].
     #[arg(long, value_name = "RATIO")]
@@ -194,6 +202,8 @@ impl ServeArgs {
                 devices: self.devices,
                 device_size: self.device_size.map(Size),
                 device_paths: (!self.device_paths.is_empty()).then(|| self.device_paths.clone()),
+                rados_conf: self.rados_conf.clone(),
+                rados_pool: self.rados_pool.clone(),
                 emulated: None,
             },
             limits: LimitsSection {
@@ -343,6 +353,9 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
             format!("in memory ({})", format_size(*capacity_bytes))
         }
         StoreBackend::Files { data_dir, .. } => format!("on {}", data_dir.display()),
+        StoreBackend::Rados { data_dir, pool, .. } => {
+            format!("on RADOS pool {pool} (metadata in {})", data_dir.display())
+        }
     };
     let node = Node::start(loaded.node)
         .await

@@ -315,6 +315,9 @@ pub struct StorageSection {
     pub devices: Option<u32>,
     pub device_size: Option<Size>,
     pub device_paths: Option<Vec<PathBuf>>,
+    /// With `rados_pool`: keep the extents in that Ceph RADOS pool (feature `rados`).
+    pub rados_conf: Option<PathBuf>,
+    pub rados_pool: Option<String>,
     pub emulated: Option<EmulatedSection>,
 }
 
@@ -644,6 +647,8 @@ impl ConfigFile {
             devices: s.devices.or(l.devices),
             device_size: s.device_size.or(l.device_size),
             device_paths: s.device_paths.or(l.device_paths),
+            rados_conf: s.rados_conf.or(l.rados_conf),
+            rados_pool: s.rados_pool.or(l.rados_pool),
             emulated: s.emulated.or(l.emulated),
         };
         let (s, l) = (self.limits, lower.limits);
@@ -797,6 +802,15 @@ impl ConfigFile {
                 "storage.device_size",
                 size,
                 "must be greater than 0",
+            ));
+        }
+        if let Some(pool) = &st.rados_pool
+            && (pool.is_empty() || pool.contains(['/', '\0']))
+        {
+            return Err(Invalid::new(
+                "storage.rados_pool",
+                format!("{pool:?}"),
+                "must be a pool name: not empty, no '/'",
             ));
         }
         if let Some(e) = &st.emulated {
@@ -958,16 +972,71 @@ fn emulated_spec(e: &EmulatedSection) -> EmulatedDeviceSpec {
     }
 }
 
+/// The RADOS cluster configuration and pool, when `storage.rados_*` is set: both keys
+/// together, nothing that names local devices or RAM, and a build with the backend.
+fn rados_target(st: &StorageSection) -> Result<Option<(PathBuf, String)>, Invalid> {
+    let (conf, pool) = match (&st.rados_conf, &st.rados_pool) {
+        (None, None) => return Ok(None),
+        (Some(conf), Some(pool)) => (conf.clone(), pool.clone()),
+        (Some(conf), None) => {
+            return Err(Invalid::new(
+                "storage.rados_conf",
+                conf.display(),
+                "needs storage.rados_pool (--rados-pool) too",
+            ));
+        }
+        (None, Some(pool)) => {
+            return Err(Invalid::new(
+                "storage.rados_pool",
+                pool,
+                "needs storage.rados_conf (--rados-conf) too",
+            ));
+        }
+    };
+    if !headroom_store::RADOS_SUPPORTED {
+        return Err(Invalid::new(
+            "storage.rados_pool",
+            &pool,
+            "this headroom was built without the RADOS backend; rebuild with --features rados \
+             (cargo build --release -p headroom --features rados; needs librados-dev)",
+        ));
+    }
+    let conflict = if st.memory.is_some() {
+        Some("storage.memory")
+    } else if st.devices.is_some() {
+        Some("storage.devices")
+    } else if st.device_paths.is_some() {
+        Some("storage.device_paths")
+    } else {
+        None
+    };
+    if let Some(key) = conflict {
+        return Err(Invalid::new(
+            "storage.rados_pool",
+            &pool,
+            format!("keeps the data in RADOS; leave out {key}"),
+        ));
+    }
+    Ok(Some((conf, pool)))
+}
+
 /// Applies the built-in defaults to a merged layer and checks it whole: the configuration
 /// `Node::start` gets.
 pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     layer.check()?;
     let st = &layer.storage;
-    let backend = match st.memory {
-        Some(size) => StoreBackend::Memory {
+    let rados = rados_target(st)?;
+    let backend = match (st.memory, rados) {
+        (Some(size), _) => StoreBackend::Memory {
             capacity_bytes: size.0,
         },
-        None => StoreBackend::Files {
+        (None, Some((conf, pool))) => StoreBackend::Rados {
+            data_dir: layer.data_dir(),
+            conf,
+            pool,
+            capacity_bytes: st.device_size.map_or(DEFAULT_DEVICE_SIZE, |s| s.0),
+        },
+        (None, None) => StoreBackend::Files {
             data_dir: layer.data_dir(),
             device_count: st.devices.unwrap_or(DEFAULT_DEVICES),
             device_capacity_bytes: st.device_size.map_or(DEFAULT_DEVICE_SIZE, |s| s.0),
@@ -1266,7 +1335,9 @@ pub fn load(cli: ConfigFile, config_path: Option<&Path>) -> Result<Loaded> {
     let warnings = warnings(&merged, &node);
     // A memory node keeps its token in the data directory only when one was named.
     let token_dir = match &node.backend {
-        StoreBackend::Files { data_dir, .. } => Some(data_dir.clone()),
+        StoreBackend::Files { data_dir, .. } | StoreBackend::Rados { data_dir, .. } => {
+            Some(data_dir.clone())
+        }
         StoreBackend::Memory { .. } => merged.storage.data_dir.clone(),
     };
     let token = crate::token::TokenSettings {
@@ -1974,6 +2045,50 @@ mod tests {
         }
         assert_eq!(resolved("[tls]\nrequired = false\n").tls, None);
         assert_eq!(resolved("").tls, None);
+    }
+
+    #[test]
+    fn rados_keys_select_the_backend_or_ask_for_the_feature() {
+        let text = "[storage]\ndata_dir = \"/srv/h\"\nrados_conf = \"/etc/ceph/ceph.conf\"\n\
+                    rados_pool = \"volumes\"\ndevice_size = \"1TiB\"\n";
+        let result = resolve(&parse(text).unwrap());
+        if headroom_store::RADOS_SUPPORTED {
+            let config = result.unwrap();
+            assert!(
+                matches!(&config.backend, StoreBackend::Rados { data_dir, conf, pool, capacity_bytes }
+                    if data_dir == Path::new("/srv/h")
+                        && conf == Path::new("/etc/ceph/ceph.conf")
+                        && pool == "volumes"
+                        && *capacity_bytes == 1 << 40),
+                "{:?}",
+                config.backend
+            );
+            for (extra, key) in [
+                ("memory = \"1GiB\"\n", "storage.memory"),
+                ("devices = 2\n", "storage.devices"),
+                ("device_paths = [\"/dev/sdb\"]\n", "storage.device_paths"),
+            ] {
+                let e = err(&format!("{text}{extra}"));
+                assert!(e.contains(&format!("leave out {key}")), "{e}");
+            }
+        } else {
+            let e = result.unwrap_err().to_string();
+            assert!(
+                e.contains("built without the RADOS backend; rebuild with --features rados"),
+                "{e}"
+            );
+        }
+        let e = err("[storage]\nrados_pool = \"p\"\n");
+        assert!(
+            e.contains("storage.rados_pool") && e.contains("needs storage.rados_conf"),
+            "{e}"
+        );
+        let e = err("[storage]\nrados_conf = \"c\"\n");
+        assert!(
+            e.contains("storage.rados_conf") && e.contains("needs storage.rados_pool"),
+            "{e}"
+        );
+        assert!(err("[storage]\nrados_pool = \"a/b\"\n").contains("must be a pool name"));
     }
 
     fn faults(text: &str) -> Result<Option<FaultConfig>, String> {

@@ -23,6 +23,16 @@ pub enum StoreBackend {
     },
     /// Everything in RAM (tests and protocol benchmarks); lost on exit.
     Memory { capacity_bytes: u64 },
+    /// Extents as objects of a Ceph RADOS pool, metadata (redb) under a data directory; the
+    /// store refuses it unless built with the `rados` feature.
+    Rados {
+        data_dir: PathBuf,
+        /// The cluster's `ceph.conf`.
+        conf: PathBuf,
+        pool: String,
+        /// Address space extents are allocated from (the pool device's capacity).
+        capacity_bytes: u64,
+    },
 }
 
 /// Bounds on what clients can make the server hold.
@@ -282,7 +292,7 @@ impl NodeConfig {
         match (self.coalesce_us, &self.backend) {
             (Some(us), _) => us,
             (None, StoreBackend::Memory { .. }) => DEFAULT_COALESCE_US,
-            (None, StoreBackend::Files { .. }) => 0,
+            (None, StoreBackend::Files { .. } | StoreBackend::Rados { .. }) => 0,
         }
     }
 

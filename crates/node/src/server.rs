@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use headroom_store::{Store, StoreConfig, StoreError};
+use headroom_store::{RadosTarget, Store, StoreConfig, StoreError};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -107,6 +107,23 @@ impl Node {
                     .map_err(|err| StoreError::Io(std::io::Error::other(err)))??
             }
             StoreBackend::Memory { capacity_bytes } => Store::open_memory(*capacity_bytes)?,
+            StoreBackend::Rados {
+                data_dir,
+                conf,
+                pool,
+                capacity_bytes,
+            } => {
+                let mut store_config = StoreConfig::new(data_dir.clone());
+                store_config.device_capacity_bytes = *capacity_bytes;
+                store_config.rados = Some(RadosTarget {
+                    conf: conf.clone(),
+                    pool: pool.clone(),
+                });
+                // Connecting and the startup punch are network round trips.
+                tokio::task::spawn_blocking(move || Store::open(&store_config))
+                    .await
+                    .map_err(|err| StoreError::Io(std::io::Error::other(err)))??
+            }
         };
         store.set_overcommit_ratio(config.overcommit_ratio);
         let store = Arc::new(store);
@@ -248,9 +265,16 @@ fn node_facts(
     api_addr: SocketAddr,
 ) -> crate::api::node::NodeFacts {
     let mut facts = crate::api::node::NodeFacts::now(nbd_addr, api_addr);
-    if let StoreBackend::Files { data_dir, .. } = &config.backend {
-        facts.backend = "files";
-        facts.data_dir = Some(data_dir.clone());
+    match &config.backend {
+        StoreBackend::Files { data_dir, .. } => {
+            facts.backend = "files";
+            facts.data_dir = Some(data_dir.clone());
+        }
+        StoreBackend::Rados { data_dir, .. } => {
+            facts.backend = "rados";
+            facts.data_dir = Some(data_dir.clone());
+        }
+        StoreBackend::Memory { .. } => {}
     }
     facts.io_threads = config.io_threads;
     facts.tls = config.tls.is_some();

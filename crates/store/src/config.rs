@@ -29,7 +29,24 @@ pub struct StoreConfig {
     /// or paths of files to create with `device_capacity_bytes`. Empty: use `device_count`.
     #[serde(default)]
     pub device_paths: Vec<PathBuf>,
+    /// Keep the extents as objects of a RADOS pool instead of device files (one pool device
+    /// of `device_capacity_bytes`; needs the `rados` feature). Metadata stays in `data_dir`.
+    #[serde(default)]
+    pub rados: Option<RadosTarget>,
 }
+
+/// A Ceph cluster and pool holding a store's extents (`StoreConfig::rados`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RadosTarget {
+    /// The cluster's `ceph.conf` (monitor addresses, authentication); the client is
+    /// `client.admin`.
+    pub conf: PathBuf,
+    /// An existing pool.
+    pub pool: String,
+}
+
+/// Whether this build has the RADOS backend (cargo feature `rados`).
+pub const RADOS_SUPPORTED: bool = cfg!(feature = "rados");
 
 fn default_device_count() -> u32 {
     DEFAULT_DEVICE_COUNT
@@ -47,6 +64,7 @@ impl StoreConfig {
             device_count: DEFAULT_DEVICE_COUNT,
             device_capacity_bytes: DEFAULT_DEVICE_CAPACITY_BYTES,
             device_paths: Vec::new(),
+            rados: None,
         }
     }
 

@@ -1,4 +1,5 @@
-//! Backing devices of the pool: sparse files, block devices, or RAM.
+//! Backing devices of the pool: sparse files, block devices, RAM, or (feature `rados`) a
+//! RADOS pool whose objects are the extents (`rados.rs`).
 //!
 //! Why: the volume layer speaks in (physical extent, offset) and needs five operations from a
 //! device — positional read/write, zeroing that keeps space, punching that frees space and
@@ -31,7 +32,8 @@ static ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
 #[derive(Debug)]
 pub(crate) struct Device {
     pub id: u32,
-    /// Path for files and block devices, `memory:<id>` for RAM devices.
+    /// Path for files and block devices, `memory:<id>` for RAM devices, `rados:<pool>/<namespace>`
+    /// for RADOS.
     pub label: String,
     pub extent_count: u32,
     backend: Backend,
@@ -50,6 +52,8 @@ pub(crate) struct Device {
 enum Backend {
     File(FileDevice),
     Memory(MemoryDevice),
+    #[cfg(feature = "rados")]
+    Rados(crate::rados::Pool),
 }
 
 #[derive(Debug)]
@@ -172,6 +176,27 @@ impl Device {
             faults: OnceLock::new(),
             stats: DeviceCounters::default(),
         }
+    }
+
+    /// A device whose extents are objects of a RADOS pool (see `rados.rs` for the naming).
+    #[cfg(feature = "rados")]
+    pub(crate) fn rados(id: u32, pool: crate::rados::Pool, extent_count: u32) -> Device {
+        Device {
+            id,
+            label: pool.label.clone(),
+            extent_count,
+            backend: Backend::Rados(pool),
+            dirty: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            faults: OnceLock::new(),
+            stats: DeviceCounters::default(),
+        }
+    }
+
+    /// The object holding extent `ext` of this device.
+    #[cfg(feature = "rados")]
+    fn object(&self, ext: u32) -> crate::rados::ObjectName {
+        crate::rados::ObjectName::new(self.id, ext)
     }
 
     /// Runs one device operation, counting it in the device's statistics. Operations of a
@@ -300,6 +325,9 @@ impl Device {
         match &self.backend {
             Backend::Memory(_) => true,
             Backend::File(f) => f.in_memory,
+            // Every operation is a network round trip to the cluster.
+            #[cfg(feature = "rados")]
+            Backend::Rados(_) => false,
         }
     }
 
@@ -312,6 +340,9 @@ impl Device {
                 f.punch_supported.load(Ordering::Relaxed)
                     && f.zero_range_supported.load(Ordering::Relaxed)
             }
+            // Removing an object and RADOS `zero` are metadata operations on the OSD.
+            #[cfg(feature = "rados")]
+            Backend::Rados(_) => true,
         }
     }
 
@@ -356,6 +387,10 @@ impl Device {
                 }
                 Ok(())
             }
+            #[cfg(feature = "rados")]
+            Backend::Rados(p) => p
+                .read(self.object(ext).as_c_str(), off, buf)
+                .map_err(|e| self.context(pos, e)),
         }
     }
 
@@ -384,6 +419,11 @@ impl Device {
                 self.mark_dirty();
                 Ok(())
             }
+            // Not marked dirty: an acknowledged RADOS write is already durable (rados.rs).
+            #[cfg(feature = "rados")]
+            Backend::Rados(p) => p
+                .write(self.object(ext).as_c_str(), off, data)
+                .map_err(|e| self.context(pos, e)),
         }
     }
 
@@ -394,6 +434,10 @@ impl Device {
         match &self.backend {
             Backend::File(f) => f.zero_range(pos, len).map_err(|e| self.context(pos, e))?,
             Backend::Memory(m) => m.zero(ext, off, len, false)?,
+            #[cfg(feature = "rados")]
+            Backend::Rados(p) => p
+                .zero(self.object(ext).as_c_str(), off, len)
+                .map_err(|e| self.context(pos, e))?,
         }
         self.mark_dirty();
         Ok(())
@@ -406,6 +450,16 @@ impl Device {
         match &self.backend {
             Backend::File(f) => f.punch(pos, len).map_err(|e| self.context(pos, e))?,
             Backend::Memory(m) => m.zero(ext, off, len, true)?,
+            #[cfg(feature = "rados")]
+            Backend::Rados(p) => {
+                let oid = self.object(ext);
+                if off == 0 && len == EXTENT_SIZE_BYTES {
+                    p.remove(oid.as_c_str())
+                } else {
+                    p.zero(oid.as_c_str(), off, len)
+                }
+                .map_err(|e| self.context(pos, e))?
+            }
         }
         self.mark_dirty();
         Ok(())
@@ -429,8 +483,39 @@ impl Device {
                     *write(m.slot(ext)?) = None;
                 }
             }
+            #[cfg(feature = "rados")]
+            Backend::Rados(p) => p
+                .remove_many((first..first + count).map(|ext| self.object(ext)))
+                .map_err(|e| self.context(pos, e))?,
         }
         self.mark_dirty();
+        Ok(())
+    }
+
+    /// Deallocates the extents of `runs` ((first, count) pairs, ascending): the startup punch
+    /// of free space. A RADOS device removes only the objects that exist (it lists its
+    /// namespace), instead of one removal per free extent of its whole capacity.
+    pub(crate) fn punch_free_runs(&self, runs: &[(u32, u32)]) -> io::Result<()> {
+        #[cfg(feature = "rados")]
+        if let Backend::Rados(p) = &self.backend {
+            let stray: Vec<u32> = p
+                .list()?
+                .iter()
+                .filter_map(|name| crate::rados::ObjectName::parse(name))
+                .filter(|&(device, ext)| {
+                    let i = runs.partition_point(|&(first, _)| first <= ext);
+                    device == self.id && i > 0 && ext - runs[i - 1].0 < runs[i - 1].1
+                })
+                .map(|(_, ext)| ext)
+                .collect();
+            return self.timed(DeviceOp::Punch, || {
+                p.remove_many(stray.iter().map(|&ext| self.object(ext)))
+                    .map_err(|e| self.context(0, e))
+            });
+        }
+        for &(first, count) in runs {
+            self.punch_extents(first, count)?;
+        }
         Ok(())
     }
 
@@ -459,6 +544,13 @@ impl Device {
             .and_then(|()| match &self.backend {
                 Backend::File(f) => rustix::fs::fdatasync(&f.file).map_err(io::Error::from),
                 Backend::Memory(_) => Ok(()),
+                // A barrier with nothing to wait for: librados acknowledged each write only
+                // once every replica had it on stable storage, and each device operation
+                // returns only after its acknowledgement, so everything that completed
+                // before this call is already durable. The commit that follows (redb) is
+                // what FLUSH still has to make durable.
+                #[cfg(feature = "rados")]
+                Backend::Rados(_) => Ok(()),
             });
         result.map_err(|e| {
             if !self.failed.swap(true, Ordering::SeqCst) {
@@ -500,6 +592,12 @@ impl Device {
                 out(len, has_data);
             }
             Backend::File(f) => f.data_runs(start, len, out),
+            // A missing object is a hole; an existing one is reported as data throughout.
+            #[cfg(feature = "rados")]
+            Backend::Rados(p) => {
+                let has_data = p.exists(self.object(ext).as_c_str()).unwrap_or(true);
+                out(len, has_data);
+            }
         }
     }
 
@@ -512,6 +610,9 @@ impl Device {
                 let used = m.slots.iter().filter(|s| read(s).is_some()).count() as u64;
                 Some(used * EXTENT_SIZE_BYTES)
             }
+            // The cluster's own accounting (`ceph df`) knows; we do not ask it.
+            #[cfg(feature = "rados")]
+            Backend::Rados(_) => None,
         }
     }
 }

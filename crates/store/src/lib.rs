@@ -2,7 +2,8 @@
 //!
 //! Why this crate exists: every byte an NBD client writes lands here. It turns a volume
 //! (a thin-provisioned, resizable virtual disk) into fixed-size extents placed on a pool of
-//! backing devices (sparse files, block devices, or RAM), and keeps the extent maps in an
+//! backing devices (sparse files, block devices, RAM, or objects of a Ceph RADOS pool with the
+//! `rados` feature), and keeps the extent maps in an
 //! embedded transactional database (redb) so that what a client was told is durable stays
 //! durable across a crash (docs/design.md principle 5).
 //!
@@ -21,13 +22,18 @@ mod fault;
 mod layout;
 mod meta;
 mod name;
+#[cfg(feature = "rados")]
+mod rados;
 mod stats;
 mod store;
 mod sync;
 mod telemetry;
 mod volume;
 
-pub use config::{DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, MAX_DEVICES, StoreConfig};
+pub use config::{
+    DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, MAX_DEVICES, RADOS_SUPPORTED, RadosTarget,
+    StoreConfig,
+};
 pub use error::{MetadataError, StoreError};
 pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENCY_SPIKE_MS};
 pub use layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};

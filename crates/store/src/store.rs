@@ -388,6 +388,69 @@ fn validate_size(size_bytes: u64) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The device record path of a new RADOS device: `rados:<pool>/<namespace>`, with a fresh
+/// namespace (see rados.rs for the object naming).
+fn rados_record_path(pool: &str) -> Result<String, StoreError> {
+    if pool.is_empty() || pool.contains('/') || pool.contains('\0') {
+        return Err(StoreError::InvalidConfig(format!(
+            "RADOS pool name {pool:?} must be non-empty, without '/' or NUL"
+        )));
+    }
+    #[cfg(feature = "rados")]
+    {
+        Ok(format!("rados:{pool}/{}", crate::rados::new_namespace()?))
+    }
+    #[cfg(not(feature = "rados"))]
+    Err(no_rados())
+}
+
+/// (pool, namespace) of a RADOS device record, `None` for a file or block device.
+fn parse_rados_record(path: &str) -> Option<(&str, &str)> {
+    path.strip_prefix("rados:")?.split_once('/')
+}
+
+#[cfg(not(feature = "rados"))]
+fn no_rados() -> StoreError {
+    StoreError::InvalidConfig(
+        "this build has no RADOS backend; rebuild with --features rados (needs librados-dev)"
+            .into(),
+    )
+}
+
+/// Connects to the pool of a RADOS device record; the configuration must name that pool.
+fn open_rados_device(
+    cfg: &StoreConfig,
+    id: u32,
+    pool: &str,
+    namespace: &str,
+    extent_count: u32,
+) -> Result<Device, StoreError> {
+    let Some(target) = &cfg.rados else {
+        return Err(StoreError::InvalidConfig(format!(
+            "{} keeps its extents in RADOS pool {pool}: start with that pool (--rados-conf, \
+             --rados-pool {pool})",
+            cfg.data_dir.display()
+        )));
+    };
+    if target.pool != pool {
+        return Err(StoreError::InvalidConfig(format!(
+            "{} keeps its extents in RADOS pool {pool}, not {}",
+            cfg.data_dir.display(),
+            target.pool
+        )));
+    }
+    #[cfg(feature = "rados")]
+    {
+        let p = crate::rados::Pool::connect(&target.conf, pool, namespace)?;
+        Ok(Device::rados(id, p, extent_count))
+    }
+    #[cfg(not(feature = "rados"))]
+    {
+        let _ = (id, namespace, extent_count);
+        Err(no_rados())
+    }
+}
+
 fn extents_of(capacity_bytes: u64) -> Result<u32, StoreError> {
     u32::try_from(capacity_bytes / EXTENT_SIZE_BYTES)
         .map_err(|_| StoreError::InvalidConfig("device larger than 8 PiB".into()))
@@ -411,9 +474,20 @@ impl Store {
     /// Opens (creating if needed) the store in `cfg.data_dir`. After a crash, every free
     /// extent is punched (and synced) before the store is returned, so data written into
     /// allocations that never became durable cannot surface in another volume.
+    ///
+    /// With `cfg.rados`, the pool is one device whose extents are objects of that RADOS pool
+    /// (feature `rados`); a data directory is created for RADOS or for device files and
+    /// stays that way.
     pub fn open(cfg: &StoreConfig) -> Result<Store, StoreError> {
         let explicit = !cfg.device_paths.is_empty();
-        let wanted_count = if explicit {
+        if cfg.rados.is_some() && explicit {
+            return Err(StoreError::InvalidConfig(
+                "device paths and a RADOS pool exclude each other".into(),
+            ));
+        }
+        let wanted_count = if cfg.rados.is_some() {
+            1
+        } else if explicit {
             cfg.device_paths.len()
         } else {
             cfg.device_count as usize
@@ -452,7 +526,9 @@ impl Store {
             );
         }
         for i in records.len()..wanted_count {
-            let (path, relative) = if explicit {
+            let (path, relative) = if let Some(target) = &cfg.rados {
+                (rados_record_path(&target.pool)?, false)
+            } else if explicit {
                 // Stored absolute: a later start may run from another working directory.
                 let abs = std::path::absolute(&cfg.device_paths[i])?;
                 let p = abs
@@ -479,6 +555,40 @@ impl Store {
         let mut new_device_ops = Vec::new();
         let mut created_relative = false;
         for (i, (rec, is_new)) in records.iter_mut().enumerate() {
+            if let Some((pool, namespace)) = parse_rados_record(&rec.path) {
+                let capacity = if *is_new {
+                    cfg.device_capacity_bytes
+                } else {
+                    rec.capacity_bytes
+                };
+                if capacity < EXTENT_SIZE_BYTES {
+                    return Err(StoreError::InvalidConfig(format!(
+                        "RADOS device capacity {capacity} holds less than one \
+                         {EXTENT_SIZE_BYTES}-byte extent"
+                    )));
+                }
+                if *is_new {
+                    rec.capacity_bytes = capacity - capacity % EXTENT_SIZE_BYTES;
+                    new_device_ops.push(MetaOp::PutDevice(i as u32, rec.clone()));
+                }
+                let extent_count = extents_of(rec.capacity_bytes)?;
+                devices.push(open_rados_device(
+                    cfg,
+                    i as u32,
+                    pool,
+                    namespace,
+                    extent_count,
+                )?);
+                continue;
+            }
+            if let Some(target) = &cfg.rados {
+                return Err(StoreError::InvalidConfig(format!(
+                    "{} keeps its extents in device files, not in RADOS pool {}; a RADOS \
+                     store needs a new data directory",
+                    cfg.data_dir.display(),
+                    target.pool
+                )));
+            }
             let path: PathBuf = if rec.relative {
                 cfg.data_dir.join(&rec.path)
             } else {
@@ -537,9 +647,7 @@ impl Store {
         let punch_all = fresh || !loaded.clean;
         for (d, (_, is_new)) in devices.iter().zip(records.iter()) {
             if punch_all || *is_new {
-                for (first, count) in allocator.free_runs(d.id as usize) {
-                    d.punch_extents(first, count)?;
-                }
+                d.punch_free_runs(&allocator.free_runs(d.id as usize))?;
                 d.sync_if_dirty()?;
             }
         }

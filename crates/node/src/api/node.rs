@@ -36,7 +36,7 @@ pub struct NodeFacts {
     pub started_unix_s: u64,
     pub nbd_addr: SocketAddr,
     pub api_addr: SocketAddr,
-    /// `memory` or `files`.
+    /// `memory`, `files` or `rados`.
     pub backend: &'static str,
     pub data_dir: Option<PathBuf>,
     pub io_threads: usize,
@@ -89,7 +89,7 @@ pub struct NodeView {
     pub io_threads: usize,
     /// What the scheduler shares per second; `null` when the policy is off.
     pub capacity_per_second: Option<CapacityView>,
-    /// `memory` or `files`.
+    /// `memory`, `files` or `rados`.
     pub backend: String,
     pub data_dir: Option<String>,
     pub config_file: Option<String>,

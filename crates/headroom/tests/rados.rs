@@ -1,0 +1,298 @@
+//! The RADOS backend end to end (built only with `--features rados`): a real Ceph cluster,
+//! the real `headroom serve --rados-conf --rados-pool`, and fio over NBD.
+//!
+//! * fio writes a volume with crc32c verify headers and reads every block back: zero errors;
+//! * the blocks are RADOS objects of the store's namespace, and the data directory holds no
+//!   device file;
+//! * after the server is killed with SIGKILL (following fio's final FLUSH) and started again
+//!   on the same data directory and pool, fio verifies every block again: the data lives in
+//!   the cluster, not in the server process;
+//! * that restart after a crash removes the object of a free extent (as a crash can leave
+//!   behind) and leaves other namespaces of the pool alone;
+//! * deleting the volumes removes every object of the store.
+//!
+//! The cluster: the one named by `HEADROOM_TEST_CEPH_CONF` (pool `HEADROOM_TEST_CEPH_POOL`,
+//! default `headroom`), as `.ci/run` sets; otherwise this test starts its own with
+//! `scripts/ceph-test-cluster` on free ports and stops it at the end. Without Ceph installed
+//! it is skipped with the reason, unless `HEADROOM_REQUIRE_TOOLS` is set (CI), where that
+//! fails.
+#![cfg(feature = "rados")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{Server, have_tool, run_ok, text};
+use serde_json::Value;
+
+const VOLUME: &str = "vol";
+/// What fio writes: 4096 blocks of 12 KiB. 12 KiB does not divide 2 MiB, so some blocks
+/// straddle two extents, that is two RADOS objects.
+const BLOCK: u64 = 12 << 10;
+const DATA_BYTES: u64 = 4096 * BLOCK;
+
+/// A cluster this test started; stopped (by its recorded PIDs) when dropped, also on panic.
+struct OwnCluster {
+    dir: PathBuf,
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        let out = Command::new(script())
+            .arg("down")
+            .arg(&self.dir)
+            .output()
+            .expect("run ceph-test-cluster down");
+        eprintln!("{}", text(&out));
+    }
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-test-cluster")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Says why the test cannot run: a failure in CI (`HEADROOM_REQUIRE_TOOLS`), a skip elsewhere.
+fn cannot_run(why: &str) {
+    if std::env::var_os("HEADROOM_REQUIRE_TOOLS").is_some() {
+        panic!("the RADOS test must run here (HEADROOM_REQUIRE_TOOLS is set): {why}");
+    }
+    eprintln!("SKIPPED: {why}");
+}
+
+/// (ceph.conf, pool, the cluster if this test started it), or `None` when there is none.
+fn cluster(scratch: &Path) -> Option<(PathBuf, String, Option<OwnCluster>)> {
+    if let Some(conf) = std::env::var_os("HEADROOM_TEST_CEPH_CONF") {
+        let pool = std::env::var("HEADROOM_TEST_CEPH_POOL").unwrap_or_else(|_| "headroom".into());
+        return Some((PathBuf::from(conf), pool, None));
+    }
+    if !Path::new("/usr/bin/ceph-mon").exists() {
+        cannot_run(
+            "no Ceph cluster: set HEADROOM_TEST_CEPH_CONF, or install ceph-mon ceph-osd \
+             ceph-common (scripts/ceph-test-cluster up DIR installs them)",
+        );
+        return None;
+    }
+    let dir = scratch.join("ceph");
+    let out = Command::new(script())
+        .arg("up")
+        .arg(&dir)
+        // No mgr: this test needs I/O, not health reports; the script then waits until a
+        // probe object was written and read back.
+        .env("CEPH_TEST_MGR", "0")
+        .env("CEPH_TEST_INSTALL", "0")
+        .env("CEPH_TEST_POOL", "headroom")
+        .env("CEPH_TEST_MON_PORT", free_port().to_string())
+        .env("CEPH_TEST_MON_PORT_V1", free_port().to_string())
+        .output()
+        .expect("run ceph-test-cluster up");
+    let own = OwnCluster { dir: dir.clone() };
+    if !out.status.success() {
+        cannot_run(&format!(
+            "scripts/ceph-test-cluster could not start a cluster: {}",
+            text(&out)
+        ));
+        return None;
+    }
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    Some((dir.join("ceph.conf"), "headroom".into(), Some(own)))
+}
+
+/// fio over NBD on the volume: 12 KiB random writes with crc32c verify headers, then a FLUSH
+/// (`end_fsync`), then a read of every block checking it (`do_verify`); with `verify_only`,
+/// only the reads and checks of the same blocks (same seed). Returns fio's JSON report.
+fn fio(server: &Server, volume: &str, verify_only: bool) -> Value {
+    let out = run_ok(&mut fio_command(server, volume, verify_only));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // fio may print notes before the JSON document.
+    let json = &stdout[stdout.find('{').expect("fio printed JSON")..];
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("fio JSON ({e}): {stdout}"))
+}
+
+fn fio_command(server: &Server, volume: &str, verify_only: bool) -> Command {
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=rados",
+        "--ioengine=nbd",
+        &format!("--uri={}", server.uri(volume)),
+        "--rw=randwrite",
+        &format!("--bs={BLOCK}"),
+        &format!("--size={DATA_BYTES}"),
+        "--iodepth=16",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--do_verify=1",
+        "--end_fsync=1",
+        "--output-format=json",
+    ]);
+    if verify_only {
+        cmd.arg("--verify_only");
+    }
+    cmd
+}
+
+fn job(report: &Value) -> &Value {
+    let jobs = report["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 1, "{report}");
+    &jobs[0]
+}
+
+#[test]
+fn fio_verify_on_rados_and_the_data_outlives_the_server() {
+    if !have_tool("fio") {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let Some((conf, pool, _own)) = cluster(scratch.path()) else {
+        return;
+    };
+    let conf_arg = conf.to_str().unwrap().to_string();
+    let rados_flags = [
+        "--rados-conf",
+        conf_arg.as_str(),
+        "--rados-pool",
+        pool.as_str(),
+        "--device-size",
+        "1GiB",
+    ];
+    let data_dir = scratch.path().join("data");
+    let server = Server::start_with(&data_dir, &rados_flags);
+    server.create_volume(VOLUME, "64MiB");
+
+    let started = std::time::Instant::now();
+    let written = fio(&server, VOLUME, false);
+    let j = job(&written);
+    assert_eq!(j["error"].as_i64(), Some(0), "{j}");
+    assert_eq!(j["write"]["io_bytes"].as_u64(), Some(DATA_BYTES), "{j}");
+    // The verify phase read back every block it wrote.
+    assert_eq!(j["read"]["io_bytes"].as_u64(), Some(DATA_BYTES), "{j}");
+    eprintln!(
+        "fio write+verify of {} MiB: {:.1} s",
+        DATA_BYTES >> 20,
+        started.elapsed().as_secs_f64()
+    );
+
+    // Where the data is: objects ext.0.<hex> in the store's namespace of the pool.
+    let out = server.cli(&["pool", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let path = info["devices"][0]["path"].as_str().expect("device path");
+    let namespace = path
+        .strip_prefix(&format!("rados:{pool}/"))
+        .unwrap_or_else(|| panic!("device path {path} is not in pool {pool}"));
+    assert!(namespace.starts_with("headroom-"), "{path}");
+    assert_eq!(info["devices"].as_array().unwrap().len(), 1, "{info}");
+    let out = run_ok(
+        Command::new("rados")
+            .args(["-c", &conf_arg, "-p", &pool, "-N", namespace, "ls"])
+            .env_remove("CEPH_ARGS"),
+    );
+    let objects: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    // fio wrote the first 48 MiB of the volume: 24 extents of 2 MiB, one object each.
+    assert_eq!(objects.len(), 24, "{objects:?}");
+    assert!(
+        objects
+            .iter()
+            .all(|o| o.starts_with("ext.0.") && o.len() == 14),
+        "{objects:?}"
+    );
+    assert!(
+        !data_dir.join("devices").exists(),
+        "a RADOS store made local device files"
+    );
+
+    // fio ended with a FLUSH; nothing more is flushed: the process dies at once.
+    server.kill9();
+    // What a crash can leave: data in the object of an extent whose allocation never became
+    // durable (extent 500 of 512 is free). Beside it, an object of the same name in another
+    // namespace, which is not this store's.
+    let junk = scratch.path().join("junk");
+    std::fs::write(&junk, vec![0x5a_u8; 8192]).unwrap();
+    let stray = "ext.0.000001f4";
+    let other_namespace = format!("{namespace}-other");
+    for ns in [namespace, other_namespace.as_str()] {
+        run_ok(Command::new("rados").args([
+            "-c",
+            &conf_arg,
+            "-p",
+            &pool,
+            "-N",
+            ns,
+            "put",
+            stray,
+            junk.to_str().unwrap(),
+        ]));
+    }
+    let list = |ns: &str| -> Vec<String> {
+        let out =
+            run_ok(Command::new("rados").args(["-c", &conf_arg, "-p", &pool, "-N", ns, "ls"]));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(list(namespace).len(), 25);
+    let server = Server::start_with(&data_dir, &rados_flags);
+    // The start after the crash punched the free extents: the stray object is gone, the 24
+    // extents in use are not, and the other namespace was not touched.
+    let mut after = list(namespace);
+    after.sort();
+    let mut before = objects.clone();
+    before.sort();
+    assert_eq!(after, before);
+    assert_eq!(list(&other_namespace), vec![stray.to_string()]);
+    run_ok(Command::new("rados").args([
+        "-c",
+        &conf_arg,
+        "-p",
+        &pool,
+        "-N",
+        &other_namespace,
+        "rm",
+        stray,
+    ]));
+    let started = std::time::Instant::now();
+    let verified = fio(&server, VOLUME, true);
+    let j = job(&verified);
+    assert_eq!(j["error"].as_i64(), Some(0), "{j}");
+    // (fio reports the skipped writes of a verify-only run as done; only the reads count.)
+    assert_eq!(j["read"]["io_bytes"].as_u64(), Some(DATA_BYTES), "{j}");
+    eprintln!(
+        "fio verify of {} MiB after a restart: {:.1} s",
+        DATA_BYTES >> 20,
+        started.elapsed().as_secs_f64()
+    );
+
+    // The same check on a volume that was never written fails: it does look at the data.
+    server.create_volume("blank", "64MiB");
+    let out = fio_command(&server, "blank", true)
+        .output()
+        .expect("run fio");
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("verify"),
+        "fio verified blocks nobody wrote: {}",
+        text(&out)
+    );
+
+    // Deleting the volumes releases their extents: every object of the store is removed
+    // (which also leaves a shared cluster as this test found it).
+    for volume in [VOLUME, "blank"] {
+        let out = server.cli(&["volume", "delete", volume]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    assert_eq!(list(namespace), Vec::<String>::new());
+    server.stop();
+}

@@ -1,0 +1,484 @@
+//! A pool device whose extents are RADOS objects (cargo feature `rados`), through a small FFI
+//! of our own over librados' C API (`librados.so.2`, package `librados-dev` to link).
+//!
+//! Why RADOS: a Ceph cluster keeps the data replicated on many machines, so a volume no
+//! longer dies with one node's disks (issue 15). Why our own FFI: we need a dozen calls of a
+//! C ABI that has been stable for a decade; the Rust bindings on crates.io are thin, lightly
+//! kept, and some panic in `Drop`. Declaring the calls ourselves costs no dependency and
+//! keeps every `unsafe` block in this one file.
+//!
+//! **Object naming and size.** The store's RADOS device is device 0 of the pool, like a
+//! device file; its capacity (`device_capacity_bytes`, `--device-size`) is the address space
+//! extents are allocated from. Physical extent `N` of device `D` is the object
+//! `ext.<D>.<N as 8 lowercase hex digits>` (e.g. `ext.0.0000002a`) in the RADOS namespace
+//! `headroom-<16 hex digits>`, a random name chosen when the data directory is created and
+//! kept in its device record (`rados:<pool>/<namespace>`). The namespace keeps two stores
+//! sharing a pool apart and lets the startup punch list only this store's objects. An object
+//! holds at most one extent (2 MiB, `EXTENT_SIZE_BYTES`) and is sparse: it exists once some
+//! byte of its extent was written and is as long as the highest byte written; missing
+//! objects and bytes past an object's end read as zeros. Releasing a whole extent removes
+//! its object; punching or zeroing part of one is a RADOS `zero` operation.
+//!
+//! **I/O.** Synchronous `rados_read` / `rados_write` / `rados_remove` / write-op `zero`,
+//! called on the node's I/O worker threads (releases of many extents at once, and the
+//! startup punch, remove their objects with `rados_aio_remove`, 64 in flight) (the device is not memory resident, so no
+//! request runs inline on a network thread). Each thread has one request in flight; while
+//! all workers wait for the cluster, the executor adds helper threads. The asynchronous
+//! `rados_aio_*` calls would keep many requests in flight without a thread each; they are
+//! the next step.
+//!
+//! **Durability.** librados acknowledges a write once every replica of the object's
+//! placement group has it on stable storage. So a device sync has nothing to do: FLUSH and
+//! FUA still commit the extent maps (redb, in the data directory) after the writes they
+//! cover have been acknowledged, which is the ordering the store's commit protocol needs.
+//!
+//! **Thread safety.** librados documents its cluster and I/O-context handles as safe to
+//! use from many threads at once (every call takes its own locks); the handles here are
+//! created once and destroyed only in `Drop`, when no other reference is left.
+
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString, c_char, c_int};
+use std::io;
+use std::io::Write as _;
+use std::path::Path;
+use std::ptr;
+
+/// The librados C calls we use (declarations from `rados/librados.h`, Ceph 16).
+mod ffi {
+    use std::ffi::{c_char, c_int, c_void};
+
+    pub type RadosT = *mut c_void;
+    pub type IoctxT = *mut c_void;
+    pub type ListCtxT = *mut c_void;
+    pub type WriteOpT = *mut c_void;
+    pub type CompletionT = *mut c_void;
+    pub type CallbackT = Option<unsafe extern "C" fn(CompletionT, *mut c_void)>;
+
+    #[link(name = "rados")]
+    unsafe extern "C" {
+        pub fn rados_create(cluster: *mut RadosT, id: *const c_char) -> c_int;
+        pub fn rados_conf_set(
+            cluster: RadosT,
+            option: *const c_char,
+            value: *const c_char,
+        ) -> c_int;
+        pub fn rados_conf_read_file(cluster: RadosT, path: *const c_char) -> c_int;
+        pub fn rados_connect(cluster: RadosT) -> c_int;
+        pub fn rados_shutdown(cluster: RadosT);
+        pub fn rados_ioctx_create(
+            cluster: RadosT,
+            pool_name: *const c_char,
+            ioctx: *mut IoctxT,
+        ) -> c_int;
+        pub fn rados_ioctx_destroy(io: IoctxT);
+        pub fn rados_ioctx_set_namespace(io: IoctxT, nspace: *const c_char);
+        pub fn rados_read(
+            io: IoctxT,
+            oid: *const c_char,
+            buf: *mut c_char,
+            len: usize,
+            off: u64,
+        ) -> c_int;
+        pub fn rados_write(
+            io: IoctxT,
+            oid: *const c_char,
+            buf: *const c_char,
+            len: usize,
+            off: u64,
+        ) -> c_int;
+        pub fn rados_remove(io: IoctxT, oid: *const c_char) -> c_int;
+        pub fn rados_stat(
+            io: IoctxT,
+            oid: *const c_char,
+            psize: *mut u64,
+            pmtime: *mut libc_time_t,
+        ) -> c_int;
+        pub fn rados_create_write_op() -> WriteOpT;
+        pub fn rados_write_op_zero(op: WriteOpT, offset: u64, len: u64);
+        pub fn rados_write_op_operate(
+            op: WriteOpT,
+            io: IoctxT,
+            oid: *const c_char,
+            mtime: *mut libc_time_t,
+            flags: c_int,
+        ) -> c_int;
+        pub fn rados_release_write_op(op: WriteOpT);
+        pub fn rados_nobjects_list_open(io: IoctxT, ctx: *mut ListCtxT) -> c_int;
+        pub fn rados_nobjects_list_next(
+            ctx: ListCtxT,
+            entry: *mut *const c_char,
+            key: *mut *const c_char,
+            nspace: *mut *const c_char,
+        ) -> c_int;
+        pub fn rados_nobjects_list_close(ctx: ListCtxT);
+        pub fn rados_aio_create_completion2(
+            cb_arg: *mut c_void,
+            cb_complete: CallbackT,
+            pc: *mut CompletionT,
+        ) -> c_int;
+        pub fn rados_aio_remove(io: IoctxT, oid: *const c_char, completion: CompletionT) -> c_int;
+        pub fn rados_aio_wait_for_complete(c: CompletionT) -> c_int;
+        pub fn rados_aio_get_return_value(c: CompletionT) -> c_int;
+        pub fn rados_aio_release(c: CompletionT);
+    }
+
+    /// `time_t` on the 64-bit Linux targets we build for.
+    #[allow(non_camel_case_types)]
+    pub type libc_time_t = i64;
+}
+
+/// ENOENT as librados returns it (negated errno).
+const ENOENT: c_int = 2;
+
+/// Most removals `Pool::remove_many` keeps in flight.
+const REMOVE_WINDOW: usize = 64;
+
+/// `Ok(n)` for a non-negative librados result, the errno otherwise.
+fn check(ret: c_int, what: &str) -> io::Result<c_int> {
+    if ret >= 0 {
+        Ok(ret)
+    } else {
+        let e = io::Error::from_raw_os_error(-ret);
+        Err(io::Error::new(e.kind(), format!("RADOS {what}: {e}")))
+    }
+}
+
+fn c_string(s: &str, what: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} contains a NUL byte"),
+        )
+    })
+}
+
+/// The name of the object holding physical extent `index` of device `device`, NUL-terminated
+/// in a stack buffer (no allocation on the data path): `ext.<device>.<index as 8 hex>`.
+pub(crate) struct ObjectName {
+    buf: [u8; 24],
+}
+
+impl ObjectName {
+    pub(crate) fn new(device: u32, index: u32) -> ObjectName {
+        let mut buf = [0u8; 24];
+        let mut cursor = &mut buf[..23];
+        // At most "ext." + 10 digits + "." + 8 digits = 23 bytes, so this cannot fail; the
+        // last byte stays NUL.
+        let _ = write!(cursor, "ext.{device}.{index:08x}");
+        ObjectName { buf }
+    }
+
+    pub(crate) fn as_c_str(&self) -> &CStr {
+        // The buffer's last byte is always NUL.
+        CStr::from_bytes_until_nul(&self.buf).unwrap_or(c"")
+    }
+
+    /// The device and extent an object name stands for, if it is one of ours.
+    pub(crate) fn parse(name: &str) -> Option<(u32, u32)> {
+        let rest = name.strip_prefix("ext.")?;
+        let (device, index) = rest.split_once('.')?;
+        if index.len() != 8 {
+            return None;
+        }
+        Some((device.parse().ok()?, u32::from_str_radix(index, 16).ok()?))
+    }
+}
+
+/// A connection to a Ceph cluster (`rados_t`).
+struct Cluster(ffi::RadosT);
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from `rados_create`; every I/O context made from it was
+        // destroyed first (`Pool` drops its context before its `Cluster`).
+        unsafe { ffi::rados_shutdown(self.0) }
+    }
+}
+
+/// One pool and namespace of a cluster: where one store's extent objects live.
+pub(crate) struct Pool {
+    io: ffi::IoctxT,
+    /// Declared after `io`: the context is destroyed before the connection shuts down.
+    _cluster: Cluster,
+    pub(crate) label: String,
+}
+
+// SAFETY: librados' cluster and I/O-context handles may be used from any thread and from
+// several threads at once (librados serialises internally); we never hand out the raw
+// pointers, and destroy them only in `Drop`.
+unsafe impl Send for Pool {}
+// SAFETY: as above.
+unsafe impl Sync for Pool {}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("label", &self.label).finish()
+    }
+}
+
+impl Pool {
+    /// Connects as `client.admin` with the settings of `conf` and opens `pool`, namespace
+    /// `namespace`. Fails (after at most `client_mount_timeout`, 30 s unless `conf` says
+    /// otherwise) when the cluster cannot be reached, and when the pool does not exist.
+    pub(crate) fn connect(conf: &Path, pool: &str, namespace: &str) -> io::Result<Pool> {
+        let conf_c = c_string(
+            conf.to_str().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "RADOS conf path is not UTF-8")
+            })?,
+            "RADOS conf path",
+        )?;
+        let pool_c = c_string(pool, "RADOS pool name")?;
+        let ns_c = c_string(namespace, "RADOS namespace")?;
+        let mut handle: ffi::RadosT = ptr::null_mut();
+        // SAFETY: out-pointer to a local; a null id means client.admin.
+        check(
+            unsafe { ffi::rados_create(&mut handle, ptr::null()) },
+            "create",
+        )?;
+        let cluster = Cluster(handle);
+        // Give up on an unreachable cluster after 30 s instead of librados' 300 s default;
+        // set before the file is read, so the file may still say otherwise.
+        // SAFETY: valid handle, NUL-terminated strings.
+        check(
+            unsafe {
+                ffi::rados_conf_set(cluster.0, c"client_mount_timeout".as_ptr(), c"30".as_ptr())
+            },
+            "conf_set client_mount_timeout",
+        )?;
+        // SAFETY: valid handle, NUL-terminated path.
+        check(
+            unsafe { ffi::rados_conf_read_file(cluster.0, conf_c.as_ptr()) },
+            &format!("reading {}", conf.display()),
+        )?;
+        // SAFETY: valid, configured, not yet connected handle.
+        check(unsafe { ffi::rados_connect(cluster.0) }, "connect")?;
+        let mut io: ffi::IoctxT = ptr::null_mut();
+        // SAFETY: connected handle, NUL-terminated pool name, out-pointer to a local.
+        let ret = unsafe { ffi::rados_ioctx_create(cluster.0, pool_c.as_ptr(), &mut io) };
+        if ret == -ENOENT {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("RADOS pool {pool} does not exist (ceph osd pool create {pool})"),
+            ));
+        }
+        check(ret, &format!("opening pool {pool}"))?;
+        // SAFETY: valid context; librados copies the namespace.
+        unsafe { ffi::rados_ioctx_set_namespace(io, ns_c.as_ptr()) };
+        Ok(Pool {
+            io,
+            _cluster: cluster,
+            label: format!("rados:{pool}/{namespace}"),
+        })
+    }
+
+    /// Reads `buf.len()` bytes at `off` of object `oid`; a missing object, or bytes past its
+    /// end, read as zeros.
+    pub(crate) fn read(&self, oid: &CStr, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let rest = &mut buf[done..];
+            // SAFETY: valid context and NUL-terminated name; `rest` is writable for its length.
+            let ret = unsafe {
+                ffi::rados_read(
+                    self.io,
+                    oid.as_ptr(),
+                    rest.as_mut_ptr().cast::<c_char>(),
+                    rest.len(),
+                    off + done as u64,
+                )
+            };
+            if ret == -ENOENT {
+                break;
+            }
+            let n = check(ret, "read")? as usize;
+            if n == 0 {
+                break;
+            }
+            done += n.min(rest.len());
+        }
+        buf[done..].fill(0);
+        Ok(())
+    }
+
+    /// Writes `data` at `off` of object `oid` (creating it), durably once this returns.
+    pub(crate) fn write(&self, oid: &CStr, off: u64, data: &[u8]) -> io::Result<()> {
+        // SAFETY: valid context and NUL-terminated name; `data` is readable for its length.
+        let ret = unsafe {
+            ffi::rados_write(
+                self.io,
+                oid.as_ptr(),
+                data.as_ptr().cast::<c_char>(),
+                data.len(),
+                off,
+            )
+        };
+        check(ret, "write").map(|_| ())
+    }
+
+    /// Zeroes `[off, off + len)` of object `oid` (nothing to do where it does not exist).
+    pub(crate) fn zero(&self, oid: &CStr, off: u64, len: u64) -> io::Result<()> {
+        // SAFETY: creates a fresh operation, released below on every path.
+        let op = unsafe { ffi::rados_create_write_op() };
+        if op.is_null() {
+            return Err(io::Error::other(
+                "RADOS: could not create a write operation",
+            ));
+        }
+        // SAFETY: `op` is a live operation; valid context and name; null mtime = now.
+        let ret = unsafe {
+            ffi::rados_write_op_zero(op, off, len);
+            let ret = ffi::rados_write_op_operate(op, self.io, oid.as_ptr(), ptr::null_mut(), 0);
+            ffi::rados_release_write_op(op);
+            ret
+        };
+        if ret == -ENOENT {
+            return Ok(());
+        }
+        check(ret, "zero").map(|_| ())
+    }
+
+    /// Removes object `oid`; a missing object is already removed.
+    pub(crate) fn remove(&self, oid: &CStr) -> io::Result<()> {
+        // SAFETY: valid context and NUL-terminated name.
+        let ret = unsafe { ffi::rados_remove(self.io, oid.as_ptr()) };
+        if ret == -ENOENT {
+            return Ok(());
+        }
+        check(ret, "remove").map(|_| ())
+    }
+
+    /// Removes every object of `oids` (missing ones are already removed), with up to
+    /// `REMOVE_WINDOW` asynchronous removals (`rados_aio_remove`) in flight: releasing a large
+    /// volume, or the startup punch, would otherwise wait one round trip per object. No
+    /// callback and no buffer is involved: each completion is waited for, in order, before it
+    /// is released, also after an error; then the first error is returned.
+    pub(crate) fn remove_many(&self, oids: impl IntoIterator<Item = ObjectName>) -> io::Result<()> {
+        let mut in_flight: std::collections::VecDeque<ffi::CompletionT> =
+            std::collections::VecDeque::with_capacity(REMOVE_WINDOW);
+        let mut first_error: Option<io::Error> = None;
+        let finish = |c: ffi::CompletionT, first_error: &mut Option<io::Error>| {
+            // SAFETY: `c` is a completion of a removal started below and not yet released;
+            // it is released exactly once, after the removal completed.
+            let ret = unsafe {
+                ffi::rados_aio_wait_for_complete(c);
+                let ret = ffi::rados_aio_get_return_value(c);
+                ffi::rados_aio_release(c);
+                ret
+            };
+            if ret != -ENOENT
+                && let Err(e) = check(ret, "remove")
+            {
+                first_error.get_or_insert(e);
+            }
+        };
+        for oid in oids {
+            if first_error.is_some() {
+                break;
+            }
+            if in_flight.len() == REMOVE_WINDOW
+                && let Some(c) = in_flight.pop_front()
+            {
+                finish(c, &mut first_error);
+            }
+            let mut c: ffi::CompletionT = ptr::null_mut();
+            // SAFETY: out-pointer to a local; no callback, so no argument.
+            let ret = unsafe { ffi::rados_aio_create_completion2(ptr::null_mut(), None, &mut c) };
+            if let Err(e) = check(ret, "aio completion") {
+                first_error.get_or_insert(e);
+                break;
+            }
+            // SAFETY: valid context, NUL-terminated name (librados copies it into the
+            // operation before returning), fresh completion.
+            let ret = unsafe { ffi::rados_aio_remove(self.io, oid.as_c_str().as_ptr(), c) };
+            if let Err(e) = check(ret, "remove") {
+                // SAFETY: the operation was not started; the completion is released once.
+                unsafe { ffi::rados_aio_release(c) };
+                first_error.get_or_insert(e);
+                break;
+            }
+            in_flight.push_back(c);
+        }
+        while let Some(c) = in_flight.pop_front() {
+            finish(c, &mut first_error);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Whether object `oid` exists.
+    pub(crate) fn exists(&self, oid: &CStr) -> io::Result<bool> {
+        let mut size = 0u64;
+        let mut mtime: ffi::libc_time_t = 0;
+        // SAFETY: valid context and name; out-pointers to locals.
+        let ret = unsafe { ffi::rados_stat(self.io, oid.as_ptr(), &mut size, &mut mtime) };
+        if ret == -ENOENT {
+            return Ok(false);
+        }
+        check(ret, "stat").map(|_| true)
+    }
+
+    /// The names of every object in this pool's namespace.
+    pub(crate) fn list(&self) -> io::Result<Vec<String>> {
+        let mut ctx: ffi::ListCtxT = ptr::null_mut();
+        // SAFETY: valid context; out-pointer to a local.
+        check(
+            unsafe { ffi::rados_nobjects_list_open(self.io, &mut ctx) },
+            "list",
+        )?;
+        let mut names = Vec::new();
+        let result = loop {
+            let mut entry: *const c_char = ptr::null();
+            // SAFETY: live list context; key and namespace not wanted (null).
+            let ret = unsafe {
+                ffi::rados_nobjects_list_next(ctx, &mut entry, ptr::null_mut(), ptr::null_mut())
+            };
+            if ret == -ENOENT {
+                break Ok(());
+            }
+            if let Err(e) = check(ret, "list") {
+                break Err(e);
+            }
+            if !entry.is_null() {
+                // SAFETY: librados returns a NUL-terminated name valid until the next call.
+                let name = unsafe { CStr::from_ptr(entry) };
+                names.push(name.to_string_lossy().into_owned());
+            }
+        };
+        // SAFETY: the context opened above, closed once.
+        unsafe { ffi::rados_nobjects_list_close(ctx) };
+        result.map(|()| names)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // SAFETY: the context came from `rados_ioctx_create` and is destroyed once, before
+        // the cluster handle (field order).
+        unsafe { ffi::rados_ioctx_destroy(self.io) }
+    }
+}
+
+/// A fresh namespace name for a new store: `headroom-` and 16 random hex digits.
+pub(crate) fn new_namespace() -> io::Result<String> {
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))?;
+    Ok(format!("headroom-{:016x}", u64::from_le_bytes(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_names_round_trip() {
+        for (d, i) in [(0, 0), (0, 42), (63, u32::MAX)] {
+            let name = ObjectName::new(d, i);
+            let s = name.as_c_str().to_str().unwrap();
+            assert_eq!(ObjectName::parse(s), Some((d, i)));
+        }
+        assert_eq!(ObjectName::new(0, 42).as_c_str(), c"ext.0.0000002a");
+        assert_eq!(ObjectName::parse("ext.0.2a"), None);
+        assert_eq!(ObjectName::parse("rbd_data.1"), None);
+    }
+}
