@@ -508,7 +508,7 @@ impl Device {
                 })
                 .map(|(_, ext)| ext)
                 .collect();
-            return self.timed(DeviceOp::Punch, || {
+            return self.timed(DeviceOp::Punch, 0, || {
                 p.remove_many(stray.iter().map(|&ext| self.object(ext)))
                     .map_err(|e| self.context(0, e))
             });
