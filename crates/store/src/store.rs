@@ -519,11 +519,20 @@ impl Store {
             .map(|(_, r)| (r.clone(), false))
             .collect();
         if wanted_count < records.len() {
-            tracing::warn!(
-                configured = wanted_count,
-                stored = records.len(),
-                "configuration lists fewer devices than the pool holds; keeping all"
-            );
+            // Listed paths that miss a device deserve a warning; a device count (a default for
+            // new pools) below the devices added since does not.
+            if explicit {
+                tracing::warn!(
+                    configured = wanted_count,
+                    stored = records.len(),
+                    "configuration lists fewer devices than the pool holds; keeping all"
+                );
+            } else {
+                tracing::info!(
+                    stored = records.len(),
+                    "the pool holds more devices than the configured count; keeping all"
+                );
+            }
         }
         for i in records.len()..wanted_count {
             let (path, relative) = if let Some(target) = &cfg.rados {
