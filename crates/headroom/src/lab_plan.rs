@@ -165,10 +165,30 @@ pub fn plan(file: &Path, variant: &str, spec: &ScenarioSpec, seed: u64) -> Resul
             "the server keeps one copy; no replicas are emulated",
         );
     }
-    if n.capacity != CapacitySpec::default() {
+    // `scale` is honoured for the device dimension (the scheduler's device_units_per_s is the
+    // emulated device's capacity times it); the rest is not.
+    let capacity_scale = n.capacity.scale;
+    if !(capacity_scale.is_finite() && capacity_scale > 0.0 && capacity_scale <= 10.0) {
+        return fail(
+            file,
+            "node.capacity.scale",
+            format!("{capacity_scale}: the lab takes 0 < scale <= 10"),
+        );
+    }
+    if n.capacity
+        != (CapacitySpec {
+            scale: capacity_scale,
+            ..CapacitySpec::default()
+        })
+    {
         note(
             "node.capacity",
-            "the scheduler gets the emulated device's capacity (10^9 device-ns per second) and its default CPU capacity",
+            "the scheduler gets the emulated device's capacity (times node.capacity.scale) and its default CPU capacity",
+        );
+    } else if capacity_scale != 1.0 {
+        note(
+            "node.capacity.scale",
+            "applied to the device dimension only (the server's CPU capacity is its default)",
         );
     }
     // The device estimate (`cost.device`) and the write-cost AIMD are the server's too (see
@@ -351,6 +371,7 @@ pub fn plan(file: &Path, variant: &str, spec: &ScenarioSpec, seed: u64) -> Resul
         workers = n.workers,
         interference = interference as u32,
         aimd = spec.cost.write_cost_aimd,
+        capacity = ((capacity as f64 * capacity_scale).round() as u64).max(u64::from(n.workers)),
     );
     Ok(Plan {
         variant: variant.to_string(),
