@@ -371,9 +371,11 @@ fn a_running_server_is_a_target_with_its_own_policy() {
     server.stop();
 }
 
-/// A device whose cost is not linear in size (lab-libra-vop.toml's curve): 4 KiB reads at
-/// 18,000/s, 64 KiB at 2,100/s (a linear model through 4 and 16 KiB would put 64 KiB at
-/// 2,680/s).
+/// A device whose cost is not linear in size: 4 KiB reads at 4,000/s, 64 KiB at 500/s (a
+/// linear model through 4 and 16 KiB would put 64 KiB at 667/s). Slow, so that the run does not
+/// depend on the machine's CPU (the other tests run servers at the same time); 16 channels and
+/// the scheduler at 0.8 of the device, because the server's burst gate lets these
+/// baseline-less tenants hold only 15 of the 16 (docs/results.md, Libra (f)).
 const CURVE: &str = r#"
 name = "lab-curve"
 duration_s = 3.0
@@ -383,14 +385,14 @@ invariants = "warn"
 
 [node]
 workers = 1
-capacity = { scale = 0.9 }
+capacity = { scale = 0.8 }
 
 [[node.devices]]
 parallelism = 16
 curve = [
-  { size_kib = 4.0, read_iops = 18000.0, write_iops = 6800.0 },
-  { size_kib = 16.0, read_iops = 7600.0, write_iops = 2800.0 },
-  { size_kib = 64.0, read_iops = 2100.0, write_iops = 820.0 },
+  { size_kib = 4.0, read_iops = 4000.0, write_iops = 2000.0 },
+  { size_kib = 16.0, read_iops = 2000.0, write_iops = 1000.0 },
+  { size_kib = 64.0, read_iops = 500.0, write_iops = 250.0 },
 ]
 
 [[groups]]
@@ -434,22 +436,20 @@ fn a_curve_device_is_emulated_and_charged_as_the_scenario_says() {
         (num(&g[0], "iops"), num(&g[1], "iops"))
     };
     // VOP costs from the same curve as the device: equal device time (the curve's IOPS at each
-    // size), so the 4 KiB tenant gets ~8.6x the 64 KiB tenant's IOPS; the device is 90 % busy
-    // (the scheduler is told 0.9 of it). Measured: 8,115 and 941 IOPS (the simulator: 8,071
-    // and 949).
+    // size), so the 4 KiB tenant gets 8x the 64 KiB tenant's IOPS; the device is 80 % busy
+    // (the scheduler is told 0.8 of it).
     let (small, large) = iops("vop");
-    let (t_small, t_large) = (small / 18000.0, large / 2100.0);
+    let (t_small, t_large) = (small / 4000.0, large / 500.0);
     assert!(
         (0.7..1.43).contains(&(t_small / t_large)),
         "vop: {small} and {large} IOPS, device time {t_small} vs {t_large}"
     );
     assert!(
-        (0.75..1.0).contains(&(t_small + t_large)),
+        (0.65..0.95).contains(&(t_small + t_large)),
         "vop: device {} busy",
         t_small + t_large
     );
-    // Every request charged the same: equal IOPS, so the 64 KiB tenant takes ~8/9 of the device
-    // (measured 1,805 and 1,727).
+    // Every request charged the same: equal IOPS, so the 64 KiB tenant takes ~8/9 of the device.
     let (small, large) = iops("constant");
     assert!(
         (0.7..1.43).contains(&(small / large)),
