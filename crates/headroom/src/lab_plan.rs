@@ -16,8 +16,10 @@ use std::path::Path;
 use anyhow::{Result, bail};
 use headroom_lab::{ArrivalKind, LoadMode, Phases, SizeMix, SplitMix64};
 use headroom_node::config::PolicyChoice as ServerPolicy;
+use headroom_qos::OpKind;
+use headroom_qos::model::{DeviceModel, VopCurve};
 use headroom_qos::{BurstKind, BurstMode, PolicyParams, QosSpec as ApiQos, VolumeQos};
-use headroom_sim::costs::CostSpec;
+use headroom_sim::costs::{CostSpec, DeviceEstimate};
 use headroom_sim::device::{DeviceSpec, IoCostProfile, Layout};
 use headroom_sim::scenario::{
     BurstSpec, CapacitySpec, DispatchMode, GroupSpec, InvariantMode, NicSpec, QosSpec, ScenarioSpec,
@@ -163,16 +165,45 @@ pub fn plan(file: &Path, variant: &str, spec: &ScenarioSpec, seed: u64) -> Resul
             "the server keeps one copy; no replicas are emulated",
         );
     }
-    if n.capacity != CapacitySpec::default() {
-        note(
-            "node.capacity",
-            "the scheduler gets the emulated device's capacity (10^9 device-ns per second) and its default CPU capacity",
+    // `scale` is honoured for the device dimension (the scheduler's device_units_per_s is the
+    // emulated device's capacity times it); the rest is not.
+    let capacity_scale = n.capacity.scale;
+    if !(capacity_scale.is_finite() && capacity_scale > 0.0 && capacity_scale <= 10.0) {
+        return fail(
+            file,
+            "node.capacity.scale",
+            format!("{capacity_scale}: the lab takes 0 < scale <= 10"),
         );
     }
-    if spec.cost != CostSpec::default() {
+    if n.capacity
+        != (CapacitySpec {
+            scale: capacity_scale,
+            ..CapacitySpec::default()
+        })
+    {
         note(
-            "cost",
-            "the server charges each request the emulated device's linear model (qos.cost.device)",
+            "node.capacity",
+            "the scheduler gets the emulated device's capacity (times node.capacity.scale) and its default CPU capacity",
+        );
+    } else if capacity_scale != 1.0 {
+        note(
+            "node.capacity.scale",
+            "applied to the device dimension only (the server's CPU capacity is its default)",
+        );
+    }
+    // The device estimate (`cost.device`) and the write-cost AIMD are the server's too (see
+    // `server_cost` below); the CPU estimate is not.
+    let d = CostSpec::default();
+    if spec.cost.cpu != d.cpu || spec.cost.cpu_scale != d.cpu_scale {
+        note(
+            "cost.cpu / cost.cpu_scale",
+            "the server charges its own [qos.cost.cpu] (BurstCBS's line)",
+        );
+    }
+    if spec.cost.delay_adjust != d.delay_adjust {
+        note(
+            "cost.delay_adjust",
+            "the server's delay-based CPU adjustment is always on",
         );
     }
     if spec.policy_params != PolicyParams::default() {
@@ -204,6 +235,8 @@ pub fn plan(file: &Path, variant: &str, spec: &ScenarioSpec, seed: u64) -> Resul
             "only the first device entry is emulated (its count and speedup scale it)",
         );
     }
+    // A measured curve (a table) is emulated as a curve; anything else as the linear model.
+    let is_curve = device.profile.is_none() && device.iocost.is_none() && device.curve.is_some();
     let profile = device_profile(file, device, &mut note)?;
     let parallelism = match device.parallelism {
         0 => {
@@ -284,22 +317,61 @@ pub fn plan(file: &Path, variant: &str, spec: &ScenarioSpec, seed: u64) -> Resul
             r(p.wrandiops)
         )
     };
+    let k = device.speedup * f64::from(device.count);
+    let emulated_cost = if is_curve {
+        format!("curve = {}", vop_toml(&sim_device_curve(file, device, k)?))
+    } else {
+        format!("model = {}", model(&profile))
+    };
+    // What the scheduler charges: the emulated device's own model, unless the file picks an
+    // estimator (`cost.device`), which the server then charges exactly as the simulator does.
+    let (charge, capacity) = if spec.cost.device == DeviceEstimate::Node && !is_curve {
+        (
+            format!("{{ linear = {} }}", model(&profile)),
+            1_000_000_000u64,
+        )
+    } else {
+        let est = spec
+            .cost
+            .build(&n.cpu, device)
+            .map_err(|e| anyhow::anyhow!("{}: cost: {e}", file.display()))?;
+        match est.device {
+            DeviceModel::None => ("\"none\"".to_string(), 1_000_000_000),
+            DeviceModel::Linear(m) => {
+                let p = IoCostProfile {
+                    rbps: m.rbps as f64 * k,
+                    rseqiops: m.rseqiops as f64 * k,
+                    rrandiops: m.rrandiops as f64 * k,
+                    wbps: m.wbps as f64 * k,
+                    wseqiops: m.wseqiops as f64 * k,
+                    wrandiops: m.wrandiops as f64 * k,
+                };
+                (format!("{{ linear = {} }}", model(&p)), 1_000_000_000)
+            }
+            DeviceModel::Vop(c) => {
+                let c = scale_curve(&c, k);
+                let cap = DeviceModel::Vop(c.clone()).capacity_per_s();
+                (format!("{{ vop = {} }}", vop_toml(&c)), cap)
+            }
+        }
+    };
     let server_config = format!(
         "# Written by `headroom lab run` for scenario {name:?}{v}.\n\
          [storage]\nmemory = {memory}\n\n\
-         [storage.emulated]\nparallelism = {parallelism}\nwrite_interference_permille = {interference}\nmodel = {m}\n\n\
+         [storage.emulated]\nparallelism = {parallelism}\nwrite_interference_permille = {interference}\n{emulated_cost}\n\n\
          [qos]\nworkers = {workers}\ndispatch = \"{dispatch}\"\n\n\
-         [qos.capacity]\ndevice_units_per_s = 1_000_000_000\n\n\
-         [qos.cost]\ndevice = {{ linear = {m} }}\n",
+         [qos.capacity]\ndevice_units_per_s = {capacity}\n\n\
+         [qos.cost]\ndevice = {charge}\nwrite_cost_aimd = {aimd}\n",
         name = spec.name,
         v = if variant.is_empty() {
             String::new()
         } else {
             format!(", variant {variant:?}")
         },
-        m = model(&profile),
         workers = n.workers,
         interference = interference as u32,
+        aimd = spec.cost.write_cost_aimd,
+        capacity = ((capacity as f64 * capacity_scale).round() as u64).max(u64::from(n.workers)),
     );
     Ok(Plan {
         variant: variant.to_string(),
@@ -309,6 +381,67 @@ pub fn plan(file: &Path, variant: &str, spec: &ScenarioSpec, seed: u64) -> Resul
         server_config,
         not_honoured: notes,
     })
+}
+
+/// The simulated device's true cost of a measured curve, as the emulated device's VOP curve:
+/// achieved IOPS (scaled by `k` = speedup x count) at each of the table's sizes and at every
+/// power of two from 512 B to 1 MiB, so that between the table's points the emulated device
+/// (which interpolates linearly) stays close to the simulator's log-log interpolation.
+fn sim_device_curve(file: &Path, d: &DeviceSpec, k: f64) -> Result<VopCurve> {
+    let curve = d
+        .curve()
+        .map_err(|e| anyhow::anyhow!("{}: node.devices.curve: {e}", file.display()))?;
+    let mut sizes: Vec<u64> = (9..=20).map(|p| 1u64 << p).collect();
+    for p in d.curve.iter().flatten() {
+        sizes.push((p.size_kib * 1024.0).round().max(1.0) as u64);
+    }
+    sizes.sort_unstable();
+    sizes.dedup();
+    let sample = |op| -> Vec<(u64, u64)> {
+        sizes
+            .iter()
+            .map(|&s| {
+                let ns = curve.cost_ns(op, s as u32, false).max(1e-3);
+                (s, ((1e9 / ns) * k).round().max(1.0) as u64)
+            })
+            .collect()
+    };
+    let read = sample(OpKind::Read);
+    let write = sample(OpKind::Write);
+    let max_iops = read.iter().chain(&write).map(|p| p.1).max().unwrap_or(1);
+    Ok(VopCurve {
+        max_iops,
+        read,
+        write,
+    })
+}
+
+/// A VOP curve with every IOPS figure multiplied by `k`.
+fn scale_curve(c: &VopCurve, k: f64) -> VopCurve {
+    let s = |v: u64| ((v as f64) * k).round().max(1.0) as u64;
+    let pts = |p: &[(u64, u64)]| p.iter().map(|&(size, iops)| (size, s(iops))).collect();
+    VopCurve {
+        max_iops: s(c.max_iops),
+        read: pts(&c.read),
+        write: pts(&c.write),
+    }
+}
+
+/// A VOP curve as the server's configuration spells it (`qos.cost.device.vop`,
+/// `storage.emulated.curve`).
+fn vop_toml(c: &VopCurve) -> String {
+    let pts = |p: &[(u64, u64)]| {
+        p.iter()
+            .map(|(size, iops)| format!("[{size}, {iops}]"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "{{ max_iops = {}, read = [{}], write = [{}] }}",
+        c.max_iops,
+        pts(&c.read),
+        pts(&c.write)
+    )
 }
 
 /// The device's IOCost numbers, scaled by `speedup` and `count`.
@@ -344,7 +477,7 @@ fn device_profile(
         }
         note(
             "node.devices.curve",
-            "the emulated device is linear: fitted through the curve's first and last points",
+            "emulated as a VOP curve sampled from the simulator's device at the table's sizes and every power of two from 512 B to 1 MiB (linear between them, where the simulator interpolates log-log)",
         );
         let fit = |iops_a: f64, iops_b: f64| {
             let (pa, pb) = ((a.size_kib / 4.0).max(1.0), (b.size_kib / 4.0).max(1.0));

@@ -325,7 +325,12 @@ pub struct StorageSection {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmulatedSection {
-    pub model: IoCostSection,
+    /// The linear model; exactly one of `model` and `curve`.
+    #[serde(default)]
+    pub model: Option<IoCostSection>,
+    /// A non-linear cost curve (Libra's VOP curve, the keys of `qos.cost.device.vop`).
+    #[serde(default)]
+    pub curve: Option<VopSection>,
     pub parallelism: u32,
     #[serde(default)]
     pub write_interference_permille: u32,
@@ -490,6 +495,8 @@ impl ParamsSection {
 pub struct CostSection {
     pub cpu: CpuSection,
     pub device: Option<DeviceSection>,
+    /// Gimbal/Flint write-cost AIMD on device units of writes (absent: on).
+    pub write_cost_aimd: Option<bool>,
 }
 
 /// `[qos.cost.cpu]`: one line per op kind (absent: BurstCBS's numbers, [`CpuModel::default`]).
@@ -554,16 +561,16 @@ impl VopSection {
         }
     }
 
-    fn check(&self) -> Result<(), Invalid> {
+    fn check(&self, prefix: &str) -> Result<(), Invalid> {
         if self.max_iops == Some(0) {
             return Err(Invalid::new(
-                "qos.cost.device.vop.max_iops",
+                format!("{prefix}.max_iops"),
                 0,
                 "must be greater than 0",
             ));
         }
         for (name, points) in [("read", &self.read), ("write", &self.write)] {
-            let key = format!("qos.cost.device.vop.{name}");
+            let key = format!("{prefix}.{name}");
             if points.is_empty() {
                 return Err(Invalid::new(
                     key,
@@ -604,7 +611,7 @@ impl DeviceSection {
         match self {
             DeviceSection::None => Ok(()),
             DeviceSection::Linear(m) => m.check("qos.cost.device.linear"),
-            DeviceSection::Vop(v) => v.check(),
+            DeviceSection::Vop(v) => v.check("qos.cost.device.vop"),
         }
     }
 }
@@ -703,6 +710,7 @@ impl ConfigFile {
                     other: s.cost.cpu.other.or(l.cost.cpu.other),
                 },
                 device: s.cost.device.or(l.cost.device),
+                write_cost_aimd: s.cost.write_cost_aimd.or(l.cost.write_cost_aimd),
             },
         };
         let (s, l) = (self.tls, lower.tls);
@@ -814,6 +822,24 @@ impl ConfigFile {
             ));
         }
         if let Some(e) = &st.emulated {
+            match (&e.model, &e.curve) {
+                (Some(_), Some(_)) => {
+                    return Err(Invalid::new(
+                        "storage.emulated.curve",
+                        "(a table)",
+                        "give either model (linear) or curve (non-linear), not both",
+                    ));
+                }
+                (None, None) => {
+                    return Err(Invalid::new(
+                        "storage.emulated.model",
+                        "(missing)",
+                        "needs model (linear) or curve (non-linear)",
+                    ));
+                }
+                (None, Some(c)) => c.check("storage.emulated.curve")?,
+                (Some(_), None) => {}
+            }
             emulated_spec(e).validate().map_err(|err| match err {
                 EmulatedError::Invalid {
                     key,
@@ -964,8 +990,35 @@ impl ConfigFile {
 }
 
 fn emulated_spec(e: &EmulatedSection) -> EmulatedDeviceSpec {
+    // With a curve the device's costs come from it; `model` then only records a linear summary
+    // of the curve (4 KiB IOPS, bandwidth at its largest point), which nothing charges.
+    let model = match (&e.model, &e.curve) {
+        (Some(m), _) => m.model(),
+        (None, Some(c)) => {
+            let c = c.curve();
+            let summary = |points: &[(u64, u64)]| {
+                let iops = VopCurve::achieved_iops(points, 4096).max(1);
+                let bps = points
+                    .last()
+                    .map_or(1, |&(size, iops)| size.saturating_mul(iops))
+                    .max(1);
+                (bps, iops)
+            };
+            let (rbps, riops) = summary(&c.read);
+            let (wbps, wiops) = summary(&c.write);
+            IoCostModel {
+                rbps,
+                rseqiops: riops,
+                rrandiops: riops,
+                wbps,
+                wseqiops: wiops,
+                wrandiops: wiops,
+            }
+        }
+        (None, None) => IoCostModel::SSD_DFL,
+    };
     EmulatedDeviceSpec {
-        model: e.model.model(),
+        model,
         parallelism: e.parallelism,
         write_interference_permille: e.write_interference_permille,
         per_device: e.per_device,
@@ -1073,6 +1126,11 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         config.inline_max_bytes = Some(0);
     }
     config.emulated_device = st.emulated.as_ref().map(emulated_spec);
+    config.emulated_curve = st
+        .emulated
+        .as_ref()
+        .and_then(|e| e.curve.as_ref())
+        .map(VopSection::curve);
     config.overcommit_ratio = st.overcommit_ratio;
 
     config.limits = limits(&layer.limits)?;
@@ -1252,11 +1310,17 @@ fn qos_config(q: &QosSection) -> Result<QosConfig, Invalid> {
         .device
         .as_ref()
         .map_or(DeviceModel::None, DeviceSection::model);
+    let mut cost_model = CostModel::new(cpu, device);
+    if q.cost.write_cost_aimd == Some(false) {
+        // Neutral multiplier for good: never above 1x, never congested.
+        cost_model.write_cost.max_permille = 1000;
+        cost_model.write_cost.threshold_ns = u64::MAX;
+    }
     Ok(QosConfig {
         policy: q.policy.unwrap_or(defaults.policy),
         params: q.params.params(),
         capacity: NodeCapacity::new(capacity),
-        cost_model: CostModel::new(cpu, device),
+        cost_model,
         workers,
         dispatch: q.dispatch.unwrap_or(defaults.dispatch),
         burst_in_flight: q.burst_in_flight.or(defaults.burst_in_flight),
@@ -1620,6 +1684,86 @@ mod tests {
         assert_eq!(curve.write, vec![(4096, 60_000)]);
         let c = resolved("[qos.cost]\ndevice = \"none\"\n");
         assert_eq!(c.qos.cost_model.device, DeviceModel::None);
+    }
+
+    #[test]
+    fn emulated_device_with_a_curve() {
+        let c = resolved(
+            r#"
+            [storage]
+            memory = "1GiB"
+            [storage.emulated]
+            parallelism = 8
+            curve = { read = [["4KiB", 90000], ["256KiB", 2600]], write = [["4KiB", 34000], ["256KiB", 1050]] }
+            [qos.cost]
+            device = { vop = { read = [["4KiB", 90000], ["256KiB", 2600]], write = [["4KiB", 34000], ["256KiB", 1050]] } }
+            [qos.capacity]
+            device_units_per_s = 90_000_000
+            "#,
+        );
+        let curve = c.emulated_curve.expect("a curve");
+        assert_eq!(curve.max_iops, 90_000);
+        assert_eq!(curve.read, vec![(4096, 90_000), (256 << 10, 2600)]);
+        let spec = c.emulated_device.expect("a device");
+        assert_eq!(spec.parallelism, 8);
+        assert_eq!(spec.model.rrandiops, 90_000);
+        assert_eq!(spec.model.wbps, (256 << 10) * 1050);
+        assert_eq!(c.qos.cost_model.device, DeviceModel::Vop(curve));
+        // Without a curve: none.
+        let c = resolved(
+            "[storage.emulated]\nparallelism = 1\n[storage.emulated.model]\nrbps = 1\nrseqiops = 1\nrrandiops = 1\nwbps = 1\nwseqiops = 1\nwrandiops = 1\n[qos.cost]\ndevice = \"none\"\n",
+        );
+        assert!(c.emulated_curve.is_none());
+        // Both, neither, or a bad curve: the key and the reason.
+        let both = err(
+            "[storage.emulated]\nparallelism = 1\ncurve = { read = [[4096, 1]], write = [[4096, 1]] }\n[storage.emulated.model]\nrbps = 1\nrseqiops = 1\nrrandiops = 1\nwbps = 1\nwseqiops = 1\nwrandiops = 1",
+        );
+        assert!(
+            both.contains("storage.emulated.curve") && both.contains("not both"),
+            "{both}"
+        );
+        let neither = err("[storage.emulated]\nparallelism = 1\n");
+        assert!(
+            neither.contains("storage.emulated.model") && neither.contains("curve"),
+            "{neither}"
+        );
+        let bad = err(
+            "[storage.emulated]\nparallelism = 1\ncurve = { read = [[8192, 1], [4096, 2]], write = [[4096, 1]] }\n",
+        );
+        assert!(
+            bad.contains("storage.emulated.curve.read") && bad.contains("increasing"),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn write_cost_aimd_can_be_turned_off() {
+        let congested = |text: &str| {
+            let mut m = resolved(text).qos.cost_model;
+            let before = m.estimate(headroom_qos::OpKind::Write, 4096, false);
+            for _ in 0..10 {
+                m.observe(
+                    headroom_qos::OpKind::Write,
+                    4096,
+                    false,
+                    &before,
+                    headroom_qos::Observed {
+                        service_ns: 50_000_000,
+                        queue_ns: 0,
+                    },
+                );
+            }
+            let after = m.estimate(headroom_qos::OpKind::Write, 4096, false);
+            (before.device_units, after.device_units)
+        };
+        let device = "[qos.cost]\ndevice = { linear = { rbps = 200000000, rseqiops = 48828, rrandiops = 20000, wbps = 150000000, wseqiops = 36621, wrandiops = 15000 } }\n";
+        // On by default: 50 ms writes raise the write cost toward 3.4x.
+        let (before, after) = congested(device);
+        assert!(after > 3 * before, "{before} -> {after}");
+        let (before, after) = congested(&format!("{device}write_cost_aimd = false\n"));
+        assert_eq!(before, after);
+        let (before, after) = congested(&format!("{device}write_cost_aimd = true\n"));
+        assert!(after > 3 * before, "{before} -> {after}");
     }
 
     #[test]

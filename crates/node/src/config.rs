@@ -258,6 +258,9 @@ pub struct NodeConfig {
     pub qos: QosConfig,
     /// An emulated device in front of the backend: a known bottleneck for experiments.
     pub emulated_device: Option<EmulatedDeviceSpec>,
+    /// A non-linear cost curve for the emulated device in place of its linear model
+    /// (`EmulatedDevice::start_with_curve`); ignored without `emulated_device`.
+    pub emulated_curve: Option<headroom_qos::model::VopCurve>,
     /// How often credit balances are saved while running (they are always saved at a clean
     /// shutdown).
     pub credit_save_period_ms: u64,
@@ -325,6 +328,7 @@ impl NodeConfig {
             inline_max_bytes: None,
             qos: QosConfig::default(),
             emulated_device: None,
+            emulated_curve: None,
             credit_save_period_ms: 1_000,
             tls: None,
             metrics: crate::metrics::MetricsConfig::default(),

@@ -29,6 +29,17 @@
 //! Requests are served in booking order (FIFO). Each takes the channel that frees first and
 //! starts at `max(now, that channel's free time, previous request's start)`.
 //!
+//! **A non-linear cost curve** (optional, [`EmulatedDevice::start_with_curve`],
+//! `[storage.emulated] curve`): instead of the linear model, a Libra VOP curve
+//! ([`VopCurve`], the type of the scheduler's `qos.cost.device.vop`) gives each size's achieved
+//! IOPS per direction, and a read or write of `len` bytes costs `⌈10⁹ / achieved(len)⌉` device
+//! ns (achieved IOPS interpolated linearly between points, constant bandwidth past the last
+//! one, [`VopCurve::achieved_iops`]). The scheduler charging the same curve in milli-VOPs
+//! (`⌈max_iops × 1000 / achieved⌉`, capacity `max_iops × 1000` per second) then books the same
+//! fraction of a second per request as the device serves, up to its rounding up by less than one
+//! milli-VOP. Sequential and random requests cost the same (the curve has no sequential
+//! points), and flush, trim and write-zeroes cost one 4 KiB write of the write curve.
+//!
 //! **Read/write interference** (optional): a read that starts while `w` of the `P` channels run
 //! writes takes `write_interference_permille / 1000 × w / P` longer. For example, 1000 ‰ with
 //! every channel busy writing doubles the read's service time. This mimics flash, where
@@ -67,8 +78,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
-use headroom_qos::OpKind;
-use headroom_qos::model::IoCostModel;
+use headroom_qos::model::{IoCostModel, VopCurve};
+use headroom_qos::{NS_PER_S, OpKind};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Clock;
@@ -90,6 +101,14 @@ pub enum EmulatedError {
         value: u64,
         /// What is allowed.
         allowed: &'static str,
+    },
+    /// A cost curve is not usable (`key` names the part, e.g. `curve.read`).
+    #[error("emulated device: `{key}` {problem}")]
+    InvalidCurve {
+        /// The part of the curve, as written under `[storage.emulated]`.
+        key: &'static str,
+        /// What is wrong.
+        problem: String,
     },
     /// The completion thread could not be started.
     #[error("emulated device: cannot start the completion thread: {0}")]
@@ -181,6 +200,54 @@ impl EmulatedDeviceSpec {
     }
 }
 
+/// Checks a cost curve for [`EmulatedDevice::start_with_curve`]: `max_iops` > 0, and per
+/// direction at least one `(size, iops)` point, sizes > 0 and increasing, every IOPS > 0.
+pub fn validate_curve(curve: &VopCurve) -> Result<(), EmulatedError> {
+    if curve.max_iops == 0 {
+        return Err(EmulatedError::InvalidCurve {
+            key: "curve.max_iops",
+            problem: "must be greater than 0".into(),
+        });
+    }
+    for (key, points) in [("curve.read", &curve.read), ("curve.write", &curve.write)] {
+        if points.is_empty() {
+            return Err(EmulatedError::InvalidCurve {
+                key,
+                problem: "needs at least one [size, iops] point".into(),
+            });
+        }
+        let mut previous = 0;
+        for &(size, iops) in points {
+            if size <= previous {
+                return Err(EmulatedError::InvalidCurve {
+                    key,
+                    problem: format!(
+                        "[{size}, {iops}]: sizes must be greater than 0 and increasing"
+                    ),
+                });
+            }
+            if iops == 0 {
+                return Err(EmulatedError::InvalidCurve {
+                    key,
+                    problem: format!("[{size}, {iops}]: IOPS must be greater than 0"),
+                });
+            }
+            previous = size;
+        }
+    }
+    Ok(())
+}
+
+/// Device nanoseconds of one request on a curve: `⌈10⁹ / achieved IOPS⌉` (see the module doc).
+pub fn curve_cost_ns(curve: &VopCurve, op: OpKind, len_bytes: u32) -> u64 {
+    let (points, len) = match op {
+        OpKind::Read => (&curve.read, u64::from(len_bytes)),
+        OpKind::Write => (&curve.write, u64::from(len_bytes)),
+        OpKind::Flush | OpKind::Trim | OpKind::WriteZeroes => (&curve.write, 4096),
+    };
+    NS_PER_S.div_ceil(VopCurve::achieved_iops(points, len).max(1))
+}
+
 /// Counters of an emulated device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EmulatedStats {
@@ -251,6 +318,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// An emulated block device with a known capacity. See the module doc.
 pub struct EmulatedDevice {
     spec: EmulatedDeviceSpec,
+    /// A non-linear cost curve in place of `spec.model` (see the module doc).
+    curve: Option<VopCurve>,
     booking: Mutex<Booking>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -272,7 +341,21 @@ impl EmulatedDevice {
         spec: EmulatedDeviceSpec,
         clock: Clock,
     ) -> Result<Arc<EmulatedDevice>, EmulatedError> {
+        EmulatedDevice::start_with_curve(spec, None, clock)
+    }
+
+    /// As [`EmulatedDevice::start`], but with `Some(curve)` reads and writes cost what the
+    /// curve says instead of `spec.model` (see the module doc); parallelism, interference and
+    /// everything else as in `spec`.
+    pub fn start_with_curve(
+        spec: EmulatedDeviceSpec,
+        curve: Option<VopCurve>,
+        clock: Clock,
+    ) -> Result<Arc<EmulatedDevice>, EmulatedError> {
         spec.validate()?;
+        if let Some(c) = &curve {
+            validate_curve(c)?;
+        }
         let p = spec.parallelism as usize;
         let mut channels = BinaryHeap::with_capacity(p);
         channels.extend(std::iter::repeat_n(Reverse(0u64), p));
@@ -298,6 +381,7 @@ impl EmulatedDevice {
             .map_err(EmulatedError::Spawn)?;
         Ok(Arc::new(EmulatedDevice {
             spec,
+            curve,
             booking: Mutex::new(booking),
             shared,
             thread: Some(thread),
@@ -312,7 +396,7 @@ impl EmulatedDevice {
     /// completion thread wakes.
     pub fn book(&self, now_ns: u64, op: OpKind, len_bytes: u32, sequential: bool) -> u64 {
         let spec = &self.spec;
-        let mut service = spec.service_ns(op, len_bytes, sequential);
+        let mut service = self.service_ns(op, len_bytes, sequential);
         let mut b = lock(&self.booking);
         let Some(Reverse(free_at)) = b.channels.pop() else {
             // Unreachable: the heap always holds `parallelism` >= 1 entries.
@@ -377,6 +461,27 @@ impl EmulatedDevice {
     /// The device's configuration.
     pub fn spec(&self) -> &EmulatedDeviceSpec {
         &self.spec
+    }
+
+    /// Its cost curve, if it has one (then `spec().model` is not used).
+    pub fn curve(&self) -> Option<&VopCurve> {
+        self.curve.as_ref()
+    }
+
+    /// Device nanoseconds one request costs: the curve's ([`curve_cost_ns`]) if there is one,
+    /// else [`EmulatedDeviceSpec::cost_ns`].
+    pub fn cost_ns(&self, op: OpKind, len_bytes: u32, sequential: bool) -> u64 {
+        match &self.curve {
+            Some(c) => curve_cost_ns(c, op, len_bytes),
+            None => self.spec.cost_ns(op, len_bytes, sequential),
+        }
+    }
+
+    /// Wall nanoseconds one request holds a channel when nothing interferes:
+    /// `cost_ns × parallelism`.
+    pub fn service_ns(&self, op: OpKind, len_bytes: u32, sequential: bool) -> u64 {
+        self.cost_ns(op, len_bytes, sequential)
+            .saturating_mul(u64::from(self.spec.parallelism.max(1)))
     }
 }
 
@@ -739,6 +844,139 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A flash-like curve (libra-vop.toml's, in bytes): non-linear in size.
+    fn curve() -> VopCurve {
+        VopCurve {
+            max_iops: 100_000,
+            read: vec![
+                (1 << 10, 100_000),
+                (4 << 10, 90_000),
+                (16 << 10, 38_000),
+                (64 << 10, 10_500),
+                (256 << 10, 2_600),
+            ],
+            write: vec![
+                (1 << 10, 40_000),
+                (4 << 10, 34_000),
+                (16 << 10, 14_000),
+                (64 << 10, 4_100),
+                (256 << 10, 1_050),
+            ],
+        }
+    }
+
+    fn curve_device(parallelism: u32) -> Arc<EmulatedDevice> {
+        EmulatedDevice::start_with_curve(spec(parallelism, 0), Some(curve()), Clock::new())
+            .expect("device starts")
+    }
+
+    #[test]
+    fn a_curve_device_costs_what_the_curve_says_not_the_linear_model() {
+        let dev = curve_device(4);
+        // At the curve's points: 10^9 / achieved IOPS, rounded up.
+        assert_eq!(dev.cost_ns(OpKind::Read, KIB4, false), 11_112);
+        assert_eq!(dev.cost_ns(OpKind::Read, 64 << 10, true), 95_239);
+        assert_eq!(dev.cost_ns(OpKind::Write, 256 << 10, false), 952_381);
+        // Between points: interpolated IOPS (10 KiB read: half way from 90,000 to 38,000).
+        assert_eq!(
+            dev.cost_ns(OpKind::Read, 10 << 10, false),
+            1_000_000_000u64.div_ceil(64_000)
+        );
+        // Past the last point: constant bandwidth (512 KiB read = two 256 KiB reads).
+        assert_eq!(dev.cost_ns(OpKind::Read, 512 << 10, false), 769_231);
+        // Flush, trim, write-zeroes: one 4 KiB write of the write curve.
+        assert_eq!(dev.cost_ns(OpKind::Flush, 0, false), 29_412);
+        assert_eq!(dev.cost_ns(OpKind::WriteZeroes, 1 << 30, false), 29_412);
+        // Non-linear: 64 x the bytes of a 4 KiB read costs only 34.6 x as much.
+        let ratio = dev.cost_ns(OpKind::Read, 256 << 10, false) as f64
+            / dev.cost_ns(OpKind::Read, KIB4, false) as f64;
+        assert!((34.0..35.0).contains(&ratio), "{ratio}");
+        // The linear model of the same spec would say otherwise.
+        assert_ne!(
+            dev.spec().cost_ns(OpKind::Read, KIB4, false),
+            dev.cost_ns(OpKind::Read, KIB4, false)
+        );
+        assert_eq!(dev.service_ns(OpKind::Read, KIB4, false), 4 * 11_112);
+        // The same device without a curve is the linear model, unchanged.
+        let linear = device(4, 0);
+        assert!(linear.curve().is_none());
+        assert_eq!(linear.cost_ns(OpKind::Read, KIB4, false), 50_000);
+    }
+
+    #[test]
+    fn a_curve_device_and_the_vop_scheduler_charge_agree() {
+        // The scheduler's qos.cost.device.vop charge of the same curve, as a fraction of its
+        // capacity (max_iops x 1000 milli-VOPs per second), equals the device's service as a
+        // fraction of a second, up to less than one milli-VOP of rounding.
+        let c = curve();
+        for op in [OpKind::Read, OpKind::Write] {
+            for len in [
+                512u32,
+                1 << 10,
+                4 << 10,
+                7 << 10,
+                16 << 10,
+                100 << 10,
+                256 << 10,
+                1 << 20,
+            ] {
+                let device_s = curve_cost_ns(&c, op, len) as f64 / 1e9;
+                let charged = c.cost_milli_vops(op, u64::from(len));
+                let scheduler_s = charged as f64 / (c.max_iops as f64 * 1000.0);
+                let one_mvop = 1.0 / (c.max_iops as f64 * 1000.0);
+                assert!(
+                    (device_s - scheduler_s).abs() <= one_mvop + 1e-9,
+                    "{op:?} {len}: device {device_s} s, scheduler {scheduler_s} s"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn saturated_curve_device_finishes_at_the_curves_rate() {
+        // 64 KiB reads at QD 400 on 4 channels: 10,500 per second of virtual time.
+        let dev = curve_device(4);
+        let ends: Vec<u64> = (0..400)
+            .map(|_| dev.book(0, OpKind::Read, 64 << 10, false))
+            .collect();
+        let last = *ends.iter().max().expect("ends");
+        let rate = 400.0 / (last as f64 / 1e9);
+        assert!((rate - 10_500.0).abs() < 10.0, "{rate}");
+        let stats = dev.stats();
+        assert_eq!(stats.booked, 400);
+        assert_eq!(stats.busy_ns, 400 * 4 * 95_239);
+    }
+
+    #[test]
+    fn bad_curves_are_rejected_with_the_key() {
+        let start = |c: VopCurve| {
+            EmulatedDevice::start_with_curve(spec(4, 0), Some(c), Clock::new())
+                .expect_err("rejected")
+                .to_string()
+        };
+        let mut c = curve();
+        c.max_iops = 0;
+        assert!(start(c).contains("curve.max_iops"));
+        let mut c = curve();
+        c.read.clear();
+        let err = start(c);
+        assert!(
+            err.contains("curve.read") && err.contains("at least one"),
+            "{err}"
+        );
+        let mut c = curve();
+        c.write.swap(0, 1);
+        let err = start(c);
+        assert!(
+            err.contains("curve.write") && err.contains("increasing"),
+            "{err}"
+        );
+        let mut c = curve();
+        c.write[2].1 = 0;
+        let err = start(c);
+        assert!(err.contains("curve.write") && err.contains("IOPS"), "{err}");
     }
 
     #[test]

@@ -133,8 +133,10 @@ impl Node {
             Some(Executor::start(config.io_threads).map_err(NodeError::Workers)?)
         };
         let clock = Clock::new();
+        let curve = config.emulated_curve.clone();
         let start_device = |spec| {
-            EmulatedDevice::start(spec, clock).map_err(|err| NodeError::Emulated(err.to_string()))
+            EmulatedDevice::start_with_curve(spec, curve.clone(), clock)
+                .map_err(|err| NodeError::Emulated(err.to_string()))
         };
         let emulation = match config.emulated_device {
             Some(spec) if spec.per_device => Emulation::PerDevice(
