@@ -164,6 +164,9 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
         pool.as_str(),
         "--device-size",
         "1GiB",
+        // The restart after the SIGKILL below waits for the killed node's lease to expire.
+        "--rados-lease-ms",
+        "3000",
     ];
     let data_dir = scratch.path().join("data");
     let server = Server::start_with(&data_dir, &rados_flags);
@@ -197,10 +200,26 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
             .args(["-c", &conf_arg, "-p", &pool, "-N", namespace, "ls"])
             .env_remove("CEPH_ARGS"),
     );
-    let objects: Vec<String> = String::from_utf8_lossy(&out.stdout)
+    let all: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_string)
         .collect();
+    // The metadata and the lease are objects of the namespace too; the data directory keeps
+    // only local state.
+    for name in ["meta", "lease"] {
+        assert!(all.iter().any(|o| o == name), "no object {name}: {all:?}");
+    }
+    assert!(
+        !data_dir.join("meta.redb").exists(),
+        "a RADOS store kept its metadata locally"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data_dir.join("rados-namespace"))
+            .unwrap()
+            .trim(),
+        namespace
+    );
+    let objects: Vec<String> = all.into_iter().filter(|o| o.starts_with("ext.")).collect();
     // fio wrote the first 48 MiB of the volume: 24 extents of 2 MiB, one object each.
     assert_eq!(objects.len(), 24, "{objects:?}");
     assert!(
@@ -241,6 +260,7 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
             run_ok(Command::new("rados").args(["-c", &conf_arg, "-p", &pool, "-N", ns, "ls"]));
         String::from_utf8_lossy(&out.stdout)
             .lines()
+            .filter(|o| o.starts_with("ext."))
             .map(str::to_string)
             .collect()
     };
@@ -287,8 +307,8 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
         text(&out)
     );
 
-    // Deleting the volumes releases their extents: every object of the store is removed
-    // (which also leaves a shared cluster as this test found it).
+    // Deleting the volumes releases their extents: every extent object of the store is
+    // removed (only `meta` and `lease` stay).
     for volume in [VOLUME, "blank"] {
         let out = server.cli(&["volume", "delete", volume]);
         assert!(out.status.success(), "{}", text(&out));

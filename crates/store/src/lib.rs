@@ -20,10 +20,14 @@ mod error;
 mod extent_map;
 mod fault;
 mod layout;
+#[cfg(feature = "rados")]
+mod lease;
 mod meta;
 mod name;
 #[cfg(feature = "rados")]
 mod rados;
+#[cfg(feature = "rados")]
+mod rados_meta;
 mod stats;
 mod store;
 mod sync;
@@ -31,12 +35,14 @@ mod telemetry;
 mod volume;
 
 pub use config::{
-    DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, MAX_DEVICES, RADOS_SUPPORTED, RadosTarget,
-    StoreConfig,
+    DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, DEFAULT_LEASE_MS, MAX_DEVICES,
+    RADOS_SUPPORTED, RadosTarget, StoreConfig,
 };
 pub use error::{MetadataError, StoreError};
 pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENCY_SPIKE_MS};
 pub use layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
+#[cfg(feature = "rados")]
+pub use lease::LEASE_LOST_EXIT_STATUS;
 pub use name::{MAX_TENANT_ID_LEN, MAX_VOLUME_NAME_LEN, validate_tenant_id, validate_volume_name};
 pub use stats::{
     DeviceOp, DeviceOpStats, DeviceStats, LATENCY_FINITE_BUCKETS, LatencyHistogram,
