@@ -102,7 +102,7 @@ impl Lease {
             std::thread::sleep(poll);
         }
         let previous = pool
-            .omap_load(LEASE_OBJECT)
+            .omap_load(LEASE_OBJECT, c"owner")
             .map_err(io_err)?
             .unwrap_or_default()
             .into_iter()

@@ -4,7 +4,8 @@
 //! (a thin-provisioned, resizable virtual disk) into fixed-size extents placed on a pool of
 //! backing devices (sparse files, block devices, RAM, or objects of a Ceph RADOS pool with the
 //! `rados` feature), and keeps the extent maps in an
-//! embedded transactional database (redb) so that what a client was told is durable stays
+//! embedded transactional database (redb; in RADOS, the omap of one object written atomically
+//! per commit, `rados_meta.rs`) so that what a client was told is durable stays
 //! durable across a crash (docs/design.md principle 5).
 //!
 //! The data path (`Volume::read_at` / `write_at`) takes no global lock: it resolves the extent

@@ -7,12 +7,16 @@
 //! kept, and some panic in `Drop`. Declaring the calls ourselves costs no dependency and
 //! keeps every `unsafe` block in this one file.
 //!
+//! Besides the extent objects, the namespace holds `meta` (the store's metadata as omap
+//! key/values, rados_meta.rs) and `lease` (the node's exclusive lock and the holder's address,
+//! lease.rs).
+//!
 //! **Object naming and size.** The store's RADOS device is device 0 of the pool, like a
 //! device file; its capacity (`device_capacity_bytes`, `--device-size`) is the address space
 //! extents are allocated from. Physical extent `N` of device `D` is the object
 //! `ext.<D>.<N as 8 lowercase hex digits>` (e.g. `ext.0.0000002a`) in the RADOS namespace
-//! `headroom-<16 hex digits>`, a random name chosen when the data directory is created and
-//! kept in its device record (`rados:<pool>/<namespace>`). The namespace keeps two stores
+//! `headroom-<16 hex digits>`, a random name chosen when the store is created, kept in its
+//! device record (`rados:<pool>/<namespace>`) and, as local state, in `DATA_DIR/rados-namespace`. The namespace keeps two stores
 //! sharing a pool apart and lets the startup punch list only this store's objects. An object
 //! holds at most one extent (2 MiB, `EXTENT_SIZE_BYTES`) and is sparse: it exists once some
 //! byte of its extent was written and is as long as the highest byte written; missing
@@ -29,7 +33,7 @@
 //!
 //! **Durability.** librados acknowledges a write once every replica of the object's
 //! placement group has it on stable storage. So a device sync has nothing to do: FLUSH and
-//! FUA still commit the extent maps (redb, in the data directory) after the writes they
+//! FUA still commit the extent maps (the omap of the object `meta`, rados_meta.rs) after the writes they
 //! cover have been acknowledged, which is the ordering the store's commit protocol needs.
 //!
 //! **Thread safety.** librados documents its cluster and I/O-context handles as safe to
@@ -606,9 +610,9 @@ impl Pool {
         check(ret, "omap write").map(|_| ())
     }
 
-    /// Every omap entry of object `oid`, sorted by key; `None` when the object does not
-    /// exist. Read in pages of `OMAP_PAGE` entries.
-    pub(crate) fn omap_load(&self, oid: &CStr) -> io::Result<Option<OmapEntries>> {
+    /// Every omap entry of object `oid` whose key starts with `prefix` (`c""`: all), sorted
+    /// by key; `None` when the object does not exist. Read in pages of `OMAP_PAGE` entries.
+    pub(crate) fn omap_load(&self, oid: &CStr, prefix: &CStr) -> io::Result<Option<OmapEntries>> {
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         loop {
             let after = match out.last() {
@@ -634,7 +638,7 @@ impl Pool {
                 ffi::rados_read_op_omap_get_vals2(
                     op,
                     after.as_ptr(),
-                    c"".as_ptr(),
+                    prefix.as_ptr(),
                     OMAP_PAGE,
                     &mut iter,
                     &mut more,

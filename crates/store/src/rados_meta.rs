@@ -116,12 +116,12 @@ impl RadosMeta {
         self.volumes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn entries(&self) -> Result<Option<OmapEntries>, StoreError> {
-        Ok(self.pool.omap_load(META_OBJECT)?)
+    fn entries(&self, prefix: &CStr) -> Result<Option<OmapEntries>, StoreError> {
+        Ok(self.pool.omap_load(META_OBJECT, prefix)?)
     }
 
     pub(crate) fn load(&self) -> Result<Option<Loaded>, StoreError> {
-        let Some(entries) = self.entries()? else {
+        let Some(entries) = self.entries(c"")? else {
             return Ok(None);
         };
         let mut meta: BTreeMap<String, u64> = BTreeMap::new();
@@ -263,7 +263,7 @@ impl RadosMeta {
     pub(crate) fn load_states(&self) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
         let volumes = self.lock().clone();
         let mut out = Vec::new();
-        for (k, v) in self.entries()?.unwrap_or_default() {
+        for (k, v) in self.entries(c"c.")?.unwrap_or_default() {
             if let Some(id) = k.strip_prefix(b"c.")
                 && let Some(id) = std::str::from_utf8(id)
                     .ok()
