@@ -368,7 +368,8 @@ fn replies_until_closed(client: &mut common::raw::Client) -> Vec<(u64, u32)> {
 ///   sends B a write, B resumes (SIGCONT): the write is never acknowledged (an error reply or
 ///   a closed connection), B exits because it lost its lease, and C's data is unchanged;
 /// * a clean stop releases the lease: node D starts at once and has nobody to fence; while
-///   D holds it, a node that may wait only 500 ms gives up with a clear message.
+///   D holds it, a node that may wait only 500 ms gives up with a clear message; a
+///   namespace that holds no store is refused.
 #[test]
 fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
     use common::raw::{CMD_FLUSH, CMD_WRITE, Client};
@@ -520,6 +521,22 @@ fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
         .expect("run headroom serve");
     assert!(
         !out.status.success() && text(&out).contains("is held by another node"),
+        "{}",
+        text(&out)
+    );
+    // A namespace that holds no store is refused, not made into a new empty one.
+    let mut typo = base.clone();
+    typo.extend(["--rados-namespace".to_string(), format!("{namespace}-typo")]);
+    let out = Command::new(common::BIN)
+        .args(["serve", "--data-dir"])
+        .arg(scratch.path().join("f"))
+        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .args(&typo)
+        .env("HEADROOM_TOKEN", "0123456789abcdef0123456789abcdef")
+        .output()
+        .expect("run headroom serve");
+    assert!(
+        !out.status.success() && text(&out).contains("there is no Headroom store in namespace"),
         "{}",
         text(&out)
     );

@@ -455,6 +455,15 @@ fn open_meta(cfg: &StoreConfig) -> Result<(Meta, Option<RadosSession>), StoreErr
                 &target.pool,
                 &namespace,
             )?);
+            // A named namespace must hold a store: a mistyped name would otherwise make a
+            // new, empty one.
+            if target.namespace.is_some() && !pool.exists(crate::rados_meta::META_OBJECT)? {
+                return Err(StoreError::InvalidConfig(format!(
+                    "there is no Headroom store in namespace {namespace} of RADOS pool {} (no \
+                     object `meta`); check --rados-namespace",
+                    target.pool
+                )));
+            }
             let lease = crate::lease::Lease::acquire(
                 Arc::clone(&pool),
                 std::time::Duration::from_millis(target.lease_ms.max(1)),
