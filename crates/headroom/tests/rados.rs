@@ -369,7 +369,8 @@ fn replies_until_closed(client: &mut common::raw::Client) -> Vec<(u64, u32)> {
 ///   a closed connection), B exits because it lost its lease, and C's data is unchanged;
 /// * a clean stop releases the lease: node D starts at once and has nobody to fence; while
 ///   D holds it, a node that may wait only 500 ms gives up with a clear message; a
-///   namespace that holds no store is refused.
+///   namespace that holds no store is refused, and so is A's data directory without the
+///   pool.
 #[test]
 fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
     use common::raw::{CMD_FLUSH, CMD_WRITE, Client};
@@ -524,6 +525,21 @@ fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
         "{}",
         text(&out)
     );
+    // The data directory of a RADOS store started without the pool is refused (it must not
+    // become a new file store).
+    let out = Command::new(common::BIN)
+        .args(["serve", "--data-dir"])
+        .arg(&a_dir)
+        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .env("HEADROOM_TOKEN", "0123456789abcdef0123456789abcdef")
+        .output()
+        .expect("run headroom serve");
+    assert!(
+        !out.status.success() && text(&out).contains("is the local state of a RADOS store"),
+        "{}",
+        text(&out)
+    );
+    assert!(!a_dir.join("meta.redb").exists() && !a_dir.join("devices").exists());
     // A namespace that holds no store is refused, not made into a new empty one.
     let mut typo = base.clone();
     typo.extend(["--rados-namespace".to_string(), format!("{namespace}-typo")]);

@@ -430,6 +430,17 @@ enum RadosSession {}
 /// previous holder: lease.rs), except a RADOS store of the first slice, whose data directory
 /// has `meta.redb` and no namespace was named; in `meta.redb` otherwise.
 fn open_meta(cfg: &StoreConfig) -> Result<(Meta, Option<RadosSession>), StoreError> {
+    if cfg.rados.is_none()
+        && let Ok(ns) = std::fs::read_to_string(cfg.rados_namespace_path())
+    {
+        // Without this check a new, empty file store would be made beside it.
+        return Err(StoreError::InvalidConfig(format!(
+            "{} is the local state of a RADOS store (namespace {}): start with its pool \
+             (--rados-conf, --rados-pool)",
+            cfg.data_dir.display(),
+            ns.trim()
+        )));
+    }
     if let Some(target) = &cfg.rados
         && (target.namespace.is_some() || !cfg.meta_path().exists())
     {
