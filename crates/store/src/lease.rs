@@ -20,10 +20,12 @@
 //! late write. A clean shutdown removes `owner` before unlocking, so the next node has nobody
 //! to fence.
 //!
-//! **Losing the lease.** A renewal that finds the lock gone or held by another, or that has
-//! not succeeded for a whole lease duration, means another node may be serving: the process
-//! logs it and exits (status 3) at once, which closes every NBD connection, rather than keep
-//! serving I/O errors. (Its writes would fail anyway once it is blocklisted.)
+//! **Losing the lease.** A renewal that finds the lock gone or held by another, or no
+//! successful renewal for a whole lease duration (a watchdog thread checks this, since the
+//! renewer may be stuck waiting for an unresponsive cluster), means another node may be
+//! serving: the process logs it and exits (status 3) at once, which closes every NBD
+//! connection, rather than keep serving I/O errors. (Its writes would fail anyway once it
+//! is blocklisted.)
 
 use std::ffi::{CStr, CString};
 use std::sync::{Arc, Condvar, Mutex};
@@ -45,7 +47,8 @@ pub(crate) struct Lease {
     pool: Arc<Pool>,
     cookie: CString,
     stop: Arc<(Mutex<bool>, Condvar)>,
-    renewer: Option<JoinHandle<()>>,
+    /// The renewer and the watchdog.
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -78,6 +81,7 @@ impl Lease {
         let started = Instant::now();
         let poll = (duration / 8).clamp(Duration::from_millis(50), Duration::from_secs(1));
         let mut logged = false;
+        let mut attempt = Instant::now();
         while !pool
             .lock_exclusive(LEASE_OBJECT, LOCK_NAME, &cookie, duration, false)
             .map_err(io_err)?
@@ -100,7 +104,10 @@ impl Lease {
                 )));
             }
             std::thread::sleep(poll);
+            attempt = Instant::now();
         }
+        // The lease runs from the moment the successful request was sent, at the latest.
+        let renewed = Arc::new(Mutex::new(attempt));
         let previous = pool
             .omap_load(LEASE_OBJECT, c"owner")
             .map_err(io_err)?
@@ -131,38 +138,72 @@ impl Lease {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let renewer = {
             let (pool, cookie, stop) = (Arc::clone(&pool), cookie.clone(), Arc::clone(&stop));
+            let renewed = Arc::clone(&renewed);
             std::thread::Builder::new()
                 .name("rados-lease".into())
-                .spawn(move || renew_loop(&pool, &cookie, duration, &stop))?
+                .spawn(move || renew_loop(&pool, &cookie, duration, &stop, &renewed))?
+        };
+        // Apart from the renewer, which may be stuck in a call to a cluster that does not
+        // answer (librados retries an operation for as long as it takes).
+        let watchdog = {
+            let (pool, stop) = (Arc::clone(&pool), Arc::clone(&stop));
+            std::thread::Builder::new()
+                .name("rados-lease-watch".into())
+                .spawn(move || watch_loop(&pool, duration, &stop, &renewed))?
         };
         Ok(Lease {
             pool,
             cookie,
             stop,
-            renewer: Some(renewer),
+            threads: vec![renewer, watchdog],
         })
     }
 }
 
-fn renew_loop(pool: &Pool, cookie: &CStr, duration: Duration, stop: &(Mutex<bool>, Condvar)) {
-    let mut renewed = Instant::now();
+/// Waits up to `period` for the stop flag; true once it is set.
+fn stopped(stop: &(Mutex<bool>, Condvar), period: Duration) -> bool {
     let (lock, cv) = stop;
-    loop {
-        {
-            let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
-            let (guard, _) = cv
-                .wait_timeout_while(guard, duration / 3, |stopped| !*stopped)
-                .unwrap_or_else(|e| e.into_inner());
-            if *guard {
-                return;
-            }
-        }
+    let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let (guard, _) = cv
+        .wait_timeout_while(guard, period, |stopped| !*stopped)
+        .unwrap_or_else(|e| e.into_inner());
+    *guard
+}
+
+fn renew_loop(
+    pool: &Pool,
+    cookie: &CStr,
+    duration: Duration,
+    stop: &(Mutex<bool>, Condvar),
+    renewed: &Mutex<Instant>,
+) {
+    let last = || *renewed.lock().unwrap_or_else(|e| e.into_inner());
+    while !stopped(stop, duration / 3) {
         let sent = Instant::now();
         match pool.lock_exclusive(LEASE_OBJECT, LOCK_NAME, cookie, duration, true) {
-            Ok(true) => renewed = sent,
+            Ok(true) => *renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent,
             Ok(false) => lost(pool, "another node holds it now"),
-            Err(e) if renewed.elapsed() >= duration => lost(pool, &e.to_string()),
+            Err(e) if last().elapsed() >= duration => lost(pool, &e.to_string()),
             Err(e) => tracing::warn!(error = %e, "renewing the store's lease failed; retrying"),
+        }
+    }
+}
+
+/// Exits once no renewal has succeeded for a whole lease duration, even while the renewer
+/// waits for the cluster.
+fn watch_loop(
+    pool: &Pool,
+    duration: Duration,
+    stop: &(Mutex<bool>, Condvar),
+    renewed: &Mutex<Instant>,
+) {
+    while !stopped(stop, duration / 8) {
+        let last = *renewed.lock().unwrap_or_else(|e| e.into_inner());
+        if last.elapsed() >= duration {
+            lost(
+                pool,
+                "no renewal succeeded for a whole lease duration (the cluster does not answer)",
+            );
         }
     }
 }
@@ -183,7 +224,7 @@ impl Drop for Lease {
             *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
             cv.notify_all();
         }
-        if let Some(t) = self.renewer.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
         // A clean release: nobody to fence after us.
