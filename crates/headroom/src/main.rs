@@ -123,6 +123,16 @@ struct ServeArgs {
     /// The RADOS pool (existing) holding the extents (with --rados-conf).
     #[arg(long, value_name = "POOL")]
     rados_pool: Option<String>,
+    /// Open the existing RADOS store in this namespace (headroom-<16 hex>; e.g. another
+    /// node's, to take it over) [default: the data directory's, or a new one].
+    #[arg(long, value_name = "NS")]
+    rados_namespace: Option<String>,
+    /// The node's lease on a RADOS store lasts this long without renewal [default: 30000].
+    #[arg(long, value_name = "MS")]
+    rados_lease_ms: Option<u64>,
+    /// Wait at most this long at start for another node's lease to expire [default: no limit].
+    #[arg(long, value_name = "MS")]
+    rados_lease_wait_ms: Option<u64>,
     /// Refuse to create or grow a volume when the volume sizes would sum to more than this
     /// many times the pool capacity (a number >= 1.0) [default: no limit].
     #[arg(long, value_name = "RATIO")]
@@ -204,6 +214,9 @@ impl ServeArgs {
                 device_paths: (!self.device_paths.is_empty()).then(|| self.device_paths.clone()),
                 rados_conf: self.rados_conf.clone(),
                 rados_pool: self.rados_pool.clone(),
+                rados_namespace: self.rados_namespace.clone(),
+                rados_lease_ms: self.rados_lease_ms,
+                rados_lease_wait_ms: self.rados_lease_wait_ms,
                 emulated: None,
             },
             limits: LimitsSection {
@@ -354,7 +367,10 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
         }
         StoreBackend::Files { data_dir, .. } => format!("on {}", data_dir.display()),
         StoreBackend::Rados { data_dir, pool, .. } => {
-            format!("on RADOS pool {pool} (metadata in {})", data_dir.display())
+            format!(
+                "on RADOS pool {pool} (local state in {})",
+                data_dir.display()
+            )
         }
     };
     let node = Node::start(loaded.node)

@@ -318,6 +318,12 @@ pub struct StorageSection {
     /// With `rados_pool`: keep the extents in that Ceph RADOS pool (feature `rados`).
     pub rados_conf: Option<PathBuf>,
     pub rados_pool: Option<String>,
+    /// The namespace of an existing RADOS store to open (another node's store, on failover).
+    pub rados_namespace: Option<String>,
+    /// The lease's duration in ms (renewed every third of it).
+    pub rados_lease_ms: Option<u64>,
+    /// How long to wait at start for another node's lease to expire (absent: no limit).
+    pub rados_lease_wait_ms: Option<u64>,
     pub emulated: Option<EmulatedSection>,
 }
 
@@ -656,6 +662,9 @@ impl ConfigFile {
             device_paths: s.device_paths.or(l.device_paths),
             rados_conf: s.rados_conf.or(l.rados_conf),
             rados_pool: s.rados_pool.or(l.rados_pool),
+            rados_namespace: s.rados_namespace.or(l.rados_namespace),
+            rados_lease_ms: s.rados_lease_ms.or(l.rados_lease_ms),
+            rados_lease_wait_ms: s.rados_lease_wait_ms.or(l.rados_lease_wait_ms),
             emulated: s.emulated.or(l.emulated),
         };
         let (s, l) = (self.limits, lower.limits);
@@ -820,6 +829,40 @@ impl ConfigFile {
                 format!("{pool:?}"),
                 "must be a pool name: not empty, no '/'",
             ));
+        }
+        if let Some(ns) = &st.rados_namespace
+            && (ns.is_empty() || ns.contains(['/', '\0']))
+        {
+            return Err(Invalid::new(
+                "storage.rados_namespace",
+                format!("{ns:?}"),
+                "must be a namespace name: not empty, no '/'",
+            ));
+        }
+        if let Some(ms) = st.rados_lease_ms
+            && !(100..=3_600_000).contains(&ms)
+        {
+            return Err(Invalid::new(
+                "storage.rados_lease_ms",
+                ms,
+                "must be between 100 and 3600000",
+            ));
+        }
+        for (key, set) in [
+            ("storage.rados_namespace", st.rados_namespace.is_some()),
+            ("storage.rados_lease_ms", st.rados_lease_ms.is_some()),
+            (
+                "storage.rados_lease_wait_ms",
+                st.rados_lease_wait_ms.is_some(),
+            ),
+        ] {
+            if set && st.rados_pool.is_none() {
+                return Err(Invalid::new(
+                    key,
+                    "set",
+                    "needs storage.rados_pool (--rados-pool)",
+                ));
+            }
         }
         if let Some(e) = &st.emulated {
             match (&e.model, &e.curve) {
@@ -1088,6 +1131,11 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
             conf,
             pool,
             capacity_bytes: st.device_size.map_or(DEFAULT_DEVICE_SIZE, |s| s.0),
+            namespace: st.rados_namespace.clone(),
+            lease_ms: st
+                .rados_lease_ms
+                .unwrap_or(headroom_store::DEFAULT_LEASE_MS),
+            lease_wait_ms: st.rados_lease_wait_ms,
         },
         (None, None) => StoreBackend::Files {
             data_dir: layer.data_dir(),
@@ -2199,7 +2247,7 @@ mod tests {
         if headroom_store::RADOS_SUPPORTED {
             let config = result.unwrap();
             assert!(
-                matches!(&config.backend, StoreBackend::Rados { data_dir, conf, pool, capacity_bytes }
+                matches!(&config.backend, StoreBackend::Rados { data_dir, conf, pool, capacity_bytes, .. }
                     if data_dir == Path::new("/srv/h")
                         && conf == Path::new("/etc/ceph/ceph.conf")
                         && pool == "volumes"

@@ -164,6 +164,9 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
         pool.as_str(),
         "--device-size",
         "1GiB",
+        // The restart after the SIGKILL below waits for the killed node's lease to expire.
+        "--rados-lease-ms",
+        "3000",
     ];
     let data_dir = scratch.path().join("data");
     let server = Server::start_with(&data_dir, &rados_flags);
@@ -197,10 +200,26 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
             .args(["-c", &conf_arg, "-p", &pool, "-N", namespace, "ls"])
             .env_remove("CEPH_ARGS"),
     );
-    let objects: Vec<String> = String::from_utf8_lossy(&out.stdout)
+    let all: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_string)
         .collect();
+    // The metadata and the lease are objects of the namespace too; the data directory keeps
+    // only local state.
+    for name in ["meta", "lease"] {
+        assert!(all.iter().any(|o| o == name), "no object {name}: {all:?}");
+    }
+    assert!(
+        !data_dir.join("meta.redb").exists(),
+        "a RADOS store kept its metadata locally"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data_dir.join("rados-namespace"))
+            .unwrap()
+            .trim(),
+        namespace
+    );
+    let objects: Vec<String> = all.into_iter().filter(|o| o.starts_with("ext.")).collect();
     // fio wrote the first 48 MiB of the volume: 24 extents of 2 MiB, one object each.
     assert_eq!(objects.len(), 24, "{objects:?}");
     assert!(
@@ -241,6 +260,7 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
             run_ok(Command::new("rados").args(["-c", &conf_arg, "-p", &pool, "-N", ns, "ls"]));
         String::from_utf8_lossy(&out.stdout)
             .lines()
+            .filter(|o| o.starts_with("ext."))
             .map(str::to_string)
             .collect()
     };
@@ -287,12 +307,256 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
         text(&out)
     );
 
-    // Deleting the volumes releases their extents: every object of the store is removed
-    // (which also leaves a shared cluster as this test found it).
+    // Deleting the volumes releases their extents: every extent object of the store is
+    // removed (only `meta` and `lease` stay).
     for volume in [VOLUME, "blank"] {
         let out = server.cli(&["volume", "delete", volume]);
         assert!(out.status.success(), "{}", text(&out));
     }
     assert_eq!(list(namespace), Vec::<String>::new());
     server.stop();
+}
+
+/// The lease of the failover test: short, so the test waits seconds, not the default 30.
+const LEASE_MS: u64 = 3000;
+
+/// Polls `cond` every 50 ms until it holds, panicking with `what` after `limit`.
+fn wait_until(limit: std::time::Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Sends SIGSTOP or SIGCONT to a server.
+fn signal(server: &Server, sig: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{sig}"), &server.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{sig} failed");
+}
+
+/// Reads simple replies until the server closes the connection (or 30 s pass): the
+/// (cookie, error) of each reply that arrived.
+fn replies_until_closed(client: &mut common::raw::Client) -> Vec<(u64, u32)> {
+    use std::io::Read as _;
+    client
+        .stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut out = Vec::new();
+    let mut header = [0u8; 16];
+    while client.stream.read_exact(&mut header).is_ok() {
+        out.push((
+            u64::from_be_bytes(header[8..16].try_into().unwrap()),
+            u32::from_be_bytes(header[4..8].try_into().unwrap()),
+        ));
+    }
+    out
+}
+
+/// Several nodes, one store (issue 15, item 3), with real processes on one cluster:
+///
+/// * failover: node A serves a volume and fio writes it (crc32c verify headers, final
+///   FLUSH); node B, started on its own data directory with A's namespace, waits for A's
+///   lease; A is killed with SIGKILL; B takes the lease once it expires, fences A, and serves
+///   the volume: fio verifies every block on B, zero errors. The time from the kill to B
+///   serving is printed (docs/results.md);
+/// * fencing: B is paused (SIGSTOP) with a client connected; node C takes over; the client
+///   sends B a write, B resumes (SIGCONT): the write is never acknowledged (an error reply or
+///   a closed connection), B exits because it lost its lease, and C's data is unchanged;
+/// * a clean stop releases the lease: node D starts at once and has nobody to fence; while
+///   D holds it, a node that may wait only 500 ms gives up with a clear message; a
+///   namespace that holds no store is refused, and so is A's data directory without the
+///   pool.
+#[test]
+fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
+    use common::raw::{CMD_FLUSH, CMD_WRITE, Client};
+    use std::io::Write as _;
+    use std::time::{Duration, Instant};
+
+    if !have_tool("fio") {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let Some((conf, pool, _own)) = cluster(scratch.path()) else {
+        return;
+    };
+    let conf_arg = conf.to_str().unwrap().to_string();
+    let lease = LEASE_MS.to_string();
+    let base: Vec<String> = [
+        "--rados-conf",
+        &conf_arg,
+        "--rados-pool",
+        &pool,
+        "--device-size",
+        "1GiB",
+        "--rados-lease-ms",
+        &lease,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let as_strs = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>().join("\n");
+
+    // Node A: a new store.
+    let a_dir = scratch.path().join("a");
+    let a = Server::start_with(&a_dir, &as_strs(&base).lines().collect::<Vec<_>>());
+    a.create_volume(VOLUME, "64MiB");
+    let written = fio(&a, VOLUME, false);
+    let j = job(&written);
+    assert_eq!(j["error"].as_i64(), Some(0), "{j}");
+    assert_eq!(j["read"]["io_bytes"].as_u64(), Some(DATA_BYTES), "{j}");
+    let namespace = std::fs::read_to_string(a_dir.join("rados-namespace"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut takeover = base.clone();
+    takeover.extend(["--rados-namespace".to_string(), namespace.clone()]);
+
+    // Node B: same pool and namespace, its own data directory; it waits for A's lease.
+    let b_dir = scratch.path().join("b");
+    let b_log = b_dir.with_extension("log");
+    let b_flags = as_strs(&takeover);
+    let b_start = {
+        let b_dir = b_dir.clone();
+        std::thread::spawn(move || Server::start_with(&b_dir, &b_flags.lines().collect::<Vec<_>>()))
+    };
+    wait_until(
+        Duration::from_secs(60),
+        "node B waits for the lease",
+        || {
+            std::fs::read_to_string(&b_log)
+                .unwrap_or_default()
+                .contains("held by another node")
+        },
+    );
+    assert!(
+        !b_start.is_finished(),
+        "node B serves while A holds the lease"
+    );
+
+    let killed = Instant::now();
+    a.kill9();
+    let b = b_start.join().expect("node B started");
+    let failover = killed.elapsed();
+    eprintln!(
+        "failover: {:.2} s from SIGKILL of node A to node B serving (lease {} ms)",
+        failover.as_secs_f64(),
+        LEASE_MS
+    );
+    // A renews every third of the lease, so at the kill at least two thirds were left: B
+    // waited for the expiry. And it did not wait much longer.
+    assert!(
+        failover >= Duration::from_millis(LEASE_MS / 2),
+        "B served {failover:?} after the kill: before A's lease expired"
+    );
+    assert!(failover < Duration::from_millis(LEASE_MS) + Duration::from_secs(20));
+    assert!(
+        b.log().contains("fenced it (blocklisted)"),
+        "B did not fence A: {}",
+        b.log()
+    );
+    let verified = fio(&b, VOLUME, true);
+    let j = job(&verified);
+    assert_eq!(j["error"].as_i64(), Some(0), "{j}");
+    assert_eq!(j["read"]["io_bytes"].as_u64(), Some(DATA_BYTES), "{j}");
+    // B's own data directory holds only local state.
+    assert!(!b_dir.join("meta.redb").exists() && !b_dir.join("devices").exists());
+
+    // Fencing: a client of B writes and flushes, then B is paused and C takes over.
+    let mut on_b = Client::open(b.nbd, VOLUME);
+    assert_eq!(on_b.write(1, 0, &[0xb1; 4096], 0), 0);
+    assert_eq!(on_b.flush(2), 0);
+    signal(&b, "STOP");
+    let c_dir = scratch.path().join("c");
+    let c = Server::start_with(&c_dir, &as_strs(&takeover).lines().collect::<Vec<_>>());
+    assert!(c.log().contains("fenced it (blocklisted)"), "{}", c.log());
+    let mut on_c = Client::open(c.nbd, VOLUME);
+    assert_eq!(on_c.read(3, 0, 4096).unwrap(), vec![0xb1; 4096]);
+    assert_eq!(on_c.write(4, 0, &[0xc1; 4096], 0), 0);
+    assert_eq!(on_c.flush(5), 0);
+    // B's late write: sent while B is paused, handled when it resumes.
+    on_b.send_request(0, CMD_WRITE, 6, 0, 4096);
+    on_b.stream.write_all(&[0xb2; 4096]).unwrap();
+    on_b.send_request(0, CMD_FLUSH, 7, 0, 0);
+    signal(&b, "CONT");
+    let replies = replies_until_closed(&mut on_b);
+    eprintln!("node B's replies after it resumed (cookie, error): {replies:?}");
+    assert!(
+        !replies
+            .iter()
+            .any(|&(cookie, error)| cookie == 6 && error == 0),
+        "the fenced node acknowledged a write: {replies:?}"
+    );
+    let mut b = b;
+    wait_until(Duration::from_secs(30), "node B exits", || !b.is_running());
+    assert!(b.log().contains("lost the store's lease"), "{}", b.log());
+    // C's data is what C wrote, on its connection and on a new one.
+    assert_eq!(on_c.read(8, 0, 4096).unwrap(), vec![0xc1; 4096]);
+    let mut fresh = Client::open(c.nbd, VOLUME);
+    assert_eq!(fresh.read(9, 0, 4096).unwrap(), vec![0xc1; 4096]);
+    drop((on_c, fresh));
+
+    // A clean stop releases the lease: D takes it at once and fences nobody.
+    c.stop();
+    let d_dir = scratch.path().join("d");
+    let mut d_flags = takeover.clone();
+    d_flags.extend(["--rados-lease-wait-ms".to_string(), "1".to_string()]);
+    let d = Server::start_with(&d_dir, &as_strs(&d_flags).lines().collect::<Vec<_>>());
+    assert!(!d.log().contains("fenced"), "{}", d.log());
+    let mut on_d = Client::open(d.nbd, VOLUME);
+    assert_eq!(on_d.read(10, 0, 4096).unwrap(), vec![0xc1; 4096]);
+    // While D holds it, a node that may wait 500 ms gives up, saying why.
+    let mut e_flags = takeover.clone();
+    e_flags.extend(["--rados-lease-wait-ms".to_string(), "500".to_string()]);
+    let out = Command::new(common::BIN)
+        .args(["serve", "--data-dir"])
+        .arg(scratch.path().join("e"))
+        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .args(&e_flags)
+        .env("HEADROOM_TOKEN", "0123456789abcdef0123456789abcdef")
+        .output()
+        .expect("run headroom serve");
+    assert!(
+        !out.status.success() && text(&out).contains("is held by another node"),
+        "{}",
+        text(&out)
+    );
+    // The data directory of a RADOS store started without the pool is refused (it must not
+    // become a new file store).
+    let out = Command::new(common::BIN)
+        .args(["serve", "--data-dir"])
+        .arg(&a_dir)
+        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .env("HEADROOM_TOKEN", "0123456789abcdef0123456789abcdef")
+        .output()
+        .expect("run headroom serve");
+    assert!(
+        !out.status.success() && text(&out).contains("is the local state of a RADOS store"),
+        "{}",
+        text(&out)
+    );
+    assert!(!a_dir.join("meta.redb").exists() && !a_dir.join("devices").exists());
+    // A namespace that holds no store is refused, not made into a new empty one.
+    let mut typo = base.clone();
+    typo.extend(["--rados-namespace".to_string(), format!("{namespace}-typo")]);
+    let out = Command::new(common::BIN)
+        .args(["serve", "--data-dir"])
+        .arg(scratch.path().join("f"))
+        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .args(&typo)
+        .env("HEADROOM_TOKEN", "0123456789abcdef0123456789abcdef")
+        .output()
+        .expect("run headroom serve");
+    assert!(
+        !out.status.success() && text(&out).contains("there is no Headroom store in namespace"),
+        "{}",
+        text(&out)
+    );
+    let out = d.cli(&["volume", "delete", VOLUME]);
+    assert!(out.status.success(), "{}", text(&out));
+    d.stop();
 }

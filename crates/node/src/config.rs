@@ -32,6 +32,12 @@ pub enum StoreBackend {
         pool: String,
         /// Address space extents are allocated from (the pool device's capacity).
         capacity_bytes: u64,
+        /// The namespace of an existing store to open (`None`: the data directory's, or new).
+        namespace: Option<String>,
+        /// The lease's duration (`headroom_store::RadosTarget::lease_ms`).
+        lease_ms: u64,
+        /// How long to wait at start for another node's lease (`None`: as long as it takes).
+        lease_wait_ms: Option<u64>,
     },
 }
 

@@ -112,13 +112,18 @@ impl Node {
                 conf,
                 pool,
                 capacity_bytes,
+                namespace,
+                lease_ms,
+                lease_wait_ms,
             } => {
                 let mut store_config = StoreConfig::new(data_dir.clone());
                 store_config.device_capacity_bytes = *capacity_bytes;
-                store_config.rados = Some(RadosTarget {
-                    conf: conf.clone(),
-                    pool: pool.clone(),
-                });
+                let mut target = RadosTarget::new(conf.clone(), pool.clone());
+                target.namespace = namespace.clone();
+                target.lease_ms = *lease_ms;
+                target.lease_wait_ms = *lease_wait_ms;
+                store_config.rados = Some(target);
+                // Taking the lease may wait for another node's to expire.
                 // Connecting and the startup punch are network round trips.
                 tokio::task::spawn_blocking(move || Store::open(&store_config))
                     .await

@@ -30,7 +30,8 @@ pub struct StoreConfig {
     #[serde(default)]
     pub device_paths: Vec<PathBuf>,
     /// Keep the extents as objects of a RADOS pool instead of device files (one pool device
-    /// of `device_capacity_bytes`; needs the `rados` feature). Metadata stays in `data_dir`.
+    /// of `device_capacity_bytes`; needs the `rados` feature). The metadata is then in RADOS
+    /// too, and `data_dir` keeps only local state (the namespace's name, the API token).
     #[serde(default)]
     pub rados: Option<RadosTarget>,
 }
@@ -43,6 +44,39 @@ pub struct RadosTarget {
     pub conf: PathBuf,
     /// An existing pool.
     pub pool: String,
+    /// The RADOS namespace of an existing store to open (`headroom-<16 hex>`); `None`: the
+    /// one recorded in `data_dir/rados-namespace`, or a new one for a new store.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// How long the node's lease on the store lasts without a renewal (renewed every third
+    /// of it); another node takes the store over this long after this one died.
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
+    /// How long to wait at start for another node's lease to expire; `None`: as long as it
+    /// takes.
+    #[serde(default)]
+    pub lease_wait_ms: Option<u64>,
+}
+
+/// Default `RadosTarget::lease_ms`: 30 s.
+pub const DEFAULT_LEASE_MS: u64 = 30_000;
+
+fn default_lease_ms() -> u64 {
+    DEFAULT_LEASE_MS
+}
+
+impl RadosTarget {
+    /// `conf` and `pool` with the default lease and the namespace recorded in the data
+    /// directory.
+    pub fn new(conf: impl Into<PathBuf>, pool: impl Into<String>) -> RadosTarget {
+        RadosTarget {
+            conf: conf.into(),
+            pool: pool.into(),
+            namespace: None,
+            lease_ms: DEFAULT_LEASE_MS,
+            lease_wait_ms: None,
+        }
+    }
 }
 
 /// Whether this build has the RADOS backend (cargo feature `rados`).
@@ -66,6 +100,11 @@ impl StoreConfig {
             device_paths: Vec::new(),
             rados: None,
         }
+    }
+
+    /// Path of the file naming the RADOS namespace of a RADOS store (local state).
+    pub fn rados_namespace_path(&self) -> PathBuf {
+        self.data_dir.join("rados-namespace")
     }
 
     /// Path of the metadata database.

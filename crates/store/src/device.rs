@@ -53,7 +53,7 @@ enum Backend {
     File(FileDevice),
     Memory(MemoryDevice),
     #[cfg(feature = "rados")]
-    Rados(crate::rados::Pool),
+    Rados(std::sync::Arc<crate::rados::Pool>),
 }
 
 #[derive(Debug)]
@@ -180,7 +180,11 @@ impl Device {
 
     /// A device whose extents are objects of a RADOS pool (see `rados.rs` for the naming).
     #[cfg(feature = "rados")]
-    pub(crate) fn rados(id: u32, pool: crate::rados::Pool, extent_count: u32) -> Device {
+    pub(crate) fn rados(
+        id: u32,
+        pool: std::sync::Arc<crate::rados::Pool>,
+        extent_count: u32,
+    ) -> Device {
         Device {
             id,
             label: pool.label.clone(),

@@ -4,7 +4,8 @@
 //! (a thin-provisioned, resizable virtual disk) into fixed-size extents placed on a pool of
 //! backing devices (sparse files, block devices, RAM, or objects of a Ceph RADOS pool with the
 //! `rados` feature), and keeps the extent maps in an
-//! embedded transactional database (redb) so that what a client was told is durable stays
+//! embedded transactional database (redb; in RADOS, the omap of one object written atomically
+//! per commit, `rados_meta.rs`) so that what a client was told is durable stays
 //! durable across a crash (docs/design.md principle 5).
 //!
 //! The data path (`Volume::read_at` / `write_at`) takes no global lock: it resolves the extent
@@ -20,10 +21,14 @@ mod error;
 mod extent_map;
 mod fault;
 mod layout;
+#[cfg(feature = "rados")]
+mod lease;
 mod meta;
 mod name;
 #[cfg(feature = "rados")]
 mod rados;
+#[cfg(feature = "rados")]
+mod rados_meta;
 mod stats;
 mod store;
 mod sync;
@@ -31,12 +36,14 @@ mod telemetry;
 mod volume;
 
 pub use config::{
-    DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, MAX_DEVICES, RADOS_SUPPORTED, RadosTarget,
-    StoreConfig,
+    DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, DEFAULT_LEASE_MS, MAX_DEVICES,
+    RADOS_SUPPORTED, RadosTarget, StoreConfig,
 };
 pub use error::{MetadataError, StoreError};
 pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENCY_SPIKE_MS};
 pub use layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
+#[cfg(feature = "rados")]
+pub use lease::LEASE_LOST_EXIT_STATUS;
 pub use name::{MAX_TENANT_ID_LEN, MAX_VOLUME_NAME_LEN, validate_tenant_id, validate_volume_name};
 pub use stats::{
     DeviceOp, DeviceOpStats, DeviceStats, LATENCY_FINITE_BUCKETS, LatencyHistogram,

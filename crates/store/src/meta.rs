@@ -45,10 +45,10 @@ const TENANTS: TableDefinition<&str, &str> = TableDefinition::new("tenants");
 /// Version of the table layout above; bump on any incompatible change.
 pub(crate) const FORMAT_VERSION: u64 = 1;
 
-const KEY_FORMAT: &str = "format_version";
-const KEY_EXTENT_SIZE: &str = "extent_size_bytes";
-const KEY_NEXT_VOLUME_ID: &str = "next_volume_id";
-const KEY_CLEAN: &str = "clean";
+pub(crate) const KEY_FORMAT: &str = "format_version";
+pub(crate) const KEY_EXTENT_SIZE: &str = "extent_size_bytes";
+pub(crate) const KEY_NEXT_VOLUME_ID: &str = "next_volume_id";
+pub(crate) const KEY_CLEAN: &str = "clean";
 
 /// redb page cache; the hot path never reads redb, so it can stay small.
 const CACHE_SIZE_BYTES: usize = 32 << 20;
@@ -124,9 +124,18 @@ pub(crate) enum MetaOp {
     DeleteTenant(String),
 }
 
+/// Where the metadata lives: redb (file and RAM stores, and RADOS stores of the first
+/// slice that kept `meta.redb`), or the omap of one RADOS object (`rados_meta.rs`).
 #[derive(Debug)]
 pub(crate) struct Meta {
     db: Database,
+    #[cfg(feature = "rados")]
+    rados: Option<crate::rados_meta::RadosMeta>,
+}
+
+#[cfg(feature = "rados")]
+pub(crate) fn json_err_pub(e: serde_json::Error) -> StoreError {
+    json_err(e)
 }
 
 fn redb_err(e: impl Into<redb::Error>) -> StoreError {
@@ -143,7 +152,19 @@ impl Meta {
             .set_cache_size(CACHE_SIZE_BYTES)
             .create(path)
             .map_err(redb_err)?;
-        Ok(Meta { db })
+        Ok(Meta {
+            db,
+            #[cfg(feature = "rados")]
+            rados: None,
+        })
+    }
+
+    /// Metadata kept in the omap of the object `meta` of the pool's namespace.
+    #[cfg(feature = "rados")]
+    pub(crate) fn open_rados(pool: std::sync::Arc<crate::rados::Pool>) -> Result<Meta, StoreError> {
+        let mut m = Meta::open_memory()?;
+        m.rados = Some(crate::rados_meta::RadosMeta::new(pool));
+        Ok(m)
     }
 
     pub(crate) fn open_memory() -> Result<Meta, StoreError> {
@@ -151,11 +172,19 @@ impl Meta {
             .set_cache_size(CACHE_SIZE_BYTES)
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .map_err(redb_err)?;
-        Ok(Meta { db })
+        Ok(Meta {
+            db,
+            #[cfg(feature = "rados")]
+            rados: None,
+        })
     }
 
     /// Loads everything; `None` for a database that was never initialised.
     pub(crate) fn load(&self) -> Result<Option<Loaded>, StoreError> {
+        #[cfg(feature = "rados")]
+        if let Some(r) = &self.rados {
+            return r.load();
+        }
         let txn = self.db.begin_read().map_err(redb_err)?;
         let meta = match txn.open_table(META) {
             Ok(t) => t,
@@ -227,6 +256,10 @@ impl Meta {
         changes: &[ExtentChange],
         ops: &[MetaOp],
     ) -> Result<(), StoreError> {
+        #[cfg(feature = "rados")]
+        if let Some(r) = &self.rados {
+            return r.commit(changes, ops);
+        }
         let txn = self.db.begin_write().map_err(redb_err)?;
         {
             let mut meta = txn.open_table(META).map_err(redb_err)?;
@@ -306,6 +339,10 @@ impl Meta {
         if states.is_empty() {
             return Ok(0);
         }
+        #[cfg(feature = "rados")]
+        if let Some(r) = &self.rados {
+            return r.save_states(states);
+        }
         let mut txn = self.db.begin_write().map_err(redb_err)?;
         txn.set_durability(Durability::Immediate)
             .map_err(redb_err)?;
@@ -329,6 +366,10 @@ impl Meta {
     /// only if an older build, which does not know the table, deleted the volume; volume ids
     /// are never reused, so they are skipped rather than reported.)
     pub(crate) fn load_states(&self) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        #[cfg(feature = "rados")]
+        if let Some(r) = &self.rados {
+            return r.load_states();
+        }
         let txn = self.db.begin_read().map_err(redb_err)?;
         let credits = match txn.open_table(CREDITS) {
             Ok(t) => t,

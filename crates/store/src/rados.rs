@@ -7,12 +7,16 @@
 //! kept, and some panic in `Drop`. Declaring the calls ourselves costs no dependency and
 //! keeps every `unsafe` block in this one file.
 //!
+//! Besides the extent objects, the namespace holds `meta` (the store's metadata as omap
+//! key/values, rados_meta.rs) and `lease` (the node's exclusive lock and the holder's address,
+//! lease.rs).
+//!
 //! **Object naming and size.** The store's RADOS device is device 0 of the pool, like a
 //! device file; its capacity (`device_capacity_bytes`, `--device-size`) is the address space
 //! extents are allocated from. Physical extent `N` of device `D` is the object
 //! `ext.<D>.<N as 8 lowercase hex digits>` (e.g. `ext.0.0000002a`) in the RADOS namespace
-//! `headroom-<16 hex digits>`, a random name chosen when the data directory is created and
-//! kept in its device record (`rados:<pool>/<namespace>`). The namespace keeps two stores
+//! `headroom-<16 hex digits>`, a random name chosen when the store is created, kept in its
+//! device record (`rados:<pool>/<namespace>`) and, as local state, in `DATA_DIR/rados-namespace`. The namespace keeps two stores
 //! sharing a pool apart and lets the startup punch list only this store's objects. An object
 //! holds at most one extent (2 MiB, `EXTENT_SIZE_BYTES`) and is sparse: it exists once some
 //! byte of its extent was written and is as long as the highest byte written; missing
@@ -29,7 +33,7 @@
 //!
 //! **Durability.** librados acknowledges a write once every replica of the object's
 //! placement group has it on stable storage. So a device sync has nothing to do: FLUSH and
-//! FUA still commit the extent maps (redb, in the data directory) after the writes they
+//! FUA still commit the extent maps (the omap of the object `meta`, rados_meta.rs) after the writes they
 //! cover have been acknowledged, which is the ordering the store's commit protocol needs.
 //!
 //! **Thread safety.** librados documents its cluster and I/O-context handles as safe to
@@ -121,6 +125,86 @@ mod ffi {
         pub fn rados_aio_wait_for_complete(c: CompletionT) -> c_int;
         pub fn rados_aio_get_return_value(c: CompletionT) -> c_int;
         pub fn rados_aio_release(c: CompletionT);
+        pub fn rados_write_op_create(op: WriteOpT, exclusive: c_int, category: *const c_char);
+        pub fn rados_write_op_omap_set2(
+            op: WriteOpT,
+            keys: *const *const c_char,
+            vals: *const *const c_char,
+            key_lens: *const usize,
+            val_lens: *const usize,
+            num: usize,
+        );
+        pub fn rados_write_op_omap_rm_keys2(
+            op: WriteOpT,
+            keys: *const *const c_char,
+            key_lens: *const usize,
+            num: usize,
+        );
+        pub fn rados_write_op_omap_rm_range2(
+            op: WriteOpT,
+            key_begin: *const c_char,
+            key_begin_len: usize,
+            key_end: *const c_char,
+            key_end_len: usize,
+        );
+        pub fn rados_create_read_op() -> ReadOpT;
+        pub fn rados_release_read_op(op: ReadOpT);
+        pub fn rados_read_op_omap_get_vals2(
+            op: ReadOpT,
+            start_after: *const c_char,
+            filter_prefix: *const c_char,
+            max_return: u64,
+            iter: *mut OmapIterT,
+            pmore: *mut u8,
+            prval: *mut c_int,
+        );
+        pub fn rados_read_op_operate(
+            op: ReadOpT,
+            io: IoctxT,
+            oid: *const c_char,
+            flags: c_int,
+        ) -> c_int;
+        pub fn rados_omap_get_next2(
+            iter: OmapIterT,
+            key: *mut *mut c_char,
+            val: *mut *mut c_char,
+            key_len: *mut usize,
+            val_len: *mut usize,
+        ) -> c_int;
+        pub fn rados_omap_get_end(iter: OmapIterT);
+        pub fn rados_lock_exclusive(
+            io: IoctxT,
+            oid: *const c_char,
+            name: *const c_char,
+            cookie: *const c_char,
+            desc: *const c_char,
+            duration: *mut Timeval,
+            flags: u8,
+        ) -> c_int;
+        pub fn rados_unlock(
+            io: IoctxT,
+            oid: *const c_char,
+            name: *const c_char,
+            cookie: *const c_char,
+        ) -> c_int;
+        pub fn rados_blocklist_add(
+            cluster: RadosT,
+            addr: *mut c_char,
+            expire_seconds: u32,
+        ) -> c_int;
+        pub fn rados_getaddrs(cluster: RadosT, addrs: *mut *mut c_char) -> c_int;
+        pub fn rados_buffer_free(buf: *mut c_char);
+        pub fn rados_wait_for_latest_osdmap(cluster: RadosT) -> c_int;
+    }
+
+    pub type ReadOpT = *mut c_void;
+    pub type OmapIterT = *mut c_void;
+
+    /// `struct timeval` on 64-bit Linux.
+    #[repr(C)]
+    pub struct Timeval {
+        pub tv_sec: i64,
+        pub tv_usec: i64,
     }
 
     /// `time_t` on the 64-bit Linux targets we build for.
@@ -130,6 +214,8 @@ mod ffi {
 
 /// ENOENT as librados returns it (negated errno).
 const ENOENT: c_int = 2;
+/// EBUSY as librados returns it (negated errno): a lock held by another client.
+const EBUSY: c_int = 16;
 
 /// Most removals `Pool::remove_many` keeps in flight.
 const REMOVE_WINDOW: usize = 64;
@@ -200,7 +286,7 @@ impl Drop for Cluster {
 pub(crate) struct Pool {
     io: ffi::IoctxT,
     /// Declared after `io`: the context is destroyed before the connection shuts down.
-    _cluster: Cluster,
+    cluster: Cluster,
     pub(crate) label: String,
 }
 
@@ -267,7 +353,7 @@ impl Pool {
         unsafe { ffi::rados_ioctx_set_namespace(io, ns_c.as_ptr()) };
         Ok(Pool {
             io,
-            _cluster: cluster,
+            cluster,
             label: format!("rados:{pool}/{namespace}"),
         })
     }
@@ -447,6 +533,256 @@ impl Pool {
         // SAFETY: the context opened above, closed once.
         unsafe { ffi::rados_nobjects_list_close(ctx) };
         result.map(|()| names)
+    }
+}
+
+/// An omap change of one object, applied by `Pool::omap_commit` in one write operation.
+#[derive(Debug, Default)]
+pub(crate) struct OmapBatch {
+    /// Key ranges `[begin, end)` removed first.
+    pub rm_ranges: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Keys removed next.
+    pub rm: Vec<Vec<u8>>,
+    /// Keys set last.
+    pub set: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// An object's omap entries, (key, value), sorted by key.
+pub(crate) type OmapEntries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Most omap entries one read returns (the OSD's default cap is far above).
+const OMAP_PAGE: u64 = 4096;
+
+impl Pool {
+    /// Applies `batch` to the omap of object `oid` (created if missing) in **one** write
+    /// operation: RADOS applies all of it or none of it.
+    pub(crate) fn omap_commit(&self, oid: &CStr, batch: &OmapBatch) -> io::Result<()> {
+        // SAFETY: creates a fresh operation, released below on every path.
+        let op = unsafe { ffi::rados_create_write_op() };
+        if op.is_null() {
+            return Err(io::Error::other(
+                "RADOS: could not create a write operation",
+            ));
+        }
+        let rm_ptrs: Vec<*const c_char> = batch.rm.iter().map(|k| k.as_ptr().cast()).collect();
+        let rm_lens: Vec<usize> = batch.rm.iter().map(Vec::len).collect();
+        let key_ptrs: Vec<*const c_char> =
+            batch.set.iter().map(|(k, _)| k.as_ptr().cast()).collect();
+        let key_lens: Vec<usize> = batch.set.iter().map(|(k, _)| k.len()).collect();
+        let val_ptrs: Vec<*const c_char> =
+            batch.set.iter().map(|(_, v)| v.as_ptr().cast()).collect();
+        let val_lens: Vec<usize> = batch.set.iter().map(|(_, v)| v.len()).collect();
+        // SAFETY: `op` is live until released at the end; librados copies keys and values
+        // into the operation when each action is added; every array has the length passed.
+        let ret = unsafe {
+            ffi::rados_write_op_create(op, 0, ptr::null());
+            for (b, e) in &batch.rm_ranges {
+                ffi::rados_write_op_omap_rm_range2(
+                    op,
+                    b.as_ptr().cast(),
+                    b.len(),
+                    e.as_ptr().cast(),
+                    e.len(),
+                );
+            }
+            if !rm_ptrs.is_empty() {
+                ffi::rados_write_op_omap_rm_keys2(
+                    op,
+                    rm_ptrs.as_ptr(),
+                    rm_lens.as_ptr(),
+                    rm_ptrs.len(),
+                );
+            }
+            if !key_ptrs.is_empty() {
+                ffi::rados_write_op_omap_set2(
+                    op,
+                    key_ptrs.as_ptr(),
+                    val_ptrs.as_ptr(),
+                    key_lens.as_ptr(),
+                    val_lens.as_ptr(),
+                    key_ptrs.len(),
+                );
+            }
+            let ret = ffi::rados_write_op_operate(op, self.io, oid.as_ptr(), ptr::null_mut(), 0);
+            ffi::rados_release_write_op(op);
+            ret
+        };
+        check(ret, "omap write").map(|_| ())
+    }
+
+    /// Every omap entry of object `oid` whose key starts with `prefix` (`c""`: all), sorted
+    /// by key; `None` when the object does not exist. Read in pages of `OMAP_PAGE` entries.
+    pub(crate) fn omap_load(&self, oid: &CStr, prefix: &CStr) -> io::Result<Option<OmapEntries>> {
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        loop {
+            let after = match out.last() {
+                Some((k, _)) => c_string(
+                    std::str::from_utf8(k).map_err(|_| {
+                        io::Error::new(io::ErrorKind::InvalidData, "omap key is not UTF-8")
+                    })?,
+                    "omap key",
+                )?,
+                None => CString::default(),
+            };
+            // SAFETY: creates a fresh operation, released below on every path.
+            let op = unsafe { ffi::rados_create_read_op() };
+            if op.is_null() {
+                return Err(io::Error::other("RADOS: could not create a read operation"));
+            }
+            let mut iter: ffi::OmapIterT = ptr::null_mut();
+            let mut more: u8 = 0;
+            let mut rval: c_int = 0;
+            // SAFETY: live operation; out-pointers to locals that outlive `operate`;
+            // NUL-terminated strings.
+            let ret = unsafe {
+                ffi::rados_read_op_omap_get_vals2(
+                    op,
+                    after.as_ptr(),
+                    prefix.as_ptr(),
+                    OMAP_PAGE,
+                    &mut iter,
+                    &mut more,
+                    &mut rval,
+                );
+                ffi::rados_read_op_operate(op, self.io, oid.as_ptr(), 0)
+            };
+            let result = if ret == -ENOENT {
+                Ok(false)
+            } else {
+                check(ret, "omap read")
+                    .and_then(|_| check(rval, "omap read"))
+                    .map(|_| true)
+            };
+            let mut got = 0u64;
+            if matches!(result, Ok(true)) && !iter.is_null() {
+                loop {
+                    let mut k: *mut c_char = ptr::null_mut();
+                    let mut v: *mut c_char = ptr::null_mut();
+                    let (mut kl, mut vl) = (0usize, 0usize);
+                    // SAFETY: live iterator; out-pointers to locals.
+                    let r = unsafe {
+                        ffi::rados_omap_get_next2(iter, &mut k, &mut v, &mut kl, &mut vl)
+                    };
+                    if r < 0 || k.is_null() {
+                        break;
+                    }
+                    // SAFETY: librados returns buffers of the given lengths, valid until
+                    // the iterator ends.
+                    let (key, val) = unsafe {
+                        (
+                            std::slice::from_raw_parts(k.cast::<u8>(), kl).to_vec(),
+                            if v.is_null() {
+                                Vec::new()
+                            } else {
+                                std::slice::from_raw_parts(v.cast::<u8>(), vl).to_vec()
+                            },
+                        )
+                    };
+                    out.push((key, val));
+                    got += 1;
+                }
+            }
+            // SAFETY: the iterator (if any) and the operation are released once each.
+            unsafe {
+                if !iter.is_null() {
+                    ffi::rados_omap_get_end(iter);
+                }
+                ffi::rados_release_read_op(op);
+            }
+            match result {
+                Ok(false) => return Ok(None),
+                Err(e) => return Err(e),
+                Ok(true) => {}
+            }
+            if more == 0 || got == 0 {
+                return Ok(Some(out));
+            }
+        }
+    }
+
+    /// This client's address as the monitors know it (what `blocklist` takes).
+    pub(crate) fn client_addr(&self) -> io::Result<String> {
+        let mut out: *mut c_char = ptr::null_mut();
+        // SAFETY: connected handle; out-pointer to a local.
+        check(
+            unsafe { ffi::rados_getaddrs(self.cluster.0, &mut out) },
+            "getaddrs",
+        )?;
+        if out.is_null() {
+            return Err(io::Error::other("RADOS getaddrs returned nothing"));
+        }
+        // SAFETY: a NUL-terminated string librados allocated; freed once, after copying.
+        let s = unsafe {
+            let s = CStr::from_ptr(out).to_string_lossy().into_owned();
+            ffi::rados_buffer_free(out);
+            s
+        };
+        Ok(s)
+    }
+
+    /// Blocklists client address `addr` on every OSD (librados' default expiry, one hour),
+    /// then waits for the newest OSD map, so ops this client sends from now on carry an
+    /// epoch in which `addr` is blocklisted.
+    pub(crate) fn blocklist(&self, addr: &str) -> io::Result<()> {
+        let c = c_string(addr, "client address")?;
+        let mut bytes = c.into_bytes_with_nul();
+        // SAFETY: connected handle; a NUL-terminated buffer librados only reads.
+        check(
+            unsafe { ffi::rados_blocklist_add(self.cluster.0, bytes.as_mut_ptr().cast(), 0) },
+            &format!("blocklist add {addr}"),
+        )?;
+        // SAFETY: connected handle.
+        check(
+            unsafe { ffi::rados_wait_for_latest_osdmap(self.cluster.0) },
+            "wait for the OSD map",
+        )
+        .map(|_| ())
+    }
+
+    /// Takes (`renew == false`) or renews (`renew == true`: only while still held) the
+    /// exclusive lock `name` on object `oid` with `cookie` for `duration`. `Ok(false)` when
+    /// another client holds it (or, renewing, when it is no longer ours).
+    pub(crate) fn lock_exclusive(
+        &self,
+        oid: &CStr,
+        name: &CStr,
+        cookie: &CStr,
+        duration: std::time::Duration,
+        renew: bool,
+    ) -> io::Result<bool> {
+        let mut tv = ffi::Timeval {
+            tv_sec: duration.as_secs() as i64,
+            tv_usec: i64::from(duration.subsec_micros()),
+        };
+        // LIBRADOS_LOCK_FLAG_MUST_RENEW: renew only a lock this (client, cookie) holds.
+        let flags = if renew { 2 } else { 0 };
+        // SAFETY: valid context; NUL-terminated strings; `tv` outlives the call.
+        let ret = unsafe {
+            ffi::rados_lock_exclusive(
+                self.io,
+                oid.as_ptr(),
+                name.as_ptr(),
+                cookie.as_ptr(),
+                c"headroom lease".as_ptr(),
+                &mut tv,
+                flags,
+            )
+        };
+        if ret == -EBUSY || (renew && ret == -ENOENT) {
+            return Ok(false);
+        }
+        check(ret, "lock").map(|_| true)
+    }
+
+    /// Releases lock `name` on `oid` held with `cookie` (nothing if it is not held).
+    pub(crate) fn unlock(&self, oid: &CStr, name: &CStr, cookie: &CStr) -> io::Result<()> {
+        // SAFETY: valid context; NUL-terminated strings.
+        let ret =
+            unsafe { ffi::rados_unlock(self.io, oid.as_ptr(), name.as_ptr(), cookie.as_ptr()) };
+        if ret == -ENOENT {
+            return Ok(());
+        }
+        check(ret, "unlock").map(|_| ())
     }
 }
 

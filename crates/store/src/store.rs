@@ -340,6 +340,9 @@ pub struct Store {
     telemetry: Mutex<Vec<crate::telemetry::TelemetryState>>,
     /// The data directory of a file store (`None`: RAM), for devices added later.
     data_dir: Option<PathBuf>,
+    /// The lease of a store whose metadata is in RADOS, released when the store is dropped.
+    #[cfg(feature = "rados")]
+    lease: Option<crate::lease::Lease>,
 }
 
 /// A tenant and what it holds.
@@ -388,9 +391,9 @@ fn validate_size(size_bytes: u64) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The device record path of a new RADOS device: `rados:<pool>/<namespace>`, with a fresh
-/// namespace (see rados.rs for the object naming).
-fn rados_record_path(pool: &str) -> Result<String, StoreError> {
+/// The device record path of a new RADOS device: `rados:<pool>/<namespace>`, in the
+/// namespace of the store's RADOS session, or a fresh one (see rados.rs for the naming).
+fn rados_record_path(pool: &str, session: Option<&RadosSession>) -> Result<String, StoreError> {
     if pool.is_empty() || pool.contains('/') || pool.contains('\0') {
         return Err(StoreError::InvalidConfig(format!(
             "RADOS pool name {pool:?} must be non-empty, without '/' or NUL"
@@ -398,10 +401,106 @@ fn rados_record_path(pool: &str) -> Result<String, StoreError> {
     }
     #[cfg(feature = "rados")]
     {
-        Ok(format!("rados:{pool}/{}", crate::rados::new_namespace()?))
+        let ns = match session {
+            Some(s) => s.namespace.clone(),
+            None => crate::rados::new_namespace()?,
+        };
+        Ok(format!("rados:{pool}/{ns}"))
     }
     #[cfg(not(feature = "rados"))]
-    Err(no_rados())
+    {
+        let _ = session;
+        Err(no_rados())
+    }
+}
+
+/// The connection and lease of a store whose metadata is in RADOS (`rados_meta.rs`).
+#[cfg(feature = "rados")]
+struct RadosSession {
+    pool: Arc<crate::rados::Pool>,
+    namespace: String,
+    lease: crate::lease::Lease,
+}
+
+/// Never made without the `rados` feature.
+#[cfg(not(feature = "rados"))]
+enum RadosSession {}
+
+/// Opens the metadata: in RADOS for a RADOS store (after taking its lease and fencing the
+/// previous holder: lease.rs), except a RADOS store of the first slice, whose data directory
+/// has `meta.redb` and no namespace was named; in `meta.redb` otherwise.
+fn open_meta(cfg: &StoreConfig) -> Result<(Meta, Option<RadosSession>), StoreError> {
+    if cfg.rados.is_none()
+        && let Ok(ns) = std::fs::read_to_string(cfg.rados_namespace_path())
+    {
+        // Without this check a new, empty file store would be made beside it.
+        return Err(StoreError::InvalidConfig(format!(
+            "{} is the local state of a RADOS store (namespace {}): start with its pool \
+             (--rados-conf, --rados-pool)",
+            cfg.data_dir.display(),
+            ns.trim()
+        )));
+    }
+    if let Some(target) = &cfg.rados
+        && (target.namespace.is_some() || !cfg.meta_path().exists())
+    {
+        #[cfg(feature = "rados")]
+        {
+            let ns_file = cfg.rados_namespace_path();
+            let recorded = match std::fs::read_to_string(&ns_file) {
+                Ok(s) => Some(s.trim().to_string()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e.into()),
+            };
+            let namespace = match (&target.namespace, &recorded) {
+                (Some(ns), _) | (None, Some(ns)) => ns.clone(),
+                (None, None) => crate::rados::new_namespace()?,
+            };
+            if namespace.is_empty() || namespace.contains(['\0', '/']) {
+                return Err(StoreError::InvalidConfig(format!(
+                    "RADOS namespace {namespace:?} must be non-empty, without '/' or NUL"
+                )));
+            }
+            let pool = Arc::new(crate::rados::Pool::connect(
+                &target.conf,
+                &target.pool,
+                &namespace,
+            )?);
+            // A named namespace must hold a store: a mistyped name would otherwise make a
+            // new, empty one.
+            if target.namespace.is_some() && !pool.exists(crate::rados_meta::META_OBJECT)? {
+                return Err(StoreError::InvalidConfig(format!(
+                    "there is no Headroom store in namespace {namespace} of RADOS pool {} (no \
+                     object `meta`); check --rados-namespace",
+                    target.pool
+                )));
+            }
+            let lease = crate::lease::Lease::acquire(
+                Arc::clone(&pool),
+                std::time::Duration::from_millis(target.lease_ms.max(1)),
+                target.lease_wait_ms.map(std::time::Duration::from_millis),
+            )?;
+            let meta = Meta::open_rados(Arc::clone(&pool))?;
+            if recorded.as_deref() != Some(namespace.as_str()) {
+                std::fs::write(&ns_file, format!("{namespace}\n"))?;
+                std::fs::File::open(&ns_file)?.sync_all()?;
+            }
+            return Ok((
+                meta,
+                Some(RadosSession {
+                    pool,
+                    namespace,
+                    lease,
+                }),
+            ));
+        }
+        #[cfg(not(feature = "rados"))]
+        {
+            let _ = target;
+            return Err(no_rados());
+        }
+    }
+    Ok((Meta::open_file(&cfg.meta_path())?, None))
 }
 
 /// (pool, namespace) of a RADOS device record, `None` for a file or block device.
@@ -420,6 +519,7 @@ fn no_rados() -> StoreError {
 /// Connects to the pool of a RADOS device record; the configuration must name that pool.
 fn open_rados_device(
     cfg: &StoreConfig,
+    session: Option<&RadosSession>,
     id: u32,
     pool: &str,
     namespace: &str,
@@ -441,12 +541,22 @@ fn open_rados_device(
     }
     #[cfg(feature = "rados")]
     {
-        let p = crate::rados::Pool::connect(&target.conf, pool, namespace)?;
+        let p = match session {
+            // One connection for metadata and data: fencing blocklists one client address.
+            Some(s) if s.namespace == namespace => Arc::clone(&s.pool),
+            Some(s) => {
+                return Err(corrupt(format!(
+                    "the device record names namespace {namespace}, the store is in {}",
+                    s.namespace
+                )));
+            }
+            None => Arc::new(crate::rados::Pool::connect(&target.conf, pool, namespace)?),
+        };
         Ok(Device::rados(id, p, extent_count))
     }
     #[cfg(not(feature = "rados"))]
     {
-        let _ = (id, namespace, extent_count);
+        let _ = (session, id, namespace, extent_count);
         Err(no_rados())
     }
 }
@@ -498,7 +608,7 @@ impl Store {
             )));
         }
         std::fs::create_dir_all(&cfg.data_dir)?;
-        let meta = Meta::open_file(&cfg.meta_path())?;
+        let (meta, session) = open_meta(cfg)?;
         let stored = meta.load()?;
         let fresh = stored.is_none();
         let mut loaded = stored.unwrap_or_default();
@@ -536,7 +646,7 @@ impl Store {
         }
         for i in records.len()..wanted_count {
             let (path, relative) = if let Some(target) = &cfg.rados {
-                (rados_record_path(&target.pool)?, false)
+                (rados_record_path(&target.pool, session.as_ref())?, false)
             } else if explicit {
                 // Stored absolute: a later start may run from another working directory.
                 let abs = std::path::absolute(&cfg.device_paths[i])?;
@@ -583,6 +693,7 @@ impl Store {
                 let extent_count = extents_of(rec.capacity_bytes)?;
                 devices.push(open_rados_device(
                     cfg,
+                    session.as_ref(),
                     i as u32,
                     pool,
                     namespace,
@@ -698,6 +809,12 @@ impl Store {
             tenants,
         );
         store.data_dir = Some(cfg.data_dir.clone());
+        #[cfg(feature = "rados")]
+        {
+            store.lease = session.map(|s| s.lease);
+        }
+        #[cfg(not(feature = "rados"))]
+        let _ = session;
         Ok(store)
     }
 
@@ -898,6 +1015,8 @@ impl Store {
             overcommit_ratio: RwLock::new(None),
             telemetry: Mutex::new(Vec::new()),
             data_dir: None,
+            #[cfg(feature = "rados")]
+            lease: None,
         }
     }
 
