@@ -5,16 +5,13 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use headroom_nbd::consts::{NBD_CMD_DISC, NBD_CMD_READ, NBD_CMD_WRITE, SIMPLE_REPLY_HEADER_LEN};
-use headroom_nbd::{
-    MAX_PAYLOAD_BYTES, REQUEST_HEADER_LEN, RequestHeader, decode_simple_reply_header,
-    encode_request_header,
-};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::OwnedReadHalf;
+use headroom_nbd::consts::{NBD_CMD_DISC, NBD_CMD_READ, NBD_CMD_WRITE};
+use headroom_nbd::{MAX_PAYLOAD_BYTES, REQUEST_HEADER_LEN, RequestHeader, encode_request_header};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use crate::client::{LabError, NbdClient};
+use crate::replies::{Completion, READ_BIT, read_replies};
 use crate::rng::SplitMix64;
 
 /// The deepest queue a group may keep (a spec bound, not a protocol one).
@@ -22,10 +19,6 @@ pub const MAX_QUEUE_DEPTH: u32 = 256;
 
 /// Block sizes must be multiples of this (the smallest sector size in use).
 const SECTOR_BYTES: u32 = 512;
-
-/// The low bit of every cookie: set for a READ, so the reply reader knows, from the reply
-/// alone, whether a payload of one block follows.
-const READ_BIT: u64 = 1;
 
 /// Latencies above one hour are clamped to it (the histogram's upper bound).
 const MAX_LATENCY_US: u64 = 3_600_000_000;
@@ -145,14 +138,6 @@ impl GroupResult {
     }
 }
 
-/// A reply as the reader task saw it.
-#[derive(Debug)]
-struct Completion {
-    cookie: u64,
-    error: u32,
-    at: Instant,
-}
-
 /// Runs one closed-loop group against `target`: connects, keeps `queue_depth` requests in
 /// flight (pipelined on one connection; replies matched by cookie, in any order) until
 /// `total_ios` have completed, then sends `NBD_CMD_DISC`.
@@ -184,7 +169,8 @@ pub async fn closed_loop(target: &Target, spec: &ClosedLoopSpec) -> Result<Group
 
     let (read_half, mut writer) = client.into_stream().into_split();
     let (tx, mut rx) = mpsc::channel(spec.queue_depth as usize + 1);
-    let reader = tokio::spawn(read_replies(read_half, block, tx));
+    // A READ's reply carries one block.
+    let reader = tokio::spawn(read_replies(read_half, block, tx, move |_| block as usize));
     let outcome = async {
         let mut latency_us = Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_US, 3)
             .map_err(|e| LabError::InvalidSpec(format!("latency histogram: {e}")))?;
@@ -308,42 +294,6 @@ pub async fn closed_loop(target: &Target, spec: &ClosedLoopSpec) -> Result<Group
     .await;
     reader.abort();
     outcome
-}
-
-/// Reads simple replies until the connection ends or breaks, passing each (or the error
-/// that ended the stream) to the submitter. A READ's reply (cookie with [`READ_BIT`],
-/// error 0) is followed by one block of data, which is read and dropped.
-async fn read_replies(
-    read_half: OwnedReadHalf,
-    block_size_bytes: u32,
-    tx: mpsc::Sender<Result<Completion, LabError>>,
-) {
-    let mut read = BufReader::with_capacity(256 * 1024, read_half);
-    let mut data = vec![0u8; block_size_bytes as usize];
-    loop {
-        let reply = async {
-            let mut header = [0u8; SIMPLE_REPLY_HEADER_LEN];
-            read.read_exact(&mut header)
-                .await
-                .map_err(LabError::io("reading a reply"))?;
-            let reply = decode_simple_reply_header(&header)?;
-            if reply.cookie & READ_BIT != 0 && reply.error == 0 {
-                read.read_exact(&mut data)
-                    .await
-                    .map_err(LabError::io("reading READ data"))?;
-            }
-            Ok(Completion {
-                cookie: reply.cookie,
-                error: reply.error,
-                at: Instant::now(),
-            })
-        }
-        .await;
-        let last = reply.is_err();
-        if tx.send(reply).await.is_err() || last {
-            return;
-        }
-    }
 }
 
 /// CPU time (user + system, all threads) of this process, in nanoseconds:

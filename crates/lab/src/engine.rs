@@ -24,23 +24,22 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use headroom_nbd::consts::{NBD_CMD_DISC, NBD_CMD_READ, NBD_CMD_WRITE, SIMPLE_REPLY_HEADER_LEN};
-use headroom_nbd::{RequestHeader, decode_simple_reply_header, encode_request_header};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::OwnedReadHalf;
+use headroom_nbd::consts::{NBD_CMD_DISC, NBD_CMD_READ, NBD_CMD_WRITE};
+use headroom_nbd::{RequestHeader, encode_request_header};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use crate::arrival::Arrivals;
 use crate::client::{LabError, NbdClient};
 use crate::closed_loop::process_cpu_ns;
 use crate::load::{GroupLoad, LoadMode, MAX_BACKLOG, RunPlan, SECTOR_BYTES, TenantLoad};
+use crate::replies::{READ_BIT, read_replies};
 use crate::rng::SplitMix64;
 
 /// Latencies above one hour are clamped to it (the histogram's upper bound).
 const MAX_LATENCY_US: u64 = 3_600_000_000;
-/// Cookie layout: bit 0 = READ, bits 1..24 = length in sectors, bits 24.. = sequence. The
+/// Cookie layout: bit 0 = READ (`replies::READ_BIT`), bits 1..24 = length in sectors, bits 24.. = sequence. The
 /// reader learns from the cookie alone how much data follows a READ's reply.
-const READ_BIT: u64 = 1;
 const SECTORS_SHIFT: u32 = 1;
 const SECTORS_MASK: u64 = (1 << 23) - 1;
 const SEQ_SHIFT: u32 = 24;
@@ -134,14 +133,6 @@ impl RunOutcome {
             n => self.cpu_ns as f64 / n as f64,
         }
     }
-}
-
-/// A reply as the reader task saw it.
-#[derive(Debug)]
-struct Completion {
-    cookie: u64,
-    error: u32,
-    at: Instant,
 }
 
 /// Per-tenant results before merging into the group.
@@ -355,7 +346,10 @@ async fn drive(
 
     let (read_half, mut writer) = client.into_stream().into_split();
     let (tx, mut rx) = mpsc::channel(cap + 16);
-    let reader = tokio::spawn(read_replies(read_half, max_bytes, tx));
+    let reader = tokio::spawn(read_replies(read_half, max_bytes, tx, |cookie| {
+        let sectors = (cookie >> SECTORS_SHIFT) & SECTORS_MASK;
+        usize::try_from(sectors * u64::from(SECTOR_BYTES)).unwrap_or(usize::MAX)
+    }));
     let result = async {
         let mut in_flight: HashMap<u64, (Instant, u32)> = HashMap::with_capacity(cap);
         let mut out = Vec::with_capacity(256 * 1024);
@@ -512,47 +506,4 @@ async fn drive(
     .await;
     reader.abort();
     result
-}
-
-/// Reads simple replies until the connection ends or breaks, passing each (or the error that
-/// ended the stream) on. A successful READ's reply is followed by its data (length from the
-/// cookie), read and dropped.
-async fn read_replies(
-    read_half: OwnedReadHalf,
-    max_bytes: u32,
-    tx: mpsc::Sender<Result<Completion, LabError>>,
-) {
-    let mut read = BufReader::with_capacity(256 * 1024, read_half);
-    let mut data = vec![0u8; max_bytes as usize];
-    loop {
-        let reply = async {
-            let mut header = [0u8; SIMPLE_REPLY_HEADER_LEN];
-            read.read_exact(&mut header)
-                .await
-                .map_err(LabError::io("reading a reply"))?;
-            let reply = decode_simple_reply_header(&header)?;
-            if reply.cookie & READ_BIT != 0 && reply.error == 0 {
-                let sectors = (reply.cookie >> SECTORS_SHIFT) & SECTORS_MASK;
-                let len = usize::try_from(sectors * u64::from(SECTOR_BYTES)).unwrap_or(usize::MAX);
-                let Some(buf) = data.get_mut(..len) else {
-                    return Err(LabError::UnknownCookie {
-                        cookie: reply.cookie,
-                    });
-                };
-                read.read_exact(buf)
-                    .await
-                    .map_err(LabError::io("reading READ data"))?;
-            }
-            Ok(Completion {
-                cookie: reply.cookie,
-                error: reply.error,
-                at: Instant::now(),
-            })
-        }
-        .await;
-        let last = reply.is_err();
-        if tx.send(reply).await.is_err() || last {
-            return;
-        }
-    }
 }

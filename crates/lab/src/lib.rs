@@ -18,6 +18,7 @@ mod client;
 mod closed_loop;
 pub mod engine;
 pub mod load;
+mod replies;
 mod rng;
 
 pub use arrival::{ArrivalKind, Arrivals};
