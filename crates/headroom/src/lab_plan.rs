@@ -14,7 +14,7 @@
 use std::path::Path;
 
 use anyhow::{Result, bail};
-use headroom_lab::{ArrivalKind, LoadMode, Phases, SizeMix, SplitMix64};
+use headroom_lab::{ArrivalKind, LoadMode, Schedule, SizeMix, SplitMix64};
 use headroom_node::config::PolicyChoice as ServerPolicy;
 use headroom_qos::OpKind;
 use headroom_qos::model::{DeviceModel, VopCurve};
@@ -66,7 +66,7 @@ pub struct GroupPlan {
     pub read_permille: u32,
     pub sequential: bool,
     /// Per tenant (the on/off phase may differ per tenant).
-    pub phases: Vec<Phases>,
+    pub phases: Vec<Schedule>,
     pub stats_from: Duration,
     pub stats_to: Duration,
 }
@@ -660,7 +660,7 @@ fn group_plan(
             .active
             .iter()
             .flatten()
-            .map(|[a, b]| (Duration::from_secs_f64(*a), Duration::from_secs_f64(*b)))
+            .map(|[a, b]| (secs_to_ns(*a), secs_to_ns(*b)))
             .collect();
         let cycle = w.onoff.map(|o| {
             let period = o.on_s + o.off_s;
@@ -669,13 +669,12 @@ fn group_plan(
             } else {
                 0.0
             };
-            (
-                Duration::from_secs_f64(o.on_s),
-                Duration::from_secs_f64(o.off_s),
-                Duration::from_secs_f64(phase),
-            )
+            (secs_to_ns(o.on_s), secs_to_ns(o.off_s), secs_to_ns(phase))
         });
-        phases.push(Phases { windows, cycle });
+        phases.push(Schedule {
+            windows_ns: windows,
+            cycle_ns: cycle,
+        });
     }
     let stats_from = g.stats_from_s.unwrap_or(spec.warmup_s);
     let stats_to = g.stats_to_s.unwrap_or(spec.duration_s).min(spec.duration_s);
@@ -782,4 +781,12 @@ fn burst_name(b: &BurstMode) -> &'static str {
         BurstMode::OnDemand => "on-demand",
         BurstMode::Credits(_) => "credits",
     }
+}
+
+/// Seconds of a scenario file as the nanoseconds of a tenant schedule.
+fn secs_to_ns(s: f64) -> u64 {
+    Duration::from_secs_f64(s)
+        .as_nanos()
+        .try_into()
+        .unwrap_or(u64::MAX)
 }

@@ -363,7 +363,7 @@ async fn drive(
             let running = now < end;
             if let (Some(at), Some(arrivals)) = (next_arrival.as_mut(), arrivals.as_mut()) {
                 while *at <= now && *at < end {
-                    if load.phases.is_on(at.duration_since(start)) {
+                    if load.phases.is_on(ns_since(start, *at)) {
                         if backlog < MAX_BACKLOG {
                             backlog += 1;
                         } else {
@@ -374,7 +374,7 @@ async fn drive(
                 }
             }
             out.clear();
-            if running && load.phases.is_on(now.duration_since(start)) {
+            if running && load.phases.is_on(ns_since(start, now)) {
                 while in_flight.len() < cap && (closed || backlog > 0) {
                     let read = rng.below(1000) < u64::from(load.read_permille);
                     let size = load.sizes.sample(&mut rng);
@@ -434,8 +434,8 @@ async fn drive(
                 if let Some(at) = next_arrival {
                     wake = wake.min(at);
                 }
-                if let Some(change) = load.phases.next_change(now.duration_since(start)) {
-                    wake = wake.min(start + change);
+                if let Some(change_ns) = load.phases.next_change_ns(ns_since(start, now)) {
+                    wake = wake.min(start + Duration::from_nanos(change_ns));
                 }
             }
             tokio::select! {
@@ -506,4 +506,9 @@ async fn drive(
     .await;
     reader.abort();
     result
+}
+
+/// Nanoseconds from `start` to `t` (0 before it), the time the tenants' schedules take.
+fn ns_since(start: Instant, t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(start).as_nanos()).unwrap_or(u64::MAX)
 }

@@ -25,5 +25,5 @@ pub use arrival::{ArrivalKind, Arrivals};
 pub use client::{Export, LabError, NbdClient};
 pub use closed_loop::{ClosedLoopSpec, GroupResult, MAX_QUEUE_DEPTH, Target, closed_loop};
 pub use engine::{Bucket, GroupOutcome, RunOutcome, run};
-pub use load::{GroupLoad, LoadMode, Phases, RunPlan, SizeMix, TenantLoad};
+pub use load::{GroupLoad, LoadMode, RunPlan, Schedule, SizeMix, TenantLoad};
 pub use rng::SplitMix64;

@@ -132,60 +132,10 @@ impl SizeMix {
     }
 }
 
-/// When a tenant is on: inside any of `windows` (none = always) and in the "on" part of the
-/// periodic `cycle` (none = always). Times are from the start of the run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Phases {
-    /// `[from, to)` windows.
-    pub windows: Vec<(Duration, Duration)>,
-    /// `(on, off, phase)`: on for `on`, off for `off`, shifted by `phase` into the cycle.
-    pub cycle: Option<(Duration, Duration, Duration)>,
-}
-
-impl Phases {
-    /// Whether the tenant issues at `t`.
-    #[must_use]
-    pub fn is_on(&self, t: Duration) -> bool {
-        let in_window =
-            self.windows.is_empty() || self.windows.iter().any(|(a, b)| t >= *a && t < *b);
-        let in_cycle = match self.cycle {
-            None => true,
-            Some((on, off, phase)) => {
-                let period = (on + off).as_nanos().max(1);
-                ((t + phase).as_nanos() % period) < on.as_nanos()
-            }
-        };
-        in_window && in_cycle
-    }
-
-    /// The first time after `t` at which [`Phases::is_on`] may change.
-    #[must_use]
-    pub fn next_change(&self, t: Duration) -> Option<Duration> {
-        let mut best: Option<Duration> = None;
-        let mut consider = |c: Duration| {
-            if c > t {
-                best = Some(best.map_or(c, |b| b.min(c)));
-            }
-        };
-        for (a, b) in &self.windows {
-            consider(*a);
-            consider(*b);
-        }
-        if let Some((on, off, phase)) = self.cycle
-            && !off.is_zero()
-        {
-            let period = (on + off).as_nanos();
-            let pos = (t + phase).as_nanos() % period;
-            let to_boundary = if pos < on.as_nanos() {
-                on.as_nanos() - pos
-            } else {
-                period - pos
-            };
-            consider(t + Duration::from_nanos(u64::try_from(to_boundary).unwrap_or(u64::MAX)));
-        }
-        best
-    }
-}
+/// When a tenant is on: the simulator's own [`Schedule`] (active windows intersected with an
+/// on/off cycle, in ns from the start of the run), so the lab switches tenants on and off by
+/// exactly the rule `sim run` does.
+pub use headroom_sim::workload::Schedule;
 
 /// One tenant: one connection to its own export.
 #[derive(Debug, Clone, PartialEq)]
@@ -203,7 +153,7 @@ pub struct TenantLoad {
     /// Each request starts where the previous ended (wrapping), else uniform random.
     pub sequential: bool,
     /// When the tenant issues.
-    pub phases: Phases,
+    pub phases: Schedule,
     /// Seed of the tenant's operations, sizes, offsets and arrivals.
     pub seed: u64,
 }
@@ -251,13 +201,13 @@ impl TenantLoad {
                 self.sizes.max_bytes()
             ));
         }
-        for (a, b) in &self.phases.windows {
+        for (a, b) in &self.phases.windows_ns {
             if b <= a {
-                return invalid(format!("active window [{a:?}, {b:?}) is empty"));
+                return invalid(format!("active window [{a} ns, {b} ns) is empty"));
             }
         }
-        if let Some((on, _, _)) = self.phases.cycle
-            && on.is_zero()
+        if let Some((on, _, _)) = self.phases.cycle_ns
+            && on == 0
         {
             return invalid("an on/off cycle needs a positive on period".into());
         }
@@ -308,7 +258,7 @@ mod tests {
             read_permille: 500,
             region_bytes: 1 << 30,
             sequential: false,
-            phases: Phases::default(),
+            phases: Schedule::default(),
             seed: 1,
         }
     }
@@ -373,9 +323,9 @@ mod tests {
             ),
             (
                 TenantLoad {
-                    phases: Phases {
-                        windows: vec![(Duration::from_secs(2), Duration::from_secs(1))],
-                        cycle: None,
+                    phases: Schedule {
+                        windows_ns: vec![(2_000_000_000, 1_000_000_000)],
+                        cycle_ns: None,
                     },
                     ..tenant()
                 },
@@ -402,32 +352,5 @@ mod tests {
         assert!((small as f64 / n as f64 - 0.75).abs() < 0.01, "{small}");
         assert!((mix.mean_bytes() - (0.75 * 4096.0 + 0.25 * 65_536.0)).abs() < 1e-6);
         assert_eq!(mix.max_bytes(), 65_536);
-    }
-
-    #[test]
-    fn phases_follow_windows_and_cycles() {
-        let s = Duration::from_secs;
-        let ms = Duration::from_millis;
-        let windows = Phases {
-            windows: vec![(s(0), s(1)), (s(3), s(4))],
-            cycle: None,
-        };
-        assert!(windows.is_on(ms(500)));
-        assert!(!windows.is_on(s(1)));
-        assert!(!windows.is_on(s(2)));
-        assert!(windows.is_on(ms(3500)));
-        assert_eq!(windows.next_change(ms(500)), Some(s(1)));
-        assert_eq!(windows.next_change(s(1)), Some(s(3)));
-        let cycle = Phases {
-            windows: vec![],
-            cycle: Some((ms(100), ms(300), ms(50))),
-        };
-        assert!(cycle.is_on(ms(0)));
-        assert!(!cycle.is_on(ms(50)));
-        assert!(cycle.is_on(ms(350)));
-        assert_eq!(cycle.next_change(ms(0)), Some(ms(50)));
-        assert_eq!(cycle.next_change(ms(50)), Some(ms(350)));
-        assert!(Phases::default().is_on(s(1000)));
-        assert_eq!(Phases::default().next_change(s(1)), None);
     }
 }
