@@ -320,6 +320,24 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
 /// The lease of the failover test: short, so the test waits seconds, not the default 30.
 const LEASE_MS: u64 = 3000;
 
+/// Runs `headroom serve` on `data_dir` with `flags` and checks that it refuses to start,
+/// saying `why`.
+fn serve_refuses(data_dir: &Path, flags: &[String], why: &str) {
+    let out = Command::new(common::BIN)
+        .args(["serve", "--data-dir"])
+        .arg(data_dir)
+        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .args(flags)
+        .env("HEADROOM_TOKEN", "0123456789abcdef0123456789abcdef")
+        .output()
+        .expect("run headroom serve");
+    assert!(
+        !out.status.success() && text(&out).contains(why),
+        "{}",
+        text(&out)
+    );
+}
+
 /// Polls `cond` every 50 ms until it holds, panicking with `what` after `limit`.
 fn wait_until(limit: std::time::Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + limit;
@@ -512,49 +530,22 @@ fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
     // While D holds it, a node that may wait 500 ms gives up, saying why.
     let mut e_flags = takeover.clone();
     e_flags.extend(["--rados-lease-wait-ms".to_string(), "500".to_string()]);
-    let out = Command::new(common::BIN)
-        .args(["serve", "--data-dir"])
-        .arg(scratch.path().join("e"))
-        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
-        .args(&e_flags)
-        .env("HEADROOM_TOKEN", "0123456789abcdef0123456789abcdef")
-        .output()
-        .expect("run headroom serve");
-    assert!(
-        !out.status.success() && text(&out).contains("is held by another node"),
-        "{}",
-        text(&out)
+    serve_refuses(
+        &scratch.path().join("e"),
+        &e_flags,
+        "is held by another node",
     );
     // The data directory of a RADOS store started without the pool is refused (it must not
     // become a new file store).
-    let out = Command::new(common::BIN)
-        .args(["serve", "--data-dir"])
-        .arg(&a_dir)
-        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
-        .env("HEADROOM_TOKEN", "0123456789abcdef0123456789abcdef")
-        .output()
-        .expect("run headroom serve");
-    assert!(
-        !out.status.success() && text(&out).contains("is the local state of a RADOS store"),
-        "{}",
-        text(&out)
-    );
+    serve_refuses(&a_dir, &[], "is the local state of a RADOS store");
     assert!(!a_dir.join("meta.redb").exists() && !a_dir.join("devices").exists());
     // A namespace that holds no store is refused, not made into a new empty one.
     let mut typo = base.clone();
     typo.extend(["--rados-namespace".to_string(), format!("{namespace}-typo")]);
-    let out = Command::new(common::BIN)
-        .args(["serve", "--data-dir"])
-        .arg(scratch.path().join("f"))
-        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
-        .args(&typo)
-        .env("HEADROOM_TOKEN", "0123456789abcdef0123456789abcdef")
-        .output()
-        .expect("run headroom serve");
-    assert!(
-        !out.status.success() && text(&out).contains("there is no Headroom store in namespace"),
-        "{}",
-        text(&out)
+    serve_refuses(
+        &scratch.path().join("f"),
+        &typo,
+        "there is no Headroom store in namespace",
     );
     let out = d.cli(&["volume", "delete", VOLUME]);
     assert!(out.status.success(), "{}", text(&out));
