@@ -342,6 +342,8 @@ pub struct EmulatedSection {
     pub write_interference_permille: u32,
     #[serde(default)]
     pub per_device: bool,
+    #[serde(default)]
+    pub streams: u32,
 }
 
 /// An IOCost linear model ([`IoCostModel`]); `rbps`/`wbps` accept sizes (`"200MB"`).
@@ -1065,6 +1067,7 @@ fn emulated_spec(e: &EmulatedSection) -> EmulatedDeviceSpec {
         parallelism: e.parallelism,
         write_interference_permille: e.write_interference_permille,
         per_device: e.per_device,
+        streams: e.streams,
     }
 }
 

@@ -78,7 +78,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
-use headroom_qos::model::{IoCostModel, VopCurve};
+use headroom_qos::model::{self, IoCostModel, VopCurve};
+use headroom_qos::routing::{MAX_STREAMS, StreamTracker};
 use headroom_qos::{NS_PER_S, OpKind};
 use serde::{Deserialize, Serialize};
 
@@ -136,6 +137,14 @@ pub struct EmulatedDeviceSpec {
     /// times one device's rates (`[storage.emulated] per_device`).
     #[serde(default)]
     pub per_device: bool,
+    /// Streams the device recognises itself, as a disk head with readahead does
+    /// (`headroom_qos::routing::StreamTracker`, the simulator's device model): a request is
+    /// sequential when it starts within 16 MiB of where one of the last `streams` requests on
+    /// this device ended, so one tenant's random I/O breaks up another's scan (FAST). `0`
+    /// (the default): a request is sequential as its own connection saw it (the scheduler's
+    /// per-connection classification), whatever else the device serves.
+    #[serde(default)]
+    pub streams: u32,
 }
 
 impl EmulatedDeviceSpec {
@@ -166,6 +175,13 @@ impl EmulatedDeviceSpec {
                 key: "parallelism",
                 value: u64::from(self.parallelism),
                 allowed: "must be between 1 and 1024",
+            });
+        }
+        if self.streams as usize > MAX_STREAMS {
+            return Err(EmulatedError::Invalid {
+                key: "streams",
+                value: u64::from(self.streams),
+                allowed: "must be at most 256 (0 = the connection's own classification)",
             });
         }
         if self.write_interference_permille > MAX_WRITE_INTERFERENCE_PERMILLE {
@@ -272,6 +288,8 @@ struct Booking {
     last_start: u64,
     booked: u64,
     busy_ns: u64,
+    /// The device's own stream tracking (`spec.streams > 0`).
+    streams: Option<StreamTracker>,
 }
 
 /// One pending completion. Ordered by `(at, seq)` only.
@@ -365,6 +383,9 @@ impl EmulatedDevice {
             last_start: 0,
             booked: 0,
             busy_ns: 0,
+            streams: (spec.streams > 0).then(|| {
+                StreamTracker::new(spec.streams as usize, model::IOCOST_SEQ_DISTANCE_BYTES)
+            }),
         };
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -394,10 +415,28 @@ impl EmulatedDevice {
     /// its service time (`cost_ns × parallelism`, plus write interference for a read). Pure
     /// arithmetic on virtual times (no sleeping), so throughput is exact however late the
     /// completion thread wakes.
-    pub fn book(&self, now_ns: u64, op: OpKind, len_bytes: u32, sequential: bool) -> u64 {
+    ///
+    /// `position_bytes` is where on the device the request starts and `sequential` how its
+    /// connection classified it; with `streams` set the device classifies it itself from the
+    /// position (reads and writes; flush, trim and write-zeroes neither count nor move a
+    /// stream).
+    pub fn book(
+        &self,
+        now_ns: u64,
+        op: OpKind,
+        position_bytes: u64,
+        len_bytes: u32,
+        sequential: bool,
+    ) -> u64 {
         let spec = &self.spec;
-        let mut service = self.service_ns(op, len_bytes, sequential);
         let mut b = lock(&self.booking);
+        let sequential = match (&mut b.streams, op) {
+            (Some(streams), OpKind::Read | OpKind::Write) => {
+                streams.observe(position_bytes, u64::from(len_bytes))
+            }
+            _ => sequential,
+        };
+        let mut service = self.service_ns(op, len_bytes, sequential);
         let Some(Reverse(free_at)) = b.channels.pop() else {
             // Unreachable: the heap always holds `parallelism` >= 1 entries.
             return now_ns.saturating_add(service);
@@ -568,6 +607,7 @@ mod tests {
     fn spec(parallelism: u32, interference: u32) -> EmulatedDeviceSpec {
         EmulatedDeviceSpec {
             per_device: false,
+            streams: 0,
             model: model(),
             parallelism,
             write_interference_permille: interference,
@@ -585,7 +625,7 @@ mod tests {
         assert_eq!(dev.spec().cost_ns(OpKind::Read, KIB4, false), 50_000);
         assert_eq!(service, 200_000);
         let last = (0..10_000)
-            .map(|_| dev.book(0, OpKind::Read, KIB4, false))
+            .map(|_| dev.book(0, OpKind::Read, 0, KIB4, false))
             .max()
             .unwrap_or(0);
         let target: u64 = 500_000_000;
@@ -603,13 +643,13 @@ mod tests {
             let cost = dev.spec().cost_ns(OpKind::Read, KIB4, false);
             let now = 1_000_000;
             assert_eq!(
-                dev.book(now, OpKind::Read, KIB4, false) - now,
+                dev.book(now, OpKind::Read, 0, KIB4, false) - now,
                 u64::from(p) * cost
             );
             // Idle again much later: same latency, no debt carried over.
             let later = 10_000_000_000;
             assert_eq!(
-                dev.book(later, OpKind::Read, KIB4, false) - later,
+                dev.book(later, OpKind::Read, 0, KIB4, false) - later,
                 u64::from(p) * cost
             );
         }
@@ -621,19 +661,19 @@ mod tests {
         let cost = dev.spec().cost_ns(OpKind::Read, KIB4, false);
         let service = 4 * cost;
         for _ in 0..32 {
-            dev.book(0, OpKind::Read, KIB4, false);
+            dev.book(0, OpKind::Read, 0, KIB4, false);
         }
         // 32 requests on 4 channels: 8 rounds of `service` ahead of us, i.e. 32 × cost.
-        let end = dev.book(0, OpKind::Read, KIB4, false);
+        let end = dev.book(0, OpKind::Read, 0, KIB4, false);
         assert_eq!(end, 32 * cost + service);
         // Arriving part way through: the queue delay is what is left of the backlog. Channels
         // free at 8, 8, 8 and 9 services; arriving at 5 we start at 8 and end at 9.
         let dev = device(4, 0);
         for _ in 0..33 {
-            dev.book(0, OpKind::Read, KIB4, false);
+            dev.book(0, OpKind::Read, 0, KIB4, false);
         }
         let now = 5 * service;
-        let end = dev.book(now, OpKind::Read, KIB4, false);
+        let end = dev.book(now, OpKind::Read, 0, KIB4, false);
         assert_eq!(end - now, 3 * service + service);
     }
 
@@ -643,7 +683,7 @@ mod tests {
         let len: u32 = 128 * 1024;
         let n: u64 = 2_000;
         let last = (0..n)
-            .map(|_| dev.book(0, OpKind::Read, len, true))
+            .map(|_| dev.book(0, OpKind::Read, 0, len, true))
             .max()
             .unwrap_or(1);
         let bytes_per_s = u128::from(n * u64::from(len)) * 1_000_000_000 / u128::from(last);
@@ -658,23 +698,75 @@ mod tests {
     }
 
     #[test]
+    fn with_streams_the_device_judges_sequential_by_position() {
+        let seq = spec(1, 0).service_ns(OpKind::Read, KIB4, true);
+        let rand = spec(1, 0).service_ns(OpKind::Read, KIB4, false);
+        assert!(seq < rand);
+        // Booked back to back at time 0 on one channel: each end minus the previous one is
+        // the service time the device charged.
+        let charged = |dev: &EmulatedDevice, reads: &[(u64, bool)]| -> Vec<u64> {
+            let mut prev = 0;
+            reads
+                .iter()
+                .map(|&(position, flag)| {
+                    let end = dev.book(0, OpKind::Read, position, KIB4, flag);
+                    let d = end - prev;
+                    prev = end;
+                    d
+                })
+                .collect()
+        };
+        // A scan at 0.. interleaved with a random reader 1 GiB away, every request flagged
+        // sequential by its connection.
+        let far = 1u64 << 30;
+        let reads = [
+            (0, true),
+            (far, true),
+            (4096, true),
+            (far * 2, true),
+            (8192, true),
+        ];
+        let mut one = spec(1, 0);
+        one.streams = 1;
+        let dev = EmulatedDevice::start(one, Clock::new()).expect("device starts");
+        // One stream: the interleaving makes every request random (the first too: the head
+        // starts nowhere).
+        assert_eq!(charged(&dev, &reads), [rand; 5].to_vec());
+        let mut two = spec(1, 0);
+        two.streams = 2;
+        let dev = EmulatedDevice::start(two, Clock::new()).expect("device starts");
+        // Two streams: the scan continues its stream, the far reads start new ones.
+        assert_eq!(charged(&dev, &reads), [rand, rand, seq, rand, seq].to_vec());
+        // No streams: the connection's flag decides, whatever the position.
+        let dev = device(1, 0);
+        assert_eq!(charged(&dev, &reads), [seq; 5].to_vec());
+        // Out of range is refused.
+        let mut bad = spec(1, 0);
+        bad.streams = 257;
+        assert!(matches!(
+            bad.validate(),
+            Err(EmulatedError::Invalid { key: "streams", .. })
+        ));
+    }
+
+    #[test]
     fn write_interference_slows_reads_during_writes_only() {
         // 4 channels, 1000 ‰: with 2 of 4 channels writing, a read takes 1.5× its service.
         let dev = device(4, 1000);
         let read = dev.spec().service_ns(OpKind::Read, KIB4, false);
-        let w1 = dev.book(0, OpKind::Write, KIB4, false);
-        let w2 = dev.book(0, OpKind::Write, KIB4, false);
+        let w1 = dev.book(0, OpKind::Write, 0, KIB4, false);
+        let w2 = dev.book(0, OpKind::Write, 0, KIB4, false);
         assert_eq!(w1, w2);
-        let during = dev.book(0, OpKind::Read, KIB4, false);
+        let during = dev.book(0, OpKind::Read, 0, KIB4, false);
         assert_eq!(during, read + read / 2);
         // A read starting once both writes have finished is not slowed.
-        let after = dev.book(w1, OpKind::Read, KIB4, false);
+        let after = dev.book(w1, OpKind::Read, 0, KIB4, false);
         assert_eq!(after - w1, read);
         // Without interference configured, the same pattern is not slowed.
         let plain = device(4, 0);
-        plain.book(0, OpKind::Write, KIB4, false);
-        plain.book(0, OpKind::Write, KIB4, false);
-        assert_eq!(plain.book(0, OpKind::Read, KIB4, false), read);
+        plain.book(0, OpKind::Write, 0, KIB4, false);
+        plain.book(0, OpKind::Write, 0, KIB4, false);
+        assert_eq!(plain.book(0, OpKind::Read, 0, KIB4, false), read);
         // Interference counts in busy time.
         let write = dev.spec().service_ns(OpKind::Write, KIB4, false);
         assert_eq!(dev.stats().busy_ns, 2 * write + read + read / 2 + read);
@@ -939,7 +1031,7 @@ mod tests {
         // 64 KiB reads at QD 400 on 4 channels: 10,500 per second of virtual time.
         let dev = curve_device(4);
         let ends: Vec<u64> = (0..400)
-            .map(|_| dev.book(0, OpKind::Read, 64 << 10, false))
+            .map(|_| dev.book(0, OpKind::Read, 0, 64 << 10, false))
             .collect();
         let last = *ends.iter().max().expect("ends");
         let rate = 400.0 / (last as f64 / 1e9);

@@ -133,15 +133,15 @@ fn book_per_device<'d>(
     now_ns: u64,
 ) -> Option<(&'d Arc<EmulatedDevice>, u64)> {
     let mut latest: Option<(&Arc<EmulatedDevice>, u64)> = None;
-    let mut book = |device: &'d Arc<EmulatedDevice>, len_bytes: u32| {
-        let done_ns = device.book(now_ns, desc.op, len_bytes, sequential);
+    let mut book = |device: &'d Arc<EmulatedDevice>, position: u64, len_bytes: u32| {
+        let done_ns = device.book(now_ns, desc.op, position, len_bytes, sequential);
         if latest.is_none_or(|(_, at)| done_ns > at) {
             latest = Some((device, done_ns));
         }
     };
     if matches!(request.command, nbd::Command::Flush) {
         for device in devices {
-            book(device, 0);
+            book(device, 0, 0);
         }
         return latest;
     }
@@ -158,7 +158,11 @@ fn book_per_device<'d>(
                 .ok()
                 .and_then(|d| devices.get(d))
         {
-            book(device, if desc.len_bytes == 0 { 0 } else { piece });
+            book(
+                device,
+                location.offset_bytes + at % extent_bytes,
+                if desc.len_bytes == 0 { 0 } else { piece },
+            );
         }
         at = piece_end;
     }
@@ -1377,10 +1381,17 @@ fn execute_and_finish(
     let now_ns = io.clock.now_ns();
     let (device, done_ns) = match &io.emulation {
         Emulation::Off => return Some(finish(scheduler)),
-        Emulation::Node(device) => (
-            device,
-            device.book(now_ns, desc.op, desc.len_bytes, sequential),
-        ),
+        Emulation::Node(device) => {
+            // One device for the whole pool: each volume has its own region of it.
+            let position = volume
+                .id()
+                .wrapping_mul(headroom_store::MAX_VOLUME_SIZE_BYTES)
+                .wrapping_add(request.offset);
+            (
+                device,
+                device.book(now_ns, desc.op, position, desc.len_bytes, sequential),
+            )
+        }
         Emulation::PerDevice(devices) => {
             match book_per_device(devices, &volume, &request, desc, sequential, now_ns) {
                 Some(booked) => booked,
@@ -1713,6 +1724,7 @@ mod tests {
             parallelism: 2,
             write_interference_permille: 0,
             per_device: true,
+            streams: 0,
         };
         (0..n)
             .map(|_| EmulatedDevice::start(spec, Clock::new()).unwrap())

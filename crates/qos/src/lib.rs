@@ -13,6 +13,7 @@
 //! - [`policy`]: the [`Policy`] trait, [`PolicyKind`], [`PolicyParams`], [`build_policy`];
 //! - [`presets`]: gp2, gp3, io2, Azure, AutoPL and QEMU/libvirt `iotune` classes;
 //! - [`preview`](mod@preview): how a class answers a steady demand over time (`headroom qos preview`);
+//! - [`routing`]: which replica serves a read, and whether an I/O continues a stream (FAST);
 //! - [`spec`]: what an operator types ([`QosSpec`]: a preset refined by a few numbers),
 //!   resolved against a volume size into a [`VolumeQos`].
 
@@ -28,6 +29,7 @@ pub mod policy;
 pub mod presets;
 pub mod preview;
 pub mod rng;
+pub mod routing;
 mod sched;
 pub mod spec;
 mod tracker;

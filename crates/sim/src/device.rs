@@ -19,6 +19,7 @@
 
 use crate::error::SimError;
 use headroom_qos::OpKind;
+use headroom_qos::routing::StreamTracker;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -28,7 +29,7 @@ pub const PAGE_BYTES: f64 = 4096.0;
 /// Where a log-structured device keeps its log (far from any volume's data region).
 const LOG_REGION_BYTES: u64 = 1 << 50;
 /// Distance from the previous I/O's end beyond which an I/O counts as random (IOCost: 16 MiB).
-pub const SEQ_WINDOW_BYTES: u64 = 16 << 20;
+pub const SEQ_WINDOW_BYTES: u64 = headroom_qos::model::IOCOST_SEQ_DISTANCE_BYTES;
 
 /// The six numbers of an IOCost `io.cost.model` line.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -394,11 +395,10 @@ pub struct Device {
     in_flight: BinaryHeap<Reverse<u64>>,
     /// Completion times of writes in flight (only kept when interference is on).
     writes_in_flight: BinaryHeap<Reverse<u64>>,
-    cursor_bytes: u64,
     log_head_bytes: u64,
-    /// Ends of recently seen streams (only used when `streams > 1`), with a use stamp.
-    stream_ends: Vec<(u64, u64)>,
-    stamp: u64,
+    /// Where recent streams ended: an I/O near one of them is sequential (the same tracker
+    /// as the server's emulated devices).
+    streams: StreamTracker,
     /// Total device time used (sum of costs), ns.
     pub busy_ns: f64,
     /// I/Os served.
@@ -423,10 +423,8 @@ impl Device {
             server_free_ns: 0,
             in_flight: BinaryHeap::with_capacity(parallelism),
             writes_in_flight: BinaryHeap::new(),
-            cursor_bytes: u64::MAX / 2,
             log_head_bytes: LOG_REGION_BYTES,
-            stream_ends: vec![(u64::MAX / 2, 0); spec.streams.clamp(1, 256) as usize],
-            stamp: 0,
+            streams: StreamTracker::new(spec.streams as usize, SEQ_WINDOW_BYTES),
             busy_ns: 0.0,
             ops: 0,
         }
@@ -437,6 +435,18 @@ impl Device {
         self.curve.cost_ns(op, len_bytes, sequential)
     }
 
+    /// I/Os queued or in service at `now_ns` (what a read router sees of this device).
+    pub fn in_flight_at(&self, now_ns: u64) -> u32 {
+        if self.parallelism > 0 {
+            self.in_flight
+                .iter()
+                .filter(|Reverse(t)| *t > now_ns)
+                .count() as u32
+        } else {
+            u32::from(self.server_free_ns > now_ns)
+        }
+    }
+
     /// Serves one I/O arriving at `at_ns`.
     pub fn submit(&mut self, at_ns: u64, op: OpKind, offset_bytes: u64, len_bytes: u32) -> Service {
         let is_write = matches!(op, OpKind::Write | OpKind::WriteZeroes);
@@ -445,32 +455,10 @@ impl Device {
             // which is where the disk head ends up, so a following read seeks.
             self.log_head_bytes =
                 LOG_REGION_BYTES + (self.log_head_bytes + u64::from(len_bytes)) % LOG_REGION_BYTES;
-            self.cursor_bytes = self.log_head_bytes;
+            self.streams.move_head(self.log_head_bytes);
             true
-        } else if self.stream_ends.len() > 1 {
-            self.stamp += 1;
-            let end = offset_bytes.saturating_add(u64::from(len_bytes));
-            let hit = self
-                .stream_ends
-                .iter()
-                .position(|(e, _)| offset_bytes.abs_diff(*e) <= SEQ_WINDOW_BYTES);
-            let slot = hit.unwrap_or_else(|| {
-                // Replace the least recently used stream.
-                let mut lru = 0;
-                for (i, (_, used)) in self.stream_ends.iter().enumerate() {
-                    if *used < self.stream_ends[lru].1 {
-                        lru = i;
-                    }
-                }
-                lru
-            });
-            self.stream_ends[slot] = (end, self.stamp);
-            self.cursor_bytes = end;
-            hit.is_some()
         } else {
-            let seq = offset_bytes.abs_diff(self.cursor_bytes) <= SEQ_WINDOW_BYTES;
-            self.cursor_bytes = offset_bytes.saturating_add(u64::from(len_bytes));
-            seq
+            self.streams.observe(offset_bytes, u64::from(len_bytes))
         };
         let mut cost = self.curve.cost_ns(op, len_bytes, sequential);
         if cost <= 0.0 {

@@ -30,6 +30,7 @@ use crate::scenario::{DispatchMode, InvariantMode, ReadRouting, RebuildSpec, Sce
 use crate::trace::TraceRecord;
 use crate::worker_cpu::CpuSpec;
 use crate::workload::{Mode, Schedule, SizeMix};
+use headroom_qos::routing::{ReplicaLoad, route_read};
 use headroom_qos::{
     BurstMode, CostModel, CostVector, Decision, IoRequest, Observed, OpKind, Phase, Policy,
     PolicyKind, VolumeId, VolumeQos,
@@ -342,6 +343,8 @@ pub(crate) struct Node<'a> {
     stripe_div: Divisor,
     replicas: usize,
     read_routing: ReadRouting,
+    /// Scratch for the read router (one entry per replica), reused across reads.
+    replica_loads: Vec<ReplicaLoad>,
     stripe_bytes: u64,
     cpu: CpuSpec,
     node_rng: SimRng,
@@ -773,7 +776,7 @@ impl<'a> Node<'a> {
                 };
                 (op, offset, len)
             };
-            let sequential = offset.abs_diff(t.last_end_bytes) <= crate::device::SEQ_WINDOW_BYTES;
+            let sequential = headroom_qos::model::is_sequential(t.last_end_bytes, offset);
             t.last_end_bytes = offset + u64::from(len);
             let queue = if t.queues <= 1 {
                 0
@@ -1059,12 +1062,26 @@ impl<'a> Node<'a> {
         let mut device_cost = 0.0;
         let is_read = op == OpKind::Read;
         if is_read || r == 1 {
-            let j = if is_read {
-                match self.read_routing {
-                    ReadRouting::Primary => 0,
-                    ReadRouting::RoundRobin => t.global_index as usize % r,
-                    ReadRouting::TypeAware => usize::from(sequential) % r,
-                }
+            let j = if is_read && r > 1 {
+                // The server's router (FAST's default-with-steal for `TypeAware`); round robin
+                // turns per tenant: tenant i reads from replica i mod r.
+                self.replica_loads.clear();
+                self.replica_loads
+                    .extend(
+                        self.devices[set * r..set * r + r]
+                            .iter()
+                            .map(|d| ReplicaLoad {
+                                healthy: true,
+                                in_flight: d.in_flight_at(link_done),
+                            }),
+                    );
+                route_read(
+                    self.read_routing,
+                    sequential,
+                    u64::from(t.global_index),
+                    &self.replica_loads,
+                )
+                .unwrap_or(0)
             } else {
                 0
             };

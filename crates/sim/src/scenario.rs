@@ -70,18 +70,8 @@ pub enum DispatchMode {
     OneToN,
 }
 
-/// Read routing over replicas (FAST §3).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReadRouting {
-    /// Always the first replica.
-    #[default]
-    Primary,
-    /// Rotate over replicas per request.
-    RoundRobin,
-    /// Random reads to replica 0 (head), sequential reads to replica 1 (middle).
-    TypeAware,
-}
+/// Read routing over replicas (FAST §3): the server's own type, `headroom_qos::routing`.
+pub use headroom_qos::routing::ReadRouting;
 
 /// Replication of every volume over consecutive devices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -69,6 +69,7 @@ impl<'a> Node<'a> {
             stripe_div: Divisor::new(stripe_bytes),
             replicas: backend.replicas,
             read_routing: n.replication.map_or(ReadRouting::Primary, |r| r.reads),
+            replica_loads: Vec::new(),
             stripe_bytes,
             cpu: n.cpu,
             node_rng: SimRng::new(seed, STREAM_NODE),
