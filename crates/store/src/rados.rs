@@ -122,6 +122,23 @@ mod ffi {
             pc: *mut CompletionT,
         ) -> c_int;
         pub fn rados_aio_remove(io: IoctxT, oid: *const c_char, completion: CompletionT) -> c_int;
+        pub fn rados_aio_read(
+            io: IoctxT,
+            oid: *const c_char,
+            completion: CompletionT,
+            buf: *mut c_char,
+            len: usize,
+            off: u64,
+        ) -> c_int;
+        pub fn rados_aio_write(
+            io: IoctxT,
+            oid: *const c_char,
+            completion: CompletionT,
+            buf: *const c_char,
+            len: usize,
+            off: u64,
+        ) -> c_int;
+        pub fn rados_aio_flush(io: IoctxT) -> c_int;
         pub fn rados_aio_wait_for_complete(c: CompletionT) -> c_int;
         pub fn rados_aio_get_return_value(c: CompletionT) -> c_int;
         pub fn rados_aio_release(c: CompletionT);
@@ -216,6 +233,28 @@ mod ffi {
 const ENOENT: c_int = 2;
 /// EBUSY as librados returns it (negated errno): a lock held by another client.
 const EBUSY: c_int = 16;
+
+/// librados settings we default differently (seconds), before the `ceph.conf` is read: a
+/// setting in the file (`[client]` section, e.g. `rados osd op timeout = 10`) wins.
+///
+/// * `client_mount_timeout` 30 (librados: 300): give up on an unreachable cluster at start.
+/// * `rados_osd_op_timeout` 30 (librados: 0, wait for ever): an OSD operation that gets no
+///   answer fails with `ETIMEDOUT`, so a hung OSD or placement group turns into an I/O
+///   error for the client (EIO) instead of a request that never ends, holding its
+///   client's queue slot and its permits. A timed-out write's outcome is unknown (it may
+///   still be applied), exactly as for a disk that returned an error: the range's content
+///   is undefined until rewritten, and nothing was acknowledged.
+/// * `rados_mon_op_timeout` 30 (librados: 0): the same for monitor commands (the
+///   blocklisting at takeover, waiting for the newest OSD map).
+///
+/// 30 s is the Linux NBD client's default request timeout too, and the default lease
+/// (`--rados-lease-ms`): a cluster that answers nothing at all for that long costs the node its
+/// lease anyway (lease.rs).
+const DEFAULT_TIMEOUTS: [(&CStr, &CStr); 3] = [
+    (c"client_mount_timeout", c"30"),
+    (c"rados_osd_op_timeout", c"30"),
+    (c"rados_mon_op_timeout", c"30"),
+];
 
 /// Most removals `Pool::remove_many` keeps in flight.
 const REMOVE_WINDOW: usize = 64;
@@ -323,15 +362,15 @@ impl Pool {
             "create",
         )?;
         let cluster = Cluster(handle);
-        // Give up on an unreachable cluster after 30 s instead of librados' 300 s default;
-        // set before the file is read, so the file may still say otherwise.
-        // SAFETY: valid handle, NUL-terminated strings.
-        check(
-            unsafe {
-                ffi::rados_conf_set(cluster.0, c"client_mount_timeout".as_ptr(), c"30".as_ptr())
-            },
-            "conf_set client_mount_timeout",
-        )?;
+        // Our defaults (`DEFAULT_TIMEOUTS`), set before the file is read, so the file may
+        // still say otherwise.
+        for (option, value) in DEFAULT_TIMEOUTS {
+            // SAFETY: valid handle, NUL-terminated strings.
+            check(
+                unsafe { ffi::rados_conf_set(cluster.0, option.as_ptr(), value.as_ptr()) },
+                &format!("conf_set {}", option.to_string_lossy()),
+            )?;
+        }
         // SAFETY: valid handle, NUL-terminated path.
         check(
             unsafe { ffi::rados_conf_read_file(cluster.0, conf_c.as_ptr()) },
@@ -786,11 +825,162 @@ impl Pool {
     }
 }
 
+/// What an asynchronous read or write owns while librados works on it: the buffer (librados
+/// reads from or writes into it) and what to do with the result. Boxed, so the buffer's
+/// address does not change between submission and completion.
+struct AioOp<B> {
+    buf: B,
+    /// The bytes of `buf` the operation covers.
+    range: std::ops::Range<usize>,
+    done: Option<Box<dyn FnOnce(B, io::Result<()>) + Send + 'static>>,
+    read: bool,
+}
+
+/// The completion callback of `Pool::aio_read` / `aio_write`, on a librados thread: takes the
+/// operation back, finishes a read (zeros past the object's end), runs `done` once.
+unsafe extern "C" fn aio_complete<B: AsMut<[u8]> + Send + 'static>(
+    c: ffi::CompletionT,
+    arg: *mut std::ffi::c_void,
+) {
+    // SAFETY: `arg` is the `Box<AioOp<B>>` leaked by `aio_submit` for this completion, whose
+    // callback librados runs exactly once; `c` stays valid during the callback and is
+    // released here once (librados frees it when its last reference is gone).
+    let (mut op, ret) = unsafe {
+        let op = Box::from_raw(arg.cast::<AioOp<B>>());
+        let ret = ffi::rados_aio_get_return_value(c);
+        ffi::rados_aio_release(c);
+        (op, ret)
+    };
+    let result = if op.read {
+        let range = op.range.clone();
+        let dst = &mut op.buf.as_mut()[range];
+        match ret {
+            r if r == -ENOENT => {
+                dst.fill(0);
+                Ok(())
+            }
+            r => check(r, "read").map(|n| {
+                let n = (n as usize).min(dst.len());
+                dst[n..].fill(0);
+            }),
+        }
+    } else {
+        check(ret, "write").map(|_| ())
+    };
+    if let Some(done) = op.done.take() {
+        let buf = op.buf;
+        // Never unwind into librados.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || done(buf, result)))
+            .is_err()
+        {
+            tracing::error!("a RADOS completion panicked");
+        }
+    }
+}
+
+impl Pool {
+    /// Starts reading `buf[range]` from offset `off` of object `oid` and returns at once;
+    /// `done` gets the buffer back with the result on a librados thread (or, if the read
+    /// could not be started, on this one before this returns). A missing object, and bytes
+    /// past its end, read as zeros. `done` must not block for long: it holds up the
+    /// completions behind it.
+    pub(crate) fn aio_read<B: AsMut<[u8]> + Send + 'static>(
+        &self,
+        oid: &CStr,
+        off: u64,
+        buf: B,
+        range: std::ops::Range<usize>,
+        done: Box<dyn FnOnce(B, io::Result<()>) + Send + 'static>,
+    ) {
+        self.aio_submit(oid, off, buf, range, done, true);
+    }
+
+    /// Starts writing `buf[range]` at offset `off` of object `oid` (creating it) and returns
+    /// at once; `done` as for `aio_read`. A write `done` sees succeed is durable (rados.rs,
+    /// "Durability").
+    pub(crate) fn aio_write<B: AsMut<[u8]> + Send + 'static>(
+        &self,
+        oid: &CStr,
+        off: u64,
+        buf: B,
+        range: std::ops::Range<usize>,
+        done: Box<dyn FnOnce(B, io::Result<()>) + Send + 'static>,
+    ) {
+        self.aio_submit(oid, off, buf, range, done, false);
+    }
+
+    fn aio_submit<B: AsMut<[u8]> + Send + 'static>(
+        &self,
+        oid: &CStr,
+        off: u64,
+        buf: B,
+        range: std::ops::Range<usize>,
+        done: Box<dyn FnOnce(B, io::Result<()>) + Send + 'static>,
+        read: bool,
+    ) {
+        let mut op = Box::new(AioOp {
+            buf,
+            range,
+            done: Some(done),
+            read,
+        });
+        let fail = |mut op: Box<AioOp<B>>, e: io::Error| {
+            if let Some(done) = op.done.take() {
+                done(op.buf, Err(e));
+            }
+        };
+        let Some(slice) = op.buf.as_mut().get_mut(op.range.clone()) else {
+            return fail(
+                op,
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "RADOS I/O range outside its buffer",
+                ),
+            );
+        };
+        let (ptr, len) = (slice.as_mut_ptr(), slice.len());
+        let mut c: ffi::CompletionT = ptr::null_mut();
+        let arg = Box::into_raw(op);
+        // SAFETY: out-pointer to a local; the callback is `aio_complete::<B>`, whose argument
+        // `arg` is the leaked box, reclaimed either by the callback or below.
+        let ret = unsafe {
+            ffi::rados_aio_create_completion2(arg.cast(), Some(aio_complete::<B>), &mut c)
+        };
+        if let Err(e) = check(ret, "aio completion") {
+            // SAFETY: no operation was started: the box is still ours, reclaimed once.
+            return fail(unsafe { Box::from_raw(arg) }, e);
+        }
+        // SAFETY: valid context and NUL-terminated name (librados copies it before
+        // returning); `ptr`/`len` point into the boxed buffer, which stays where it is and is
+        // not touched by us until the callback hands it back; fresh completion.
+        let ret = unsafe {
+            if read {
+                ffi::rados_aio_read(self.io, oid.as_ptr(), c, ptr.cast(), len, off)
+            } else {
+                ffi::rados_aio_write(self.io, oid.as_ptr(), c, ptr.cast::<c_char>(), len, off)
+            }
+        };
+        if let Err(e) = check(ret, if read { "read" } else { "write" }) {
+            // SAFETY: the operation was not started, so the callback will not run: the
+            // completion is released once and the box reclaimed once.
+            let op = unsafe {
+                ffi::rados_aio_release(c);
+                Box::from_raw(arg)
+            };
+            fail(op, e);
+        }
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         // SAFETY: the context came from `rados_ioctx_create` and is destroyed once, before
-        // the cluster handle (field order).
-        unsafe { ffi::rados_ioctx_destroy(self.io) }
+        // the cluster handle (field order), after every asynchronous operation on it has
+        // completed (their callbacks have run).
+        unsafe {
+            ffi::rados_aio_flush(self.io);
+            ffi::rados_ioctx_destroy(self.io)
+        }
     }
 }
 
