@@ -1318,10 +1318,8 @@ fn run_job(
     job: IoJob,
     admission: Admission,
 ) -> Option<Vec<Ready<IoJob>>> {
-    let (job, admission) = match start_async(io, scheduler, job, admission) {
-        Ok(()) => return None,
-        Err(back) => back,
-    };
+    // `None`: it went to the cluster asynchronously and is answered from its completion.
+    let (job, admission) = start_async(io, scheduler, job, admission)?;
     if !job.runs_on_executor(io) {
         return execute_and_finish(io, scheduler, job, admission);
     }
@@ -1352,27 +1350,27 @@ fn run_job(
 /// (headroom_store's volume_aio.rs; docs/ARCHITECTURE.md, "asynchronous RADOS data I/O"):
 /// prepared on the calling thread, answered from librados' completion thread, so no I/O
 /// thread waits for the cluster and many requests are in flight without a thread each.
-/// `Err` hands the job back for the synchronous path (other requests and backends, holes,
+/// `Some` hands the job back for the synchronous path (other requests and backends, holes,
 /// FUA, an emulated device, injected faults).
 fn start_async(
     io: &Arc<IoRuntime>,
     scheduler: Option<&Arc<Scheduler<IoJob>>>,
     job: IoJob,
     admission: Admission,
-) -> Result<(), (IoJob, Admission)> {
+) -> Option<(IoJob, Admission)> {
     let write = match job.request.command {
         nbd::Command::Read => false,
         nbd::Command::Write if !job.request.fua => true,
-        _ => return Err((job, admission)),
+        _ => return Some((job, admission)),
     };
     if job.request.length == 0 || !matches!(io.emulation, Emulation::Off) {
-        return Err((job, admission));
+        return Some((job, admission));
     }
     let request = job
         .volume
         .start_async(job.request.offset, u64::from(job.request.length), write);
     let request = match request {
-        Ok(None) => return Err((job, admission)),
+        Ok(None) => return Some((job, admission)),
         Ok(Some(request)) => Ok(request),
         Err(err) => Err(err),
     };
@@ -1459,7 +1457,7 @@ fn start_async(
             );
         }
     }
-    Ok(())
+    None
 }
 
 /// Performs the request, then answers it and reports its completion: at once, or when the

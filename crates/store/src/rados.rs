@@ -865,6 +865,9 @@ impl Pool {
     }
 }
 
+/// What an asynchronous read or write does with its buffer and result when it completes.
+pub(crate) type AioCallback<B> = Box<dyn FnOnce(B, io::Result<()>) + Send + 'static>;
+
 /// What an asynchronous read or write owns while librados works on it: the buffer (librados
 /// reads from or writes into it) and what to do with the result. Boxed, so the buffer's
 /// address does not change between submission and completion.
@@ -872,7 +875,7 @@ struct AioOp<B> {
     buf: B,
     /// The bytes of `buf` the operation covers.
     range: std::ops::Range<usize>,
-    done: Option<Box<dyn FnOnce(B, io::Result<()>) + Send + 'static>>,
+    done: Option<AioCallback<B>>,
     read: bool,
 }
 
@@ -932,7 +935,7 @@ impl Pool {
         off: u64,
         buf: B,
         range: std::ops::Range<usize>,
-        done: Box<dyn FnOnce(B, io::Result<()>) + Send + 'static>,
+        done: AioCallback<B>,
     ) {
         self.aio_submit(oid, off, buf, range, done, true);
     }
@@ -946,7 +949,7 @@ impl Pool {
         off: u64,
         buf: B,
         range: std::ops::Range<usize>,
-        done: Box<dyn FnOnce(B, io::Result<()>) + Send + 'static>,
+        done: AioCallback<B>,
     ) {
         self.aio_submit(oid, off, buf, range, done, false);
     }
@@ -957,7 +960,7 @@ impl Pool {
         off: u64,
         buf: B,
         range: std::ops::Range<usize>,
-        done: Box<dyn FnOnce(B, io::Result<()>) + Send + 'static>,
+        done: AioCallback<B>,
         read: bool,
     ) {
         let mut op = Box::new(AioOp {

@@ -253,3 +253,32 @@ impl AioRequest {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn waiting_for_idle_ends_when_the_last_request_does() {
+        let in_flight = Arc::new(InFlight::default());
+        in_flight.wait_idle(); // none in flight: returns at once
+        let (a, b) = (in_flight.enter(), in_flight.enter());
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let in_flight = Arc::clone(&in_flight);
+            std::thread::spawn(move || {
+                in_flight.wait_idle();
+                tx.send(()).unwrap();
+            })
+        };
+        drop(a);
+        // One is still in flight: the waiter must not be done.
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        drop(b);
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        waiter.join().unwrap();
+    }
+}
