@@ -225,6 +225,12 @@ impl Device {
         result
     }
 
+    /// A device whose extents are RADOS objects.
+    #[cfg(feature = "rados")]
+    pub(crate) fn is_rados(&self) -> bool {
+        matches!(self.backend, Backend::Rados(_))
+    }
+
     /// Before an asynchronous read or write of `len` bytes at `off` inside extent `ext`
     /// (volume_aio.rs): checks the range; the pool to send it to and the byte position on
     /// the device, or `None` if this is not a RADOS device or faults are injected into it.

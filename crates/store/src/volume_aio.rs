@@ -114,9 +114,12 @@ impl Volume {
         use crate::layout::{PhysExtent, pieces};
 
         let op = if write { "write" } else { "read" };
-        // Injected faults may sleep (latency spikes): they stay on the synchronous path,
-        // which runs on I/O threads.
-        if self.shared.volume_faults.get().is_some() {
+        // Stores on files or RAM (a RADOS store has one device, a RADOS one) give up here,
+        // before any lock. Injected faults may sleep (latency spikes): they stay on the
+        // synchronous path, which runs on I/O threads.
+        if !self.shared.devices.get(0).is_some_and(|d| d.is_rados())
+            || self.shared.volume_faults.get().is_some()
+        {
             return Ok(None);
         }
         let Some(me) = self.me.upgrade() else {
