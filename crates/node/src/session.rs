@@ -1347,7 +1347,7 @@ fn run_job(
 }
 
 /// A READ, or a WRITE without FUA, of a volume on RADOS goes to the cluster asynchronously
-/// (headroom_store's volume_aio.rs; docs/ARCHITECTURE.md, "asynchronous RADOS data I/O"):
+/// (headroom_store's volume_aio.rs; docs/ARCHITECTURE.md, decision 25):
 /// prepared on the calling thread, answered from librados' completion thread, so no I/O
 /// thread waits for the cluster and many requests are in flight without a thread each.
 /// `Some` hands the job back for the synchronous path (other requests and backends, holes,

@@ -28,7 +28,7 @@
 //! (`rados_aio_create_completion2`) that hands the buffer and the result to a closure on a
 //! librados thread (`Pool::aio_read` / `aio_write`, used by volume_aio.rs). So many requests
 //! are in flight at the cluster without a thread each, and no I/O thread sits in a blocking
-//! call (docs/ARCHITECTURE.md, "asynchronous RADOS data I/O"). The rest is synchronous
+//! call (docs/ARCHITECTURE.md, decision 25). The rest is synchronous
 //! `rados_read` / `rados_write` / `rados_remove` / write-op `zero` on the node's I/O worker
 //! threads (the device is not memory resident, so no such call runs on a network thread):
 //! requests that span two extents, FUA writes, zeroing and punching, and reads and writes

@@ -1,5 +1,4 @@
-//! Asynchronous reads and writes for volumes on RADOS (docs/ARCHITECTURE.md, the decision
-//! "asynchronous RADOS data I/O").
+//! Asynchronous reads and writes for volumes on RADOS (docs/ARCHITECTURE.md, decision 25).
 //!
 //! Why: through the synchronous API (`Volume::read_at` / `write_at`) every request in flight
 //! at the cluster holds an I/O thread blocked in librados, and on a small machine the thread
