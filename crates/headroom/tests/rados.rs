@@ -76,6 +76,11 @@ fn cluster(scratch: &Path) -> Option<(PathBuf, String, Option<OwnCluster>)> {
         let pool = std::env::var("HEADROOM_TEST_CEPH_POOL").unwrap_or_else(|_| "headroom".into());
         return Some((PathBuf::from(conf), pool, None));
     }
+    own_cluster(scratch)
+}
+
+/// A cluster started for this test alone, on free ports (stopped when the result drops).
+fn own_cluster(scratch: &Path) -> Option<(PathBuf, String, Option<OwnCluster>)> {
     if !Path::new("/usr/bin/ceph-mon").exists() {
         cannot_run(
             "no Ceph cluster: set HEADROOM_TEST_CEPH_CONF, or install ceph-mon ceph-osd \
@@ -550,4 +555,102 @@ fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
     let out = d.cli(&["volume", "delete", VOLUME]);
     assert!(out.status.success(), "{}", text(&out));
     d.stop();
+}
+
+/// A paused OSD (SIGSTOP), resumed (SIGCONT) when dropped, also when the test fails.
+struct PausedOsd(String);
+
+impl PausedOsd {
+    fn pause(cluster_dir: &Path) -> PausedOsd {
+        let pid = std::fs::read_to_string(cluster_dir.join("pids/osd.0.pid")).unwrap();
+        let pid = pid.trim().to_string();
+        let status = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+        assert!(status.success(), "kill -STOP {pid}");
+        PausedOsd(pid)
+    }
+}
+
+impl Drop for PausedOsd {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+    }
+}
+
+/// A hung cluster turns into I/O errors, not requests that never end: librados'
+/// `rados_osd_op_timeout`, which Headroom sets to 30 s unless the ceph.conf says otherwise
+/// (2 s here, in a `[client.admin]` section of the file the node reads). The OSD is paused
+/// with SIGSTOP, so this test always starts a cluster of its own, even when
+/// `HEADROOM_TEST_CEPH_CONF` names a shared one:
+///
+/// * a write and a read of a written block (the asynchronous path), sent while the OSD is
+///   paused, are answered EIO after the timeout (not before 1.5 s, well within 15 s);
+/// * once the OSD resumes, the same connection writes and reads the block again: the node
+///   neither lost its lease (30 s) nor gave up on the device.
+#[test]
+fn a_hung_osd_fails_requests_after_the_op_timeout() {
+    use common::raw::{CMD_WRITE, Client};
+    use std::io::Write as _;
+    use std::time::{Duration, Instant};
+    const EIO: u32 = 5;
+
+    let scratch = tempfile::tempdir().unwrap();
+    let Some((conf, pool, Some(own))) = own_cluster(scratch.path()) else {
+        return;
+    };
+    let client_conf = scratch.path().join("client.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str("\n[client.admin]\nrados osd op timeout = 2\n");
+    std::fs::write(&client_conf, text).unwrap();
+    let conf_arg = client_conf.to_str().unwrap().to_string();
+    let flags = [
+        "--rados-conf",
+        conf_arg.as_str(),
+        "--rados-pool",
+        pool.as_str(),
+        "--device-size",
+        "1GiB",
+        "--rados-lease-ms",
+        "30000",
+    ];
+    let mut server = Server::start_with(&scratch.path().join("data"), &flags);
+    server.create_volume(VOLUME, "64MiB");
+    let mut client = Client::open(server.nbd, VOLUME);
+    assert_eq!(client.write(1, 0, &[0xab; 4096], 0), 0);
+
+    let paused = PausedOsd::pause(&own.dir);
+    let sent = Instant::now();
+    client.send_request(0, CMD_WRITE, 2, 0, 4096);
+    client.stream.write_all(&[0xcd; 4096]).unwrap();
+    client
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let reply = client.read_simple_reply();
+    let write_s = sent.elapsed().as_secs_f64();
+    assert_eq!(
+        (reply.cookie, reply.error),
+        (2, EIO),
+        "the write to a paused OSD"
+    );
+    let sent = Instant::now();
+    assert_eq!(
+        client.read(3, 0, 4096),
+        Err(EIO),
+        "the read from a paused OSD"
+    );
+    let read_s = sent.elapsed().as_secs_f64();
+    eprintln!("OSD paused: write failed after {write_s:.2} s, read after {read_s:.2} s");
+    for s in [write_s, read_s] {
+        assert!(
+            (1.5..15.0).contains(&s),
+            "failed after {s:.2} s, not at the 2 s timeout"
+        );
+    }
+    drop(paused);
+
+    assert_eq!(client.write(4, 0, &[0xef; 4096], 0), 0);
+    assert_eq!(client.read(5, 0, 4096).unwrap(), vec![0xef; 4096]);
+    assert!(server.is_running());
+    drop(client);
+    server.stop();
 }

@@ -37,6 +37,14 @@ pub struct PooledBuffer {
     len: usize,
 }
 
+/// For the store's asynchronous I/O (`Volume::start_async`), which owns the buffer while
+/// the cluster works on it.
+impl AsMut<[u8]> for PooledBuffer {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
 impl PooledBuffer {
     pub fn as_slice(&self) -> &[u8] {
         &self.data[..self.len]

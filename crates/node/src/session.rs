@@ -1322,6 +1322,8 @@ fn run_job(
     job: IoJob,
     admission: Admission,
 ) -> Option<Vec<Ready<IoJob>>> {
+    // `None`: it went to the cluster asynchronously and is answered from its completion.
+    let (job, admission) = start_async(io, scheduler, job, admission)?;
     if !job.runs_on_executor(io) {
         return execute_and_finish(io, scheduler, job, admission);
     }
@@ -1343,6 +1345,120 @@ fn run_job(
         // FLUSH may take milliseconds (fsync): never on a runtime thread.
         None => {
             io.runtime.spawn_blocking(task);
+        }
+    }
+    None
+}
+
+/// A READ, or a WRITE without FUA, of a volume on RADOS goes to the cluster asynchronously
+/// (headroom_store's volume_aio.rs; docs/ARCHITECTURE.md, decision 25):
+/// prepared on the calling thread, answered from librados' completion thread, so no I/O
+/// thread waits for the cluster and many requests are in flight without a thread each.
+/// `Some` hands the job back for the synchronous path (other requests and backends, holes,
+/// FUA, an emulated device, injected faults).
+fn start_async(
+    io: &Arc<IoRuntime>,
+    scheduler: Option<&Arc<Scheduler<IoJob>>>,
+    job: IoJob,
+    admission: Admission,
+) -> Option<(IoJob, Admission)> {
+    let write = match job.request.command {
+        nbd::Command::Read => false,
+        nbd::Command::Write if !job.request.fua => true,
+        _ => return Some((job, admission)),
+    };
+    if job.request.length == 0 || !matches!(io.emulation, Emulation::Off) {
+        return Some((job, admission));
+    }
+    let request = job
+        .volume
+        .start_async(job.request.offset, u64::from(job.request.length), write);
+    let request = match request {
+        Ok(None) => return Some((job, admission)),
+        Ok(Some(request)) => Ok(request),
+        Err(err) => Err(err),
+    };
+    let IoJob {
+        request: nbd_request,
+        write_payload,
+        answer,
+        ..
+    } = job;
+    let (cookie, offset) = (nbd_request.cookie, nbd_request.offset);
+    let finish = {
+        let io = Arc::clone(io);
+        let scheduler = scheduler.cloned();
+        move |body: ReplyBody| {
+            let now_ns = io.clock.now_ns();
+            answer.deliver(cookie, body, now_ns);
+            let (Some(scheduler), Scheduled(ticket)) = (scheduler, admission) else {
+                return;
+            };
+            let mut released = Vec::new();
+            scheduler.complete_at(ticket, now_ns, &mut released);
+            if released.is_empty() {
+                return;
+            }
+            // Not here: this may be librados' completion thread, which must not block (a
+            // released FLUSH or TRIM would) and serves the other completions.
+            let task = {
+                let io = Arc::clone(&io);
+                move || run_ready(&io, Some(&scheduler), released)
+            };
+            match &io.executor {
+                Some(executor) => {
+                    if let Err(task) = executor.submit(Box::new(task)) {
+                        io.runtime.spawn_blocking(task);
+                    }
+                }
+                None => {
+                    io.runtime.spawn_blocking(task);
+                }
+            }
+        }
+    };
+    let error = move |err: &StoreError| {
+        tracing::debug!("request at {offset} failed: {err}");
+        let (errno, message) = store_errno(err);
+        ReplyBody::Error(errno, message)
+    };
+    let buffers = Arc::clone(&io.buffers);
+    match (request, write_payload) {
+        (Err(err), payload) => {
+            if let Some(payload) = payload {
+                buffers.put(payload);
+            }
+            finish(error(&err));
+        }
+        (Ok(request), Some(payload)) if write => request.submit(
+            payload,
+            Box::new(move |payload, result| {
+                buffers.put(payload);
+                finish(match result {
+                    Ok(()) => ReplyBody::Done,
+                    Err(err) => error(&err),
+                });
+            }),
+        ),
+        // validate_request only yields WRITE with its payload read; keep the errno honest.
+        (Ok(_), None) if write => {
+            finish(ReplyBody::Error(nbd::Errno::Eio, "write payload missing"))
+        }
+        (Ok(request), payload) => {
+            if let Some(payload) = payload {
+                buffers.put(payload);
+            }
+            let data = buffers.get(nbd_request.length as usize);
+            request.submit(
+                data,
+                Box::new(move |data, result| match result {
+                    Ok(()) => finish(ReplyBody::Data { offset, data }),
+                    Err(err) => {
+                        buffers.put(data);
+                        finish(error(&err));
+                    }
+                }),
+            );
         }
     }
     None

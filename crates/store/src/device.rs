@@ -225,6 +225,54 @@ impl Device {
         result
     }
 
+    /// A device whose extents are RADOS objects.
+    #[cfg(feature = "rados")]
+    pub(crate) fn is_rados(&self) -> bool {
+        matches!(self.backend, Backend::Rados(_))
+    }
+
+    /// Before an asynchronous read or write of `len` bytes at `off` inside extent `ext`
+    /// (volume_aio.rs): checks the range; the pool to send it to and the byte position on
+    /// the device, or `None` if this is not a RADOS device or faults are injected into it.
+    #[cfg(feature = "rados")]
+    pub(crate) fn aio_prepare(
+        &self,
+        ext: u32,
+        off: u64,
+        len: u64,
+    ) -> io::Result<Option<(std::sync::Arc<crate::rados::Pool>, u64)>> {
+        let Backend::Rados(p) = &self.backend else {
+            return Ok(None);
+        };
+        // Injected faults may sleep: they stay on the synchronous path (I/O threads).
+        if self.faults.get().is_some() {
+            return Ok(None);
+        }
+        let pos = self.check(ext, off, len)?;
+        Ok(Some((std::sync::Arc::clone(p), pos)))
+    }
+
+    /// After an asynchronous read or write that `aio_prepare` allowed: counts it (latency
+    /// from `started`) and names the device and position in an error.
+    #[cfg(feature = "rados")]
+    pub(crate) fn aio_finish(
+        &self,
+        write: bool,
+        bytes: u64,
+        pos: u64,
+        started: Instant,
+        result: io::Result<()>,
+    ) -> io::Result<()> {
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let op = if write {
+            DeviceOp::Write
+        } else {
+            DeviceOp::Read
+        };
+        self.stats.record(op, bytes, ns, result.is_err());
+        result.map_err(|e| self.context(pos, e))
+    }
+
     /// Reads `buf.len()` bytes at `off` inside physical extent `ext`.
     pub(crate) fn read(&self, ext: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
         self.timed(DeviceOp::Read, buf.len() as u64, || {

@@ -23,13 +23,19 @@
 //! objects and bytes past an object's end read as zeros. Releasing a whole extent removes
 //! its object; punching or zeroing part of one is a RADOS `zero` operation.
 //!
-//! **I/O.** Synchronous `rados_read` / `rados_write` / `rados_remove` / write-op `zero`,
-//! called on the node's I/O worker threads (releases of many extents at once, and the
-//! startup punch, remove their objects with `rados_aio_remove`, 64 in flight) (the device is not memory resident, so no
-//! request runs inline on a network thread). Each thread has one request in flight; while
-//! all workers wait for the cluster, the executor adds helper threads. The asynchronous
-//! `rados_aio_*` calls would keep many requests in flight without a thread each; they are
-//! the next step.
+//! **I/O.** Reads and writes inside one extent (every 4 KiB request, most larger ones) go
+//! out asynchronously: `rados_aio_read` / `rados_aio_write` with a completion callback
+//! (`rados_aio_create_completion2`) that hands the buffer and the result to a closure on a
+//! librados thread (`Pool::aio_read` / `aio_write`, used by volume_aio.rs). So many requests
+//! are in flight at the cluster without a thread each, and no I/O thread sits in a blocking
+//! call (docs/ARCHITECTURE.md, decision 25). The rest is synchronous
+//! `rados_read` / `rados_write` / `rados_remove` / write-op `zero` on the node's I/O worker
+//! threads (the device is not memory resident, so no such call runs on a network thread):
+//! requests that span two extents, FUA writes, zeroing and punching, and reads and writes
+//! while faults are injected. Releases of many extents at once, and the startup punch,
+//! remove their objects with `rados_aio_remove`, 64 in flight. No call waits for ever: an
+//! OSD operation that gets no answer within `rados_osd_op_timeout` fails with `ETIMEDOUT`
+//! (`DEFAULT_TIMEOUTS`).
 //!
 //! **Durability.** librados acknowledges a write once every replica of the object's
 //! placement group has it on stable storage. So a device sync has nothing to do: FLUSH and
@@ -68,6 +74,12 @@ mod ffi {
             value: *const c_char,
         ) -> c_int;
         pub fn rados_conf_read_file(cluster: RadosT, path: *const c_char) -> c_int;
+        pub fn rados_conf_get(
+            cluster: RadosT,
+            option: *const c_char,
+            buf: *mut c_char,
+            len: usize,
+        ) -> c_int;
         pub fn rados_connect(cluster: RadosT) -> c_int;
         pub fn rados_shutdown(cluster: RadosT);
         pub fn rados_ioctx_create(
@@ -122,6 +134,23 @@ mod ffi {
             pc: *mut CompletionT,
         ) -> c_int;
         pub fn rados_aio_remove(io: IoctxT, oid: *const c_char, completion: CompletionT) -> c_int;
+        pub fn rados_aio_read(
+            io: IoctxT,
+            oid: *const c_char,
+            completion: CompletionT,
+            buf: *mut c_char,
+            len: usize,
+            off: u64,
+        ) -> c_int;
+        pub fn rados_aio_write(
+            io: IoctxT,
+            oid: *const c_char,
+            completion: CompletionT,
+            buf: *const c_char,
+            len: usize,
+            off: u64,
+        ) -> c_int;
+        pub fn rados_aio_flush(io: IoctxT) -> c_int;
         pub fn rados_aio_wait_for_complete(c: CompletionT) -> c_int;
         pub fn rados_aio_get_return_value(c: CompletionT) -> c_int;
         pub fn rados_aio_release(c: CompletionT);
@@ -217,6 +246,29 @@ const ENOENT: c_int = 2;
 /// EBUSY as librados returns it (negated errno): a lock held by another client.
 const EBUSY: c_int = 16;
 
+/// librados settings we default differently: (name, librados' default, ours), seconds. Ours
+/// applies where the `ceph.conf` leaves librados' default; a setting in the file (`[client]`
+/// section, e.g. `rados osd op timeout = 10`) wins, unless it sets librados' default.
+///
+/// * `client_mount_timeout` 30 (librados: 300): give up on an unreachable cluster at start.
+/// * `rados_osd_op_timeout` 30 (librados: 0, wait for ever): an OSD operation that gets no
+///   answer fails with `ETIMEDOUT`, so a hung OSD or placement group turns into an I/O
+///   error for the client (EIO) instead of a request that never ends, holding its
+///   client's queue slot and its permits. A timed-out write's outcome is unknown (it may
+///   still be applied), exactly as for a disk that returned an error: the range's content
+///   is undefined until rewritten, and nothing was acknowledged.
+/// * `rados_mon_op_timeout` 30 (librados: 0): the same for monitor commands (the
+///   blocklisting at takeover, waiting for the newest OSD map).
+///
+/// 30 s is the Linux NBD client's default request timeout too, and the default lease
+/// (`--rados-lease-ms`): a cluster that answers nothing at all for that long costs the node its
+/// lease anyway (lease.rs).
+const DEFAULT_TIMEOUTS: [(&CStr, &CStr, &CStr); 3] = [
+    (c"client_mount_timeout", c"300", c"30"),
+    (c"rados_osd_op_timeout", c"0", c"30"),
+    (c"rados_mon_op_timeout", c"0", c"30"),
+];
+
 /// Most removals `Pool::remove_many` keeps in flight.
 const REMOVE_WINDOW: usize = 64;
 
@@ -276,10 +328,22 @@ struct Cluster(ffi::RadosT);
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if self.0.is_null() {
+            return; // handed over (`Pool::drop`)
+        }
         // SAFETY: the handle came from `rados_create`; every I/O context made from it was
         // destroyed first (`Pool` drops its context before its `Cluster`).
         unsafe { ffi::rados_shutdown(self.0) }
     }
+}
+
+// SAFETY: librados' handles may be used from any thread (see `Pool`); `Cluster` only moves
+// to another thread to be shut down there (`Pool::drop`).
+unsafe impl Send for Cluster {}
+
+std::thread_local! {
+    /// Set while this thread, one of librados', runs a completion's closure.
+    static IN_COMPLETION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// One pool and namespace of a cluster: where one store's extent objects live.
@@ -323,20 +387,35 @@ impl Pool {
             "create",
         )?;
         let cluster = Cluster(handle);
-        // Give up on an unreachable cluster after 30 s instead of librados' 300 s default;
-        // set before the file is read, so the file may still say otherwise.
-        // SAFETY: valid handle, NUL-terminated strings.
-        check(
-            unsafe {
-                ffi::rados_conf_set(cluster.0, c"client_mount_timeout".as_ptr(), c"30".as_ptr())
-            },
-            "conf_set client_mount_timeout",
-        )?;
         // SAFETY: valid handle, NUL-terminated path.
         check(
             unsafe { ffi::rados_conf_read_file(cluster.0, conf_c.as_ptr()) },
             &format!("reading {}", conf.display()),
         )?;
+        // Our defaults (`DEFAULT_TIMEOUTS`) where the file left librados' own. (A value set
+        // with `rados_conf_set` outranks the file's, so they cannot simply be set first.)
+        for (option, librados_default, ours) in DEFAULT_TIMEOUTS {
+            let mut buf = [0u8; 64];
+            // SAFETY: valid handle, NUL-terminated name; librados writes at most `buf.len()`
+            // bytes, NUL-terminated.
+            let got = unsafe {
+                ffi::rados_conf_get(
+                    cluster.0,
+                    option.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            let current = CStr::from_bytes_until_nul(&buf).unwrap_or(c"");
+            if got == 0 && current != librados_default {
+                continue;
+            }
+            // SAFETY: valid handle, NUL-terminated strings.
+            check(
+                unsafe { ffi::rados_conf_set(cluster.0, option.as_ptr(), ours.as_ptr()) },
+                &format!("conf_set {}", option.to_string_lossy()),
+            )?;
+        }
         // SAFETY: valid, configured, not yet connected handle.
         check(unsafe { ffi::rados_connect(cluster.0) }, "connect")?;
         let mut io: ffi::IoctxT = ptr::null_mut();
@@ -786,11 +865,192 @@ impl Pool {
     }
 }
 
+/// What an asynchronous read or write does with its buffer and result when it completes.
+pub(crate) type AioCallback<B> = Box<dyn FnOnce(B, io::Result<()>) + Send + 'static>;
+
+/// What an asynchronous read or write owns while librados works on it: the buffer (librados
+/// reads from or writes into it) and what to do with the result. Boxed, so the buffer's
+/// address does not change between submission and completion.
+struct AioOp<B> {
+    buf: B,
+    /// The bytes of `buf` the operation covers.
+    range: std::ops::Range<usize>,
+    done: Option<AioCallback<B>>,
+    read: bool,
+}
+
+/// The completion callback of `Pool::aio_read` / `aio_write`, on a librados thread: takes the
+/// operation back, finishes a read (zeros past the object's end), runs `done` once.
+unsafe extern "C" fn aio_complete<B: AsMut<[u8]> + Send + 'static>(
+    c: ffi::CompletionT,
+    arg: *mut std::ffi::c_void,
+) {
+    // SAFETY: `arg` is the `Box<AioOp<B>>` leaked by `aio_submit` for this completion, whose
+    // callback librados runs exactly once; `c` stays valid during the callback and is
+    // released here once (librados frees it when its last reference is gone).
+    let (mut op, ret) = unsafe {
+        let op = Box::from_raw(arg.cast::<AioOp<B>>());
+        let ret = ffi::rados_aio_get_return_value(c);
+        ffi::rados_aio_release(c);
+        (op, ret)
+    };
+    let result = if op.read {
+        let range = op.range.clone();
+        let dst = &mut op.buf.as_mut()[range];
+        match ret {
+            r if r == -ENOENT => {
+                dst.fill(0);
+                Ok(())
+            }
+            r => check(r, "read").map(|n| {
+                let n = (n as usize).min(dst.len());
+                dst[n..].fill(0);
+            }),
+        }
+    } else {
+        check(ret, "write").map(|_| ())
+    };
+    if let Some(done) = op.done.take() {
+        let buf = op.buf;
+        // Never unwind into librados.
+        IN_COMPLETION.set(true);
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || done(buf, result)))
+            .is_err()
+        {
+            tracing::error!("a RADOS completion panicked");
+        }
+        IN_COMPLETION.set(false);
+    }
+}
+
+impl Pool {
+    /// Starts reading `buf[range]` from offset `off` of object `oid` and returns at once;
+    /// `done` gets the buffer back with the result on a librados thread (or, if the read
+    /// could not be started, on this one before this returns). A missing object, and bytes
+    /// past its end, read as zeros. `done` must not block for long: it holds up the
+    /// completions behind it.
+    pub(crate) fn aio_read<B: AsMut<[u8]> + Send + 'static>(
+        &self,
+        oid: &CStr,
+        off: u64,
+        buf: B,
+        range: std::ops::Range<usize>,
+        done: AioCallback<B>,
+    ) {
+        self.aio_submit(oid, off, buf, range, done, true);
+    }
+
+    /// Starts writing `buf[range]` at offset `off` of object `oid` (creating it) and returns
+    /// at once; `done` as for `aio_read`. A write `done` sees succeed is durable (rados.rs,
+    /// "Durability").
+    pub(crate) fn aio_write<B: AsMut<[u8]> + Send + 'static>(
+        &self,
+        oid: &CStr,
+        off: u64,
+        buf: B,
+        range: std::ops::Range<usize>,
+        done: AioCallback<B>,
+    ) {
+        self.aio_submit(oid, off, buf, range, done, false);
+    }
+
+    fn aio_submit<B: AsMut<[u8]> + Send + 'static>(
+        &self,
+        oid: &CStr,
+        off: u64,
+        buf: B,
+        range: std::ops::Range<usize>,
+        done: AioCallback<B>,
+        read: bool,
+    ) {
+        let mut op = Box::new(AioOp {
+            buf,
+            range,
+            done: Some(done),
+            read,
+        });
+        let fail = |mut op: Box<AioOp<B>>, e: io::Error| {
+            if let Some(done) = op.done.take() {
+                done(op.buf, Err(e));
+            }
+        };
+        let Some(slice) = op.buf.as_mut().get_mut(op.range.clone()) else {
+            return fail(
+                op,
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "RADOS I/O range outside its buffer",
+                ),
+            );
+        };
+        let (ptr, len) = (slice.as_mut_ptr(), slice.len());
+        let mut c: ffi::CompletionT = ptr::null_mut();
+        let arg = Box::into_raw(op);
+        // SAFETY: out-pointer to a local; the callback is `aio_complete::<B>`, whose argument
+        // `arg` is the leaked box, reclaimed either by the callback or below.
+        let ret = unsafe {
+            ffi::rados_aio_create_completion2(arg.cast(), Some(aio_complete::<B>), &mut c)
+        };
+        if let Err(e) = check(ret, "aio completion") {
+            // SAFETY: no operation was started: the box is still ours, reclaimed once.
+            return fail(unsafe { Box::from_raw(arg) }, e);
+        }
+        // SAFETY: valid context and NUL-terminated name (librados copies it before
+        // returning); `ptr`/`len` point into the boxed buffer, which stays where it is and is
+        // not touched by us until the callback hands it back; fresh completion.
+        let ret = unsafe {
+            if read {
+                ffi::rados_aio_read(self.io, oid.as_ptr(), c, ptr.cast(), len, off)
+            } else {
+                ffi::rados_aio_write(self.io, oid.as_ptr(), c, ptr.cast::<c_char>(), len, off)
+            }
+        };
+        if let Err(e) = check(ret, if read { "read" } else { "write" }) {
+            // SAFETY: the operation was not started, so the callback will not run: the
+            // completion is released once and the box reclaimed once.
+            let op = unsafe {
+                ffi::rados_aio_release(c);
+                Box::from_raw(arg)
+            };
+            fail(op, e);
+        }
+    }
+}
+
+/// An I/O context on its way to being destroyed on another thread.
+struct IoctxToClose(ffi::IoctxT);
+
+// SAFETY: as for `Pool`; it is used by one thread only, the one that destroys it.
+unsafe impl Send for IoctxToClose {}
+
 impl Drop for Pool {
+    /// Waits for the asynchronous operations still in flight (their closures have run),
+    /// then destroys the context and shuts the connection down. When the last reference
+    /// goes away inside a completion's closure, that is one of librados' own threads, which
+    /// cannot wait for librados (nor shut it down): a thread of ours does it then.
     fn drop(&mut self) {
-        // SAFETY: the context came from `rados_ioctx_create` and is destroyed once, before
-        // the cluster handle (field order).
-        unsafe { ffi::rados_ioctx_destroy(self.io) }
+        let io = IoctxToClose(self.io);
+        let cluster = std::mem::replace(&mut self.cluster, Cluster(ptr::null_mut()));
+        let close = move || {
+            let io = io;
+            // SAFETY: the context came from `rados_ioctx_create` and is destroyed once,
+            // before the cluster handle, after every asynchronous operation on it completed.
+            unsafe {
+                ffi::rados_aio_flush(io.0);
+                ffi::rados_ioctx_destroy(io.0);
+            }
+            drop(cluster);
+        };
+        if !IN_COMPLETION.get() {
+            return close();
+        }
+        if let Err(e) = std::thread::Builder::new()
+            .name("headroom-rados-close".into())
+            .spawn(close)
+        {
+            // Leaked (the closure went with the failed spawn): better than a deadlock.
+            tracing::warn!("could not close the RADOS connection: {e}");
+        }
     }
 }
 

@@ -22,7 +22,12 @@ use crate::fault::{self, FaultScope, IoClass};
 use crate::layout::{EXTENT_SIZE_BYTES, PENDING_BIT, PhysExtent, Piece, extent_count, pieces};
 use crate::meta::{MetaOp, VolumeRecord};
 use crate::store::{Change, DeviceSet, Shared};
-use crate::sync::{lock, read, write};
+use crate::sync::{lock, read};
+
+// Asynchronous data I/O on RADOS: a child module, so it sees this module's private parts.
+#[path = "volume_aio.rs"]
+mod aio;
+pub use aio::{AioDone, AioRequest};
 
 /// What the management API and CLI show about a volume.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -92,6 +97,9 @@ pub struct Volume {
     deleted: AtomicBool,
     /// Warnings about failed requests, rate-limited.
     errors: ErrorLog,
+    /// Asynchronous reads and writes in flight (volume_aio.rs); whoever takes `state`'s
+    /// write lock waits for them, as it waits for synchronous I/O through the read lock.
+    in_flight: Arc<aio::InFlight>,
 }
 
 /// Warnings logged per volume and second about failed requests; the rest are counted and
@@ -248,6 +256,7 @@ impl Volume {
             allocated_extents: AtomicU64::new(allocated_extents),
             deleted: AtomicBool::new(false),
             errors: ErrorLog::default(),
+            in_flight: Arc::default(),
         })
     }
 
@@ -670,7 +679,7 @@ impl Volume {
             needs_release
         };
         if needs_release {
-            let mut st = write(&self.state);
+            let mut st = self.write_state();
             self.check_live()?;
             check_range(st.size_bytes, offset, len)?;
             self.punch_partials(&st, head, tail)?;
@@ -891,14 +900,14 @@ impl Volume {
         if new_size > old_size {
             self.shared
                 .commit(&[MetaOp::PutVolume(self.id, record)], false)?;
-            let mut st = write(&self.state);
+            let mut st = self.write_state();
             st.map.resize(extent_count(new_size));
             st.size_bytes = new_size;
             self.size_bytes.store(new_size, Ordering::Release);
             return Ok(());
         }
         let result = {
-            let mut st = write(&self.state);
+            let mut st = self.write_state();
             let new_count = extent_count(new_size);
             let old_count = st.map.extent_count();
             let released = self.release_locked(&mut st, new_count, old_count);
@@ -925,7 +934,7 @@ impl Volume {
     pub(crate) fn destroy(&self) -> Result<(), StoreError> {
         self.deleted.store(true, Ordering::Release);
         let released = {
-            let mut st = write(&self.state);
+            let mut st = self.write_state();
             let count = st.map.extent_count();
             let r = self.release_locked(&mut st, 0, count);
             st.map.resize(0);
