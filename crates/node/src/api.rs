@@ -73,6 +73,11 @@ pub struct CreateVolume {
     /// Export it read-only (`NBD_FLAG_READ_ONLY`; writes, trims and zeroing get EPERM).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
+    /// Copies of every extent, each on a distinct device (1-3; absent: 1). More than the
+    /// pool's healthy devices, or more than 1 on a RADOS store, is refused (422
+    /// `invalid_replicas`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u8>,
 }
 
 /// Query of `GET /v1/volumes`.
@@ -491,6 +496,7 @@ async fn create_volume(
         qos: stored.as_ref().map(StoredQos::to_json),
         tenant: body.tenant,
         read_only: body.read_only,
+        replicas: body.replicas.unwrap_or(1),
     };
     let info =
         blocking(move || store.create_volume_with(&body.name, body.size_bytes, options)).await?;

@@ -47,6 +47,10 @@ pub enum StoreError {
         size_bytes: u64,
         reason: &'static str,
     },
+    /// A volume cannot have this many replicas here (more than `MAX_REPLICAS`, more than the
+    /// pool's healthy devices, or more than 1 on a RADOS store).
+    #[error("cannot create a volume with {replicas} replicas: {reason}")]
+    InvalidReplicas { replicas: u8, reason: String },
     /// No tenant has this id (`create_tenant` first).
     #[error("tenant {0:?} not found")]
     TenantNotFound(String),

@@ -28,7 +28,8 @@ use crate::error::{MetadataError, StoreError};
 use crate::extent_map::ExtentMap;
 use crate::fault::{ActiveRule, FaultConfig, FaultScope};
 use crate::layout::{
-    EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, PhysExtent, VOLUME_SIZE_ALIGN_BYTES, extent_count,
+    EXTENT_SIZE_BYTES, MAX_REPLICAS, MAX_VOLUME_SIZE_BYTES, PhysExtent, VOLUME_SIZE_ALIGN_BYTES,
+    extent_count,
 };
 use crate::meta::{DeviceRecord, ExtentChange, Meta, MetaOp, TenantRecord, VolumeRecord};
 use crate::name::{validate_tenant_id, validate_volume_name};
@@ -41,11 +42,13 @@ pub(crate) enum Change {
     Alloc {
         volume: Weak<Volume>,
         volume_id: u64,
+        replica: u8,
         extent: u64,
         phys: PhysExtent,
     },
     Free {
         volume_id: u64,
+        replica: u8,
         extent: u64,
         phys: PhysExtent,
         /// The extent was punched (reads zero); false if the punch failed (leaked until restart).
@@ -182,17 +185,26 @@ impl Shared {
             .map(|c| match *c {
                 Change::Alloc {
                     volume_id,
+                    replica,
                     extent,
                     phys,
                     ..
                 } => ExtentChange::Map {
                     volume_id,
+                    replica,
                     extent,
                     phys,
                 },
                 Change::Free {
-                    volume_id, extent, ..
-                } => ExtentChange::Unmap { volume_id, extent },
+                    volume_id,
+                    replica,
+                    extent,
+                    ..
+                } => ExtentChange::Unmap {
+                    volume_id,
+                    replica,
+                    extent,
+                },
             })
             .collect();
         if let Err(e) = self.meta.commit(&changes, &all_ops) {
@@ -214,13 +226,14 @@ impl Shared {
         for c in &batch {
             if let Change::Alloc {
                 volume,
+                replica,
                 extent,
                 phys,
                 ..
             } = c
                 && let Some(v) = volume.upgrade()
             {
-                v.mark_committed(*extent, *phys);
+                v.mark_committed(*replica, *extent, *phys);
             }
         }
         let mut pool = lock(&self.pool);
@@ -311,6 +324,10 @@ pub struct DeviceInfo {
     /// new extents go elsewhere. Absent from the JSON when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub failed: bool,
+    /// The failure domain declared for it (`add_device_in_domain`): copies of one extent of
+    /// a replicated volume go to distinct domains when the pool has enough. Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
 }
 
 /// What a new volume is created with besides its name and size.
@@ -322,6 +339,10 @@ pub struct NewVolume {
     pub tenant: Option<String>,
     /// Export it read-only.
     pub read_only: bool,
+    /// Copies of every extent, each on a distinct device (1 to `MAX_REPLICAS`); 0 means 1
+    /// (the default). More than the pool's healthy devices is refused (`InvalidReplicas`),
+    /// and so is more than 1 on a RADOS store (Ceph keeps its own copies).
+    pub replicas: u8,
 }
 
 /// A pool of devices and the volumes on it. `Send + Sync`; share it behind an `Arc`.
@@ -577,6 +598,8 @@ struct LoadedVolume {
     id: u64,
     record: VolumeRecord,
     map: ExtentMap,
+    /// Maps of replicas 1.. (empty for a 1-replica volume).
+    replicas: Vec<ExtentMap>,
     allocated_extents: u64,
 }
 
@@ -661,6 +684,8 @@ impl Store {
                 path,
                 relative,
                 capacity_bytes: 0,
+                failure_domain: None,
+                failed: false,
             };
             records.push((rec, true));
         }
@@ -759,7 +784,10 @@ impl Store {
             sync_dir(&cfg.data_dir)?;
         }
 
-        let (allocator, volumes) = rebuild(&devices, &loaded)?;
+        let (mut allocator, volumes) = rebuild(&devices, &loaded)?;
+        for (d, (rec, _)) in records.iter().enumerate() {
+            allocator.set_failure_domain(d, rec.failure_domain.clone());
+        }
 
         // Recovery: after an unclean shutdown (or on devices new to the pool) a free extent
         // may hold data of an allocation that never became durable. Punch all free space and
@@ -773,6 +801,18 @@ impl Store {
         }
         if punch_all && !fresh {
             tracing::info!("unclean shutdown detected: punched all free extents");
+            // Writes in flight at the crash may have reached some copies of an extent and not
+            // others: make every copy equal to the first readable one before serving.
+            let started = Instant::now();
+            let (extents, chunks) = resync_replicas(&devices, &volumes)?;
+            if extents > 0 {
+                tracing::info!(
+                    extents,
+                    chunks_repaired = chunks,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "unclean shutdown: resynchronised the replicas of replicated volumes"
+                );
+            }
         }
 
         let mut ops = Vec::new();
@@ -830,6 +870,17 @@ impl Store {
         path: Option<&Path>,
         capacity_bytes: u64,
     ) -> Result<DeviceInfo, StoreError> {
+        self.add_device_in_domain(path, capacity_bytes, None)
+    }
+
+    /// `add_device` with the device's failure domain (`None`: none declared; see
+    /// `DeviceInfo::failure_domain`). An empty domain is refused.
+    pub fn add_device_in_domain(
+        &self,
+        path: Option<&Path>,
+        capacity_bytes: u64,
+        failure_domain: Option<String>,
+    ) -> Result<DeviceInfo, StoreError> {
         let _management = lock(&self.management);
         let id = self.shared.devices.len();
         let shown = path.map_or_else(
@@ -840,6 +891,13 @@ impl Store {
             path: shown.clone(),
             reason,
         };
+        if let Some(domain) = &failure_domain
+            && (domain.trim().is_empty() || domain.len() > 128 || domain.contains('\0'))
+        {
+            return Err(invalid(format!(
+                "failure domain {domain:?}: 1-128 characters, not blank, no NUL"
+            )));
+        }
         let Some(data_dir) = &self.data_dir else {
             return Err(invalid("a RAM pool has a fixed size".into()));
         };
@@ -866,6 +924,8 @@ impl Store {
                         path: text,
                         relative: false,
                         capacity_bytes: 0,
+                        failure_domain: None,
+                        failed: false,
                     },
                 )
             }
@@ -877,6 +937,8 @@ impl Store {
                         path: relative,
                         relative: true,
                         capacity_bytes: 0,
+                        failure_domain: None,
+                        failed: false,
                     },
                 )
             }
@@ -903,6 +965,7 @@ impl Store {
         }
         let mut rec = rec;
         rec.capacity_bytes = capacity - capacity % EXTENT_SIZE_BYTES;
+        rec.failure_domain = failure_domain.clone();
         let extent_count = extents_of(rec.capacity_bytes)?;
         let device = Device::from_file(
             id as u32,
@@ -923,7 +986,9 @@ impl Store {
             .devices
             .push(device)
             .map_err(|_| invalid("the device list changed underneath".into()))?;
-        lock(&self.shared.pool).allocator.add_device(extent_count);
+        lock(&self.shared.pool)
+            .allocator
+            .add_device(extent_count, failure_domain);
         tracing::info!(device = id, path = %abs.display(), extents = extent_count, "device added to the pool");
         self.pool_info()
             .devices
@@ -955,6 +1020,8 @@ impl Store {
                     path: format!("memory:{i}"),
                     relative: false,
                     capacity_bytes: u64::from(n) * EXTENT_SIZE_BYTES,
+                    failure_domain: None,
+                    failed: false,
                 },
             ));
         }
@@ -1002,6 +1069,7 @@ impl Store {
                     v.id,
                     v.record,
                     v.map,
+                    v.replicas,
                     v.allocated_extents,
                 );
                 (name, vol)
@@ -1067,6 +1135,8 @@ impl Store {
             return Err(StoreError::UnknownTenant(tenant.clone()));
         }
         self.check_overcommit(0, size_bytes)?;
+        let replicas = options.replicas.max(1);
+        self.check_replicas(replicas)?;
         let id = *next_volume_id;
         let record = VolumeRecord {
             name: name.to_string(),
@@ -1075,6 +1145,7 @@ impl Store {
             qos: options.qos,
             tenant: options.tenant,
             read_only: options.read_only,
+            replicas,
         };
         // Failed devices do not matter here: the new volume has no data yet.
         self.shared.commit(
@@ -1085,11 +1156,15 @@ impl Store {
             false,
         )?;
         *next_volume_id = id + 1;
+        let replica_maps = (1..replicas)
+            .map(|_| ExtentMap::new(extent_count(size_bytes)))
+            .collect();
         let vol = Volume::new(
             Arc::clone(&self.shared),
             id,
             record,
             ExtentMap::new(extent_count(size_bytes)),
+            replica_maps,
             0,
         );
         let info = vol.info();
@@ -1100,9 +1175,46 @@ impl Store {
             size_bytes,
             tenant = info.tenant.as_deref().unwrap_or("-"),
             read_only = info.read_only,
+            replicas,
             "volume created"
         );
         Ok(info)
+    }
+
+    /// Refuses a replica count the pool cannot hold: more than `MAX_REPLICAS`, more than 1
+    /// on RADOS, or more than the healthy devices.
+    fn check_replicas(&self, replicas: u8) -> Result<(), StoreError> {
+        let invalid = |reason: String| StoreError::InvalidReplicas { replicas, reason };
+        if replicas > MAX_REPLICAS {
+            return Err(invalid(format!("at most {MAX_REPLICAS} replicas")));
+        }
+        if replicas == 1 {
+            return Ok(());
+        }
+        if self
+            .shared
+            .devices
+            .iter()
+            .any(|d| !d.is_memory() && !d.is_file_backed())
+        {
+            return Err(invalid(
+                "a RADOS store keeps one copy of each extent: Ceph replicates the pool \
+                 itself (set the pool's size instead)"
+                    .into(),
+            ));
+        }
+        let healthy = self
+            .shared
+            .devices
+            .iter()
+            .filter(|d| !d.is_failed())
+            .count();
+        if usize::from(replicas) > healthy {
+            return Err(invalid(format!(
+                "replicas go to distinct devices and the pool has {healthy} healthy device(s)"
+            )));
+        }
+        Ok(())
     }
 
     /// All volumes, sorted by name.
@@ -1368,8 +1480,13 @@ impl Store {
     pub fn pool_info(&self) -> PoolInfo {
         let (per_device_free, free, quarantined, leaked) = {
             let pool = lock(&self.shared.pool);
-            let per: Vec<u64> = (0..self.shared.devices.len())
-                .map(|d| pool.allocator.free_extents(d))
+            let per: Vec<(u64, Option<String>)> = (0..self.shared.devices.len())
+                .map(|d| {
+                    (
+                        pool.allocator.free_extents(d),
+                        pool.allocator.failure_domain(d).map(str::to_owned),
+                    )
+                })
                 .collect();
             (
                 per,
@@ -1383,7 +1500,7 @@ impl Store {
             .devices
             .iter()
             .zip(per_device_free)
-            .map(|(d, free_extents)| DeviceInfo {
+            .map(|(d, (free_extents, failure_domain))| DeviceInfo {
                 id: d.id,
                 path: d.label.clone(),
                 capacity_bytes: d.capacity_bytes(),
@@ -1391,6 +1508,7 @@ impl Store {
                 free_extents,
                 physical_used_bytes: d.physical_used_bytes(),
                 failed: d.is_failed(),
+                failure_domain,
             })
             .collect();
         let total: u64 = devices.iter().map(|d| d.extent_count).sum();
@@ -1471,6 +1589,88 @@ fn tenant_info(id: String, rec: &TenantRecord, volumes: &[VolumeInfo]) -> Tenant
     }
 }
 
+/// Unit of comparison of the replica resync: a chunk that differs is rewritten whole.
+const RESYNC_CHUNK_BYTES: usize = 64 * 1024;
+
+/// After an unclean shutdown, makes every copy of every allocated extent of the replicated
+/// volumes equal to the first copy that reads (replica 0 unless it fails), chunk by chunk:
+/// a differing chunk is written, or punched when the source reads zero, and the devices are
+/// synced before the store serves. This closes the window a crash opens between the writes
+/// of one request to its copies: without it, a later failover from one copy to another
+/// could show a reader data changing under it. Returns (extents compared, chunks repaired).
+///
+/// Cost: every allocated extent of a replicated volume is read once per copy (2 MiB each),
+/// at startup, only after an unclean shutdown. See docs/ARCHITECTURE.md for the alternative
+/// (a write-intent record) that would bound it to the extents written since the last FLUSH.
+fn resync_replicas(devices: &[Device], volumes: &[LoadedVolume]) -> Result<(u64, u64), StoreError> {
+    let mut src = vec![0u8; EXTENT_SIZE_BYTES as usize];
+    let mut dst = vec![0u8; EXTENT_SIZE_BYTES as usize];
+    let device = |p: PhysExtent| {
+        devices
+            .get(p.device as usize)
+            .ok_or_else(|| corrupt(format!("extent on unknown device {}", p.device)))
+    };
+    let (mut extents, mut chunks) = (0u64, 0u64);
+    for v in volumes.iter().filter(|v| !v.replicas.is_empty()) {
+        for (extent, entry) in v.map.allocated_in(0, v.map.extent_count()) {
+            let copies: Vec<PhysExtent> = std::iter::once(entry)
+                .chain(v.replicas.iter().map(|m| m.get(extent)))
+                .filter_map(PhysExtent::from_entry)
+                .collect();
+            // The source: the first copy that reads.
+            let mut source = None;
+            for (i, &p) in copies.iter().enumerate() {
+                match device(p)?.read(p.index, 0, &mut src) {
+                    Ok(()) => {
+                        source = Some(i);
+                        break;
+                    }
+                    Err(e) => tracing::warn!(
+                        volume = v.record.name.as_str(),
+                        extent,
+                        device = p.device,
+                        error = %e,
+                        "resync: a copy does not read; trying the next"
+                    ),
+                }
+            }
+            let Some(source) = source else {
+                return Err(StoreError::Io(std::io::Error::other(format!(
+                    "resync of volume {} extent {extent}: no copy reads",
+                    v.record.name
+                ))));
+            };
+            extents += 1;
+            for (_, &p) in copies.iter().enumerate().filter(|&(i, _)| i != source) {
+                let d = device(p)?;
+                d.read(p.index, 0, &mut dst)?;
+                for (k, (s, t)) in src
+                    .chunks(RESYNC_CHUNK_BYTES)
+                    .zip(dst.chunks(RESYNC_CHUNK_BYTES))
+                    .enumerate()
+                {
+                    if s == t {
+                        continue;
+                    }
+                    let off = (k * RESYNC_CHUNK_BYTES) as u64;
+                    if s.iter().all(|&b| b == 0) {
+                        d.punch(p.index, off, s.len() as u64)?;
+                    } else {
+                        d.write(p.index, off, s)?;
+                    }
+                    chunks += 1;
+                }
+            }
+        }
+    }
+    if chunks > 0 {
+        for d in devices {
+            d.sync_if_dirty()?;
+        }
+    }
+    Ok((extents, chunks))
+}
+
 /// Rebuilds the allocator and the in-memory extent maps from loaded metadata, checking that
 /// every row is consistent (known volume, extent inside it, physical extent inside a device
 /// and mapped once).
@@ -1498,6 +1698,9 @@ fn rebuild(
                 id: *id,
                 record: rec.clone(),
                 map: ExtentMap::new(extent_count(rec.size_bytes)),
+                replicas: (1..rec.replicas.clamp(1, MAX_REPLICAS))
+                    .map(|_| ExtentMap::new(extent_count(rec.size_bytes)))
+                    .collect(),
                 allocated_extents: 0,
             },
         );
@@ -1517,6 +1720,32 @@ fn rebuild(
         if !in_range || !allocator.mark_used(volume_id, phys) {
             return Err(corrupt(format!(
                 "volume {volume_id} extent {extent}: physical extent {phys:?} is invalid or mapped twice"
+            )));
+        }
+        slot.store(phys.to_entry(), Ordering::Release);
+        vol.allocated_extents += 1;
+    }
+    for &(volume_id, replica, extent, phys) in &loaded.replica_extents {
+        let vol = volumes
+            .get_mut(&volume_id)
+            .ok_or_else(|| corrupt(format!("replica row for unknown volume {volume_id}")))?;
+        let slot = vol
+            .replicas
+            .get(usize::from(replica).wrapping_sub(1))
+            .and_then(|m| m.slot(extent))
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "volume {volume_id} maps extent {extent} of replica {replica}, which it \
+                     does not have"
+                ))
+            })?;
+        let in_range = devices
+            .get(phys.device as usize)
+            .is_some_and(|d| phys.index < d.extent_count);
+        if !in_range || !allocator.mark_used(volume_id, phys) {
+            return Err(corrupt(format!(
+                "volume {volume_id} extent {extent} replica {replica}: physical extent \
+                 {phys:?} is invalid or mapped twice"
             )));
         }
         slot.store(phys.to_entry(), Ordering::Release);
