@@ -28,6 +28,9 @@ pub enum StoreError {
     /// A device cannot be added to the pool as asked (path, size, backend or count).
     #[error("cannot add device {path}: {reason}")]
     InvalidDevice { path: String, reason: String },
+    /// The pool has no device with this id.
+    #[error("the pool has no device {0}")]
+    DeviceNotFound(u32),
     /// The path is already a device of the pool.
     #[error("{0} is already device of the pool")]
     DeviceExists(String),

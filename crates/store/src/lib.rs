@@ -51,4 +51,4 @@ pub use stats::{
 };
 pub use store::{DeviceInfo, NewVolume, PoolInfo, Store, TenantInfo};
 pub use telemetry::{DeviceTelemetry, EWMA_ALPHA};
-pub use volume::{Extent, PhysicalLocation, Volume, VolumeInfo};
+pub use volume::{Extent, PhysicalLocation, Volume, VolumeHealth, VolumeInfo};

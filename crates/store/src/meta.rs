@@ -156,6 +156,8 @@ pub(crate) enum MetaOp {
     SetClean(bool),
     PutTenant(String, TenantRecord),
     DeleteTenant(String),
+    /// Sets `failed` in the record of device `id` (which must exist).
+    FailDevice(u32),
 }
 
 /// Where the metadata lives: redb (file and RAM stores, and RADOS stores of the first
@@ -405,6 +407,20 @@ impl Meta {
                     }
                     MetaOp::DeleteTenant(id) => {
                         tenants.remove(id.as_str()).map_err(redb_err)?;
+                    }
+                    MetaOp::FailDevice(id) => {
+                        let json = devices
+                            .get(*id)
+                            .map_err(redb_err)?
+                            .map(|v| v.value().to_string())
+                            .ok_or_else(|| {
+                                MetadataError::Corrupt(format!("no record of device {id}"))
+                            })?;
+                        let mut rec: DeviceRecord =
+                            serde_json::from_str(&json).map_err(json_err)?;
+                        rec.failed = true;
+                        let json = serde_json::to_string(&rec).map_err(json_err)?;
+                        devices.insert(*id, json.as_str()).map_err(redb_err)?;
                     }
                 }
             }

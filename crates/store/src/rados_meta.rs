@@ -248,6 +248,12 @@ impl RadosMeta {
                     serde_json::to_vec(rec).map_err(json_err)?,
                 ),
                 MetaOp::DeleteTenant(id) => p.rm(format!("t.{id}").into_bytes()),
+                // The store refuses to fail the one device of a RADOS pool.
+                MetaOp::FailDevice(id) => {
+                    return Err(corrupt(format!(
+                        "device {id}: a RADOS store does not fail its device"
+                    )));
+                }
             }
         }
         self.pool.omap_commit(META_OBJECT, &p.into_batch())?;

@@ -85,6 +85,9 @@ pub(crate) struct Shared {
     commit_lock: Mutex<()>,
     /// Fault rules scoped to volumes (`Store::inject_faults`); unset: none.
     pub volume_faults: OnceLock<Vec<ActiveRule>>,
+    /// Devices the operator failed (`Store::fail_device`, recorded durably): a bit set. They
+    /// are failed devices, but no surprise: a shutdown with only these failed is clean.
+    pub retired: std::sync::atomic::AtomicU64,
 }
 
 /// A set of device ids (ids are < `MAX_DEVICES` = 64).
@@ -255,10 +258,12 @@ impl Shared {
         Ok(failed)
     }
 
-    /// A commit that promises the durability of everything: any failed device is an error.
+    /// A commit that promises the durability of everything: any failed device is an error,
+    /// except the devices the operator failed (`Store::fail_device`), whose loss is known.
     pub(crate) fn commit_all(&self, ops: &[MetaOp]) -> Result<(), StoreError> {
         let failed = self.commit(ops, false)?;
-        match failed.iter().next() {
+        let retired = self.retired.load(Ordering::Acquire);
+        match DeviceSet(failed.0 & !retired).iter().next() {
             Some(id) => Err(self.failed_error(id)),
             None => Ok(()),
         }
@@ -278,10 +283,11 @@ impl Drop for Shared {
     /// zero (no failed punch), record a clean shutdown so the next open skips the free-space
     /// punch.
     fn drop(&mut self) {
-        let clean = lock(&self.pool).leaked == 0 && self.failed_devices().is_empty();
+        let retired = self.retired.load(Ordering::Acquire);
+        let clean = lock(&self.pool).leaked == 0 && self.failed_devices().0 & !retired == 0;
         match self.commit(&[MetaOp::SetClean(clean)], false) {
             // A device failed in this very commit (or a free on it leaked): not clean after all.
-            Ok(failed) if clean && (!failed.is_empty() || lock(&self.pool).leaked > 0) => {
+            Ok(failed) if clean && (failed.0 & !retired != 0 || lock(&self.pool).leaked > 0) => {
                 if let Err(e) = self.commit(&[MetaOp::SetClean(false)], false) {
                     tracing::error!(error = %e, "final commit at close failed");
                 }
@@ -785,8 +791,13 @@ impl Store {
         }
 
         let (mut allocator, volumes) = rebuild(&devices, &loaded)?;
+        let mut retired = DeviceSet::default();
         for (d, (rec, _)) in records.iter().enumerate() {
             allocator.set_failure_domain(d, rec.failure_domain.clone());
+            if rec.failed {
+                devices[d].mark_failed();
+                retired.insert(d as u32);
+            }
         }
 
         // Recovery: after an unclean shutdown (or on devices new to the pool) a free extent
@@ -794,7 +805,7 @@ impl Store {
         // make the punches durable before anything can be allocated.
         let punch_all = fresh || !loaded.clean;
         for (d, (_, is_new)) in devices.iter().zip(records.iter()) {
-            if punch_all || *is_new {
+            if (punch_all || *is_new) && !d.is_failed() {
                 d.punch_free_runs(&allocator.free_runs(d.id as usize))?;
                 d.sync_if_dirty()?;
             }
@@ -842,6 +853,7 @@ impl Store {
         meta.commit(&[], &ops)?;
         let mut store = Store::assemble(
             meta,
+            retired.0,
             devices,
             allocator,
             volumes,
@@ -997,6 +1009,40 @@ impl Store {
             .ok_or_else(|| invalid("the device vanished after it was added".into()))
     }
 
+    /// Fails device `id` for good, durably (`headroom device fail`): it is never allocated
+    /// on, written or (while another copy exists) read again, and stays failed after a
+    /// restart. Replicated volumes go on from their other copies (`degraded`); a 1-replica
+    /// volume with extents there keeps reading them while the device answers, but its FLUSH
+    /// fails from now on (its data there is not durable any more). Failing a failed device
+    /// again does nothing. Not on a RADOS store (Ceph handles its own failures).
+    pub fn fail_device(&self, id: u32) -> Result<DeviceInfo, StoreError> {
+        let _management = lock(&self.management);
+        let invalid = |reason: String| StoreError::InvalidDevice {
+            path: format!("device {id}"),
+            reason,
+        };
+        let Some(device) = self.shared.devices.get(id as usize) else {
+            return Err(StoreError::DeviceNotFound(id));
+        };
+        if !device.is_memory() && !device.is_file_backed() {
+            return Err(invalid(
+                "a RADOS store has one device, whose failures Ceph handles".into(),
+            ));
+        }
+        let bit = 1u64 << (id % 64);
+        if self.shared.retired.load(Ordering::Acquire) & bit == 0 {
+            self.shared.commit(&[MetaOp::FailDevice(id)], false)?;
+            device.mark_failed();
+            self.shared.retired.fetch_or(bit, Ordering::AcqRel);
+            tracing::warn!(device = id, path = %device.label, "device failed by the operator");
+        }
+        self.pool_info()
+            .devices
+            .into_iter()
+            .find(|d| d.id == id)
+            .ok_or(StoreError::DeviceNotFound(id))
+    }
+
     /// A store whose devices and metadata live in RAM (tests, benchmarks). `capacity_bytes`
     /// is rounded down to whole extents and split over two devices (one if it holds a single
     /// extent). Same code paths as the file store except device I/O and redb's backend.
@@ -1029,6 +1075,7 @@ impl Store {
         let counts: Vec<u32> = devices.iter().map(|d| d.extent_count).collect();
         Ok(Store::assemble(
             meta,
+            0,
             devices,
             Allocator::new(&counts),
             Vec::new(),
@@ -1039,6 +1086,7 @@ impl Store {
 
     fn assemble(
         meta: Meta,
+        retired: u64,
         devices: Vec<Device>,
         allocator: Allocator,
         volumes: Vec<LoadedVolume>,
@@ -1059,6 +1107,7 @@ impl Store {
             }),
             commit_lock: Mutex::new(()),
             volume_faults: OnceLock::new(),
+            retired: std::sync::atomic::AtomicU64::new(retired),
         });
         let by_name = volumes
             .into_iter()
@@ -1426,7 +1475,7 @@ impl Store {
     }
 
     /// Makes everything acknowledged so far durable (used at shutdown). Fails if a device is
-    /// failed: its acknowledged data may be lost.
+    /// failed (other than by the operator, `fail_device`): its acknowledged data may be lost.
     pub fn flush_all(&self) -> Result<(), StoreError> {
         self.shared.commit_all(&[])
     }
@@ -1617,7 +1666,15 @@ fn resync_replicas(devices: &[Device], volumes: &[LoadedVolume]) -> Result<(u64,
                 .chain(v.replicas.iter().map(|m| m.get(extent)))
                 .filter_map(PhysExtent::from_entry)
                 .collect();
-            // The source: the first copy that reads.
+            // The source: the first copy that reads (on a device not failed by the operator).
+            let copies: Vec<PhysExtent> = copies
+                .into_iter()
+                .filter(|p| {
+                    devices
+                        .get(p.device as usize)
+                        .is_some_and(|d| !d.is_failed())
+                })
+                .collect();
             let mut source = None;
             for (i, &p) in copies.iter().enumerate() {
                 match device(p)?.read(p.index, 0, &mut src) {
@@ -1635,6 +1692,9 @@ fn resync_replicas(devices: &[Device], volumes: &[LoadedVolume]) -> Result<(u64,
                 }
             }
             let Some(source) = source else {
+                if copies.is_empty() {
+                    continue; // every copy on a failed device: nothing to compare
+                }
                 return Err(StoreError::Io(std::io::Error::other(format!(
                     "resync of volume {} extent {extent}: no copy reads",
                     v.record.name

@@ -56,6 +56,21 @@ pub struct VolumeInfo {
     /// Copies of every extent, on distinct devices (1 to `MAX_REPLICAS`); 1 when absent.
     #[serde(default = "one_replica")]
     pub replicas: u8,
+    /// `degraded` while some of its extents are on a failed device.
+    #[serde(default)]
+    pub health: VolumeHealth,
+}
+
+/// Whether every copy of a volume's data is on a healthy device.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeHealth {
+    /// No extent of the volume is on a failed device.
+    #[default]
+    Healthy,
+    /// Some extents are on a failed device: a replicated volume serves them from the other
+    /// copies (with less redundancy); a 1-replica volume may have lost them.
+    Degraded,
 }
 
 fn one_replica() -> u8 {
@@ -344,6 +359,22 @@ impl Volume {
             tenant: self.tenant.clone(),
             read_only: self.read_only,
             replicas: self.replicas,
+            health: self.health(),
+        }
+    }
+
+    /// `Degraded` while a failed device holds one of the volume's extents.
+    pub fn health(&self) -> VolumeHealth {
+        let failed = self.shared.failed_devices();
+        if failed.is_empty() {
+            return VolumeHealth::Healthy;
+        }
+        let holder = lock(&self.shared.pool)
+            .allocator
+            .first_device_holding(self.id, failed.0);
+        match holder {
+            Some(_) => VolumeHealth::Degraded,
+            None => VolumeHealth::Healthy,
         }
     }
 
@@ -1263,6 +1294,7 @@ mod tests {
             tenant: None,
             read_only: false,
             replicas: 1,
+            health: VolumeHealth::Healthy,
         };
         let json = serde_json::to_string(&info).unwrap();
         assert!(!json.contains("qos"), "{json}");

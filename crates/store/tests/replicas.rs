@@ -8,7 +8,7 @@
 
 use headroom_store::{
     EXTENT_SIZE_BYTES, FaultConfig, FaultRule, FaultScope, NewVolume, Store, StoreConfig,
-    StoreError, Volume,
+    StoreError, Volume, VolumeHealth,
 };
 use tempfile::TempDir;
 
@@ -326,6 +326,11 @@ fn reads_and_writes_continue_when_a_device_with_copies_disappears() {
     assert_eq!(read_vec(&v, 0, expected.len()), expected);
     // FLUSH succeeds: every extent keeps a copy on a healthy device.
     v.flush().unwrap();
+    assert_eq!(v.info().health, VolumeHealth::Degraded);
+    assert_eq!(
+        store.volume_info("single").unwrap().health,
+        VolumeHealth::Healthy
+    );
     assert!(store.pool_info().devices[gone as usize].failed);
     // Creating a 3-replica volume needs three healthy devices: refused now.
     assert!(matches!(
@@ -339,4 +344,54 @@ fn reads_and_writes_continue_when_a_device_with_copies_disappears() {
         ),
         Err(StoreError::InvalidReplicas { .. })
     ));
+}
+
+#[test]
+fn an_operator_failed_device_stays_failed_and_replicated_volumes_go_on_degraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, 3);
+    let data = pattern(21, (4 * E) as usize);
+    let failed = {
+        let store = Store::open(&cfg).unwrap();
+        let v = replicated(&store, "v", 16 * MIB, 2);
+        v.write_at(0, &data, false).unwrap();
+        v.flush().unwrap();
+        assert_eq!(v.info().health, VolumeHealth::Healthy);
+        assert!(matches!(
+            store.fail_device(9),
+            Err(StoreError::DeviceNotFound(9))
+        ));
+        let failed = v.replica_location(0, 0).unwrap().device;
+        let info = store.fail_device(failed).unwrap();
+        assert!(info.failed);
+        // Again: nothing changes.
+        assert!(store.fail_device(failed).unwrap().failed);
+        assert_eq!(v.info().health, VolumeHealth::Degraded);
+        assert_eq!(read_vec(&v, 0, data.len()), data);
+        // Writes skip the failed copy; new extents avoid the device; FLUSH and FUA succeed.
+        v.write_at(E + 4096, &pattern(22, 4096), true).unwrap();
+        v.write_at(5 * E, &pattern(23, 4096), false).unwrap();
+        assert!(copy_devices(&v, 5).iter().all(|&d| d != failed));
+        v.flush().unwrap();
+        store.flush_all().unwrap();
+        failed
+    };
+    let store = Store::open(&cfg).unwrap();
+    assert!(store.pool_info().devices[failed as usize].failed);
+    let v = store.open_volume("v").unwrap();
+    assert_eq!(v.info().health, VolumeHealth::Degraded);
+    let mut expected = data.clone();
+    expected[(E + 4096) as usize..(E + 8192) as usize].copy_from_slice(&pattern(22, 4096));
+    assert_eq!(read_vec(&v, 0, data.len()), expected);
+    assert_eq!(read_vec(&v, 5 * E, 4096), pattern(23, 4096));
+    // Only two healthy devices are left: 3 replicas are refused, 2 are fine.
+    let three = NewVolume {
+        replicas: 3,
+        ..NewVolume::default()
+    };
+    assert!(matches!(
+        store.create_volume_with("three", 4 * MIB, three),
+        Err(StoreError::InvalidReplicas { .. })
+    ));
+    replicated(&store, "two", 4 * MIB, 2);
 }
