@@ -1017,7 +1017,11 @@ fn compare_replicas(data_dir: &std::path::Path) -> (usize, u64) {
         let v = store.open_volume(&info.name).expect("open volume");
         for extent in 0..info.size_bytes.div_ceil(EXTENT) {
             if v.replica_location(0, extent).is_none() {
-                assert!(v.replica_location(1, extent).is_none(), "{} {extent}", info.name);
+                assert!(
+                    v.replica_location(1, extent).is_none(),
+                    "{} {extent}",
+                    info.name
+                );
                 continue;
             }
             let len = (info.size_bytes - extent * EXTENT).min(EXTENT) as usize;
