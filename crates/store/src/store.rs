@@ -1183,9 +1183,9 @@ impl Store {
         {
             return Err(StoreError::UnknownTenant(tenant.clone()));
         }
-        self.check_overcommit(0, size_bytes)?;
         let replicas = options.replicas.max(1);
         self.check_replicas(replicas)?;
+        self.check_overcommit(0, size_bytes.saturating_mul(u64::from(replicas)))?;
         let id = *next_volume_id;
         let record = VolumeRecord {
             name: name.to_string(),
@@ -1294,7 +1294,11 @@ impl Store {
         validate_size(size_bytes)?;
         let _serial = lock(&self.management);
         let vol = self.lookup(name)?;
-        self.check_overcommit(vol.size_bytes(), size_bytes)?;
+        let copies = u64::from(vol.replicas());
+        self.check_overcommit(
+            vol.size_bytes().saturating_mul(copies),
+            size_bytes.saturating_mul(copies),
+        )?;
         vol.resize(size_bytes)?;
         tracing::info!(volume = name, size_bytes, "volume resized");
         Ok(vol.info())
@@ -1371,11 +1375,12 @@ impl Store {
         *read(&self.overcommit_ratio)
     }
 
-    /// Sum of the volume sizes.
+    /// Sum of the volume sizes, each times its replica count (the pool space the volumes
+    /// can take when full).
     pub fn provisioned_bytes(&self) -> u64 {
-        read(&self.volumes)
-            .values()
-            .fold(0u64, |sum, v| sum.saturating_add(v.size_bytes()))
+        read(&self.volumes).values().fold(0u64, |sum, v| {
+            sum.saturating_add(v.size_bytes().saturating_mul(u64::from(v.replicas())))
+        })
     }
 
     /// Refuses a change from `old_bytes` to `new_bytes` of one volume's size that would take

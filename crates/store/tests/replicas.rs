@@ -147,6 +147,22 @@ fn too_many_replicas_for_the_pool_are_refused() {
     }
     assert!(store.list_volumes().is_empty());
     let v = replicated(&store, "v", 4 * MIB, 2);
+    // The overcommit limit counts every copy: 2 x 4 MiB of 64 MiB at ratio 1.0 leaves 56 MiB.
+    assert_eq!(store.provisioned_bytes(), 8 * MIB);
+    store.set_overcommit_ratio(Some(1.0));
+    let too_big = NewVolume {
+        replicas: 2,
+        ..NewVolume::default()
+    };
+    assert!(matches!(
+        store.create_volume_with("big", 30 * MIB, too_big),
+        Err(StoreError::Overcommitted { .. })
+    ));
+    assert!(matches!(
+        store.resize_volume("v", 34 * MIB),
+        Err(StoreError::Overcommitted { .. })
+    ));
+    store.resize_volume("v", 28 * MIB).unwrap();
     v.write_at(0, &pattern(1, 4096), false).unwrap();
     assert_eq!(replica_bytes(&v, 1, 0, 4096), pattern(1, 4096));
 }

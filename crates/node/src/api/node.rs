@@ -241,7 +241,7 @@ pub struct PoolView {
     pub quarantined_extents: u64,
     /// Freed but their punch failed; reusable after a restart.
     pub leaked_extents: u64,
-    /// Sum of the volume sizes (volumes are thin: this may exceed the capacity).
+    /// Sum of the volume sizes, each times its replica count (volumes are thin: this may exceed the capacity).
     pub provisioned_bytes: u64,
     /// Most volume bytes per pool byte (`[storage] overcommit_ratio`); `null`: no limit.
     pub overcommit_ratio: Option<f64>,
