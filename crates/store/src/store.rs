@@ -1750,6 +1750,12 @@ fn rebuild(
         if validate_volume_name(&rec.name).is_err() || validate_size(rec.size_bytes).is_err() {
             return Err(corrupt(format!("volume {id} has an invalid name or size")));
         }
+        if !(1..=MAX_REPLICAS).contains(&rec.replicas) {
+            return Err(corrupt(format!(
+                "volume {id} has {} replicas (1 to {MAX_REPLICAS})",
+                rec.replicas
+            )));
+        }
         // A tenant id the rule refuses cannot match a client; the volume is still served to
         // nobody but its (impossible) tenant, so load it and say so rather than refuse the pool.
         if let Some(tenant) = &rec.tenant
@@ -1763,7 +1769,7 @@ fn rebuild(
                 id: *id,
                 record: rec.clone(),
                 map: ExtentMap::new(extent_count(rec.size_bytes)),
-                replicas: (1..rec.replicas.clamp(1, MAX_REPLICAS))
+                replicas: (1..rec.replicas)
                     .map(|_| ExtentMap::new(extent_count(rec.size_bytes)))
                     .collect(),
                 allocated_extents: 0,
