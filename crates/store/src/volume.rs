@@ -137,6 +137,11 @@ pub struct Volume {
     read_only: bool,
     /// Copies of every extent; fixed at creation.
     replicas: u8,
+    /// Replicated volumes: a write to the copies of an extent holds the lock of its stripe
+    /// (extent index modulo the count), so two overlapping writes in flight at once reach
+    /// every copy in the same order and the copies end up equal (NBD leaves the order of
+    /// overlapping writes open, but not that the copies then disagree). Empty for 1 replica.
+    copy_locks: Box<[Mutex<()>]>,
     shared: Arc<Shared>,
     me: Weak<Volume>,
     state: RwLock<VolumeState>,
@@ -203,6 +208,10 @@ impl fmt::Debug for Volume {
             .finish_non_exhaustive()
     }
 }
+
+/// Lock stripes of a replicated volume's copy writes (`Volume::copy_locks`): enough that
+/// writes to different extents rarely share one.
+const COPY_LOCK_STRIPES: usize = 64;
 
 /// Commits a full pool may run to recycle quarantined extents before a write gives up with
 /// `NoSpace` (others may take the recycled extents first).
@@ -293,6 +302,11 @@ impl Volume {
             tenant: record.tenant,
             read_only: record.read_only,
             replicas: record.replicas,
+            copy_locks: if record.replicas > 1 {
+                (0..COPY_LOCK_STRIPES).map(|_| Mutex::new(())).collect()
+            } else {
+                Box::new([])
+            },
             shared,
             me: me.clone(),
             size_bytes: AtomicU64::new(record.size_bytes),
@@ -562,6 +576,7 @@ impl Volume {
     ) -> Result<(), StoreError> {
         let mut written = false;
         let mut skipped = None;
+        let _ordered = self.copy_lock(p.extent);
         for map in st.maps() {
             let entry = map.get(p.extent);
             *needs_commit |= entry & PENDING_BIT != 0;
@@ -581,6 +596,16 @@ impl Volume {
             Some(device) if !written => Err(self.shared.failed_error(device as usize)),
             _ => Ok(()),
         }
+    }
+
+    /// The stripe lock of logical extent `extent`'s copies (`copy_locks`); `None` for a
+    /// 1-replica volume.
+    fn copy_lock(&self, extent: u64) -> Option<std::sync::MutexGuard<'_, ()>> {
+        let n = self.copy_locks.len() as u64;
+        if n == 0 {
+            return None;
+        }
+        self.copy_locks.get((extent % n) as usize).map(lock)
     }
 
     /// Reads `buf.len()` bytes at `offset` from replica `replica` only (tests and scrub:
@@ -971,6 +996,7 @@ impl Volume {
         tail: Option<Piece>,
     ) -> Result<(), StoreError> {
         for p in head.iter().chain(tail.iter()) {
+            let _ordered = self.copy_lock(p.extent);
             for map in st.maps() {
                 if let Some(phys) = PhysExtent::from_entry(map.get(p.extent)) {
                     let device = self.shared.device(phys)?;
