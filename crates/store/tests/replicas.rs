@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use headroom_store::{
-    EXTENT_SIZE_BYTES, FaultConfig, FaultRule, FaultScope, NewVolume, Store, StoreConfig,
+    DeviceOp, EXTENT_SIZE_BYTES, FaultConfig, FaultRule, FaultScope, NewVolume, Store, StoreConfig,
     StoreError, Volume, VolumeHealth,
 };
 use tempfile::TempDir;
@@ -456,4 +456,53 @@ fn overlapping_concurrent_writes_leave_the_copies_equal() {
         .filter(|(x, y)| x != y)
         .count();
     assert_eq!(differing, 0, "blocks that differ between the copies");
+}
+
+/// Syncs each device has done (`DeviceOp::Sync`, the last of `DeviceOp::ALL`).
+fn syncs(store: &Store) -> Vec<u64> {
+    store
+        .device_stats()
+        .iter()
+        .map(|d| d.ops[DeviceOp::ALL.len() - 1].ops)
+        .collect()
+}
+
+#[test]
+fn fua_and_flush_sync_the_device_of_every_copy() {
+    assert!(matches!(
+        DeviceOp::ALL[DeviceOp::ALL.len() - 1],
+        DeviceOp::Sync
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&config(&dir, 3)).unwrap();
+    let v = replicated(&store, "v", 4 * MIB, 2);
+    v.write_at(0, &pattern(1, 4096), false).unwrap();
+    v.flush().unwrap();
+    let copies = copy_devices(&v, 0);
+    let other = (0..3).find(|d| !copies.contains(d)).unwrap() as usize;
+    // A FUA write into the committed extent syncs both copies' devices, not the third.
+    let before = syncs(&store);
+    v.write_at(8192, &pattern(2, 4096), true).unwrap();
+    let after = syncs(&store);
+    for &d in &copies {
+        assert!(
+            after[d as usize] > before[d as usize],
+            "device {d}: {before:?} -> {after:?}"
+        );
+    }
+    assert_eq!(after[other], before[other]);
+    // A FLUSH after a plain write syncs both too.
+    v.write_at(16384, &pattern(3, 4096), false).unwrap();
+    let before = syncs(&store);
+    v.flush().unwrap();
+    let after = syncs(&store);
+    for &d in &copies {
+        assert!(
+            after[d as usize] > before[d as usize],
+            "device {d}: {before:?} -> {after:?}"
+        );
+    }
+    for r in 0..2 {
+        assert_eq!(replica_bytes(&v, r, 16384, 4096), pattern(3, 4096));
+    }
 }
