@@ -239,7 +239,12 @@ impl Api {
 
     /// `POST /v1/devices`: adds a device to the running pool; the new device as the API
     /// answered it.
-    pub fn add_device(&self, path: Option<&str>, size_bytes: Option<u64>) -> Result<Value> {
+    pub fn add_device(
+        &self,
+        path: Option<&str>,
+        size_bytes: Option<u64>,
+        failure_domain: Option<&str>,
+    ) -> Result<Value> {
         let mut body = serde_json::Map::new();
         if let Some(path) = path {
             body.insert("path".into(), Value::from(path));
@@ -247,9 +252,22 @@ impl Api {
         if let Some(size) = size_bytes {
             body.insert("size_bytes".into(), Value::from(size));
         }
+        if let Some(domain) = failure_domain {
+            body.insert("failure_domain".into(), Value::from(domain));
+        }
         let response = self
             .authorized(self.agent.post(self.url("/v1/devices")))
             .send_json(Value::Object(body))
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
+    /// `POST /v1/devices/{id}/fail`: the device as the API answered (for `headroom device
+    /// fail`).
+    pub fn fail_device(&self, id: u32) -> Result<Value> {
+        let response = self
+            .authorized(self.agent.post(self.url(&format!("/v1/devices/{id}/fail"))))
+            .send_empty()
             .map_err(|err| self.unreachable(err))?;
         self.decode(response)
     }

@@ -22,6 +22,21 @@ pub enum DeviceCommand {
     /// Add a device to the running pool: new extents may go there at once, and it stays
     /// after a restart (file pools only).
     Add(DeviceAddArgs),
+    /// Fail a device for good (recorded durably): nothing is allocated, written or (while
+    /// another copy exists) read there again. Replicated volumes go on from their other
+    /// copies, `degraded`; a 1-replica volume with extents there fails its FLUSHes.
+    Fail(DeviceFailArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DeviceFailArgs {
+    /// The device id (`headroom device list`).
+    id: u32,
+    /// Print the API's JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    api: ApiArgs,
 }
 
 #[derive(Args, Debug)]
@@ -33,6 +48,10 @@ pub struct DeviceAddArgs {
     /// `100GiB`; rounded down to whole 2 MiB extents [default: 64GiB, sparse].
     #[arg(long, value_parser = parse_size)]
     size: Option<u64>,
+    /// The failure domain the device is in (a host, a shelf, a power feed): the copies of
+    /// a replicated volume's extents go to distinct domains when the pool has enough.
+    #[arg(long, value_name = "DOMAIN")]
+    failure_domain: Option<String>,
     /// Print the API's JSON.
     #[arg(long)]
     json: bool,
@@ -60,10 +79,11 @@ pub fn run(command: DeviceCommand) -> Result<()> {
             Ok(())
         }
         DeviceCommand::Add(args) => {
-            let device = args
-                .api
-                .client()?
-                .add_device(args.path.as_deref(), args.size)?;
+            let device = args.api.client()?.add_device(
+                args.path.as_deref(),
+                args.size,
+                args.failure_domain.as_deref(),
+            )?;
             if args.json {
                 return print_json(&device);
             }
@@ -80,6 +100,18 @@ pub fn run(command: DeviceCommand) -> Result<()> {
                     .get("extent_count")
                     .and_then(Value::as_u64)
                     .unwrap_or(0),
+                device.get("path").and_then(Value::as_str).unwrap_or("?")
+            );
+            Ok(())
+        }
+        DeviceCommand::Fail(args) => {
+            let device = args.api.client()?.fail_device(args.id)?;
+            if args.json {
+                return print_json(&device);
+            }
+            outln!(
+                "device {} ({}) is failed: replicated volumes go on from their other copies",
+                args.id,
                 device.get("path").and_then(Value::as_str).unwrap_or("?")
             );
             Ok(())

@@ -210,6 +210,7 @@ pub fn create_volume(api: &Api, name: &str, size_bytes: u64, qos: &QosSpec) -> R
         qos: (!qos.is_empty()).then(|| qos.clone()),
         tenant: None,
         read_only: false,
+        replicas: None,
     })
     .with_context(|| format!("creating volume {name}"))?;
     Ok(())

@@ -35,6 +35,12 @@ pub enum VolumeCommand {
         /// Export it read-only: writes, trims and zeroing are refused (EPERM).
         #[arg(long)]
         read_only: bool,
+        /// Copies of every extent, each on a distinct device (distinct failure domains when
+        /// devices declare them): a write completes once it is on every copy. 1 to 3; more
+        /// than the pool's healthy devices is refused. Fixed for the volume's life.
+        #[arg(long, value_name = "N", default_value_t = 1,
+              value_parser = clap::value_parser!(u8).range(1..=3))]
+        replicas: u8,
         #[command(flatten)]
         qos: QosArgs,
         /// Print the API's JSON (`VolumeView`) instead of a sentence.
@@ -170,6 +176,7 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             size,
             tenant,
             read_only,
+            replicas,
             qos,
             json,
             api,
@@ -180,6 +187,7 @@ pub fn run(command: VolumeCommand) -> Result<()> {
                 qos: qos.spec(),
                 tenant,
                 read_only,
+                replicas: (replicas != 1).then_some(replicas),
             };
             let view = api.client()?.create(&body)?;
             if json {
@@ -191,6 +199,9 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             }
             if view.info.read_only {
                 access.push_str(", read-only");
+            }
+            if view.info.replicas > 1 {
+                access.push_str(&format!(", {} replicas", view.info.replicas));
             }
             outln!(
                 "created {} ({}{access}), {}",
@@ -269,6 +280,8 @@ fn print_list(volumes: &[VolumeView]) {
         ("NAME", Align::Left),
         ("TENANT", Align::Left),
         ("ACCESS", Align::Left),
+        ("REPLICAS", Align::Right),
+        ("HEALTH", Align::Left),
         ("SIZE", Align::Right),
         ("ALLOCATED", Align::Right),
         ("CREDITS", Align::Right),
@@ -279,6 +292,8 @@ fn print_list(volumes: &[VolumeView]) {
             view.info.name.clone(),
             view.info.tenant.clone().unwrap_or_else(|| "-".to_string()),
             access_column(view.info.read_only).to_string(),
+            view.info.replicas.to_string(),
+            view.info.health.clone(),
             format_size(view.info.size_bytes),
             human_bytes(view.info.allocated_bytes),
             credits_column(&view.credits),
@@ -357,6 +372,10 @@ fn print_volume(view: &VolumeView) {
         } else {
             "read-write"
         }
+    ));
+    line(format_args!(
+        "replicas:    {} ({})",
+        info.replicas, info.health
     ));
     line(format_args!("policy:      {}", view.policy));
     match &view.qos_class {

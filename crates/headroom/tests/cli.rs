@@ -50,6 +50,8 @@ fn volume_commands_follow_the_contract() {
                     "NAME",
                     "TENANT",
                     "ACCESS",
+                    "REPLICAS",
+                    "HEALTH",
                     "SIZE",
                     "ALLOCATED",
                     "CREDITS",

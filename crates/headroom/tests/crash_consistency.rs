@@ -21,6 +21,11 @@
 //! serves then becomes the block's only allowed content (a process kill keeps the page cache,
 //! so nothing may change without a write).
 //!
+//! Every other volume has two replicas (one copy on each device): its data is checked the
+//! same way through NBD, and at the end the stopped server's store is opened directly and the
+//! two copies of every allocated extent of those volumes are compared (they must agree: the
+//! resync of each unclean start made them equal, and every later write went to both).
+//!
 //! `HEADROOM_CRASH_CYCLES` (default 100) sets the number of kill/restart cycles and
 //! `HEADROOM_CRASH_SEED` replays a run's choices (the kill moments are wall-clock delays, so a
 //! replay repeats the operations, not the exact interleaving). `scripts/crash-loop` runs this
@@ -652,10 +657,12 @@ impl Harness {
         self.mgmt_inflight = Some(Kind::Create);
         *self.stats.sent.entry(Kind::Create).or_default() += 1;
         self.arm(Kind::Create);
+        // Every other volume is replicated (a copy on each of the two devices).
+        let replicas = 1 + uid % 2;
         api.call(
             "POST",
             "/v1/volumes",
-            Some(json!({"name": name, "size_bytes": size})),
+            Some(json!({"name": name, "size_bytes": size, "replicas": replicas})),
         )?;
         self.mgmt_inflight = None;
         *self.stats.acked.entry(Kind::Create).or_default() += 1;
@@ -997,6 +1004,42 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// Opens the stopped server's store and compares the copies of every allocated extent of
+/// every replicated volume: (replicated volumes, extents compared). Panics on a difference.
+fn compare_replicas(data_dir: &std::path::Path) -> (usize, u64) {
+    let store = headroom_store::Store::open(&headroom_store::StoreConfig::new(data_dir))
+        .expect("open the store after the run");
+    let mut a = vec![0u8; EXTENT as usize];
+    let mut b = vec![0u8; EXTENT as usize];
+    let (mut volumes, mut compared) = (0, 0);
+    for info in store.list_volumes().into_iter().filter(|i| i.replicas > 1) {
+        volumes += 1;
+        let v = store.open_volume(&info.name).expect("open volume");
+        for extent in 0..info.size_bytes.div_ceil(EXTENT) {
+            if v.replica_location(0, extent).is_none() {
+                assert!(
+                    v.replica_location(1, extent).is_none(),
+                    "{} {extent}",
+                    info.name
+                );
+                continue;
+            }
+            let len = (info.size_bytes - extent * EXTENT).min(EXTENT) as usize;
+            v.read_replica_at(0, extent * EXTENT, &mut a[..len])
+                .expect("read replica 0");
+            v.read_replica_at(1, extent * EXTENT, &mut b[..len])
+                .expect("read replica 1");
+            assert!(
+                a[..len] == b[..len],
+                "volume {} extent {extent}: the copies differ",
+                info.name
+            );
+            compared += 1;
+        }
+    }
+    (volumes, compared)
+}
+
 #[test]
 fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
     let cycles = env_u64("HEADROOM_CRASH_CYCLES").unwrap_or(100);
@@ -1103,6 +1146,7 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
         }
     }
     server.stop();
+    let (replicated, extents_compared) = compare_replicas(&data_dir);
 
     let elapsed = started.elapsed();
     let s = &h.stats;
@@ -1121,6 +1165,10 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
         s.durable_data_blocks_checked,
         s.ambiguous_blocks_checked,
         s.volumes_checked
+    ));
+    say(&format!(
+        "  replicated volumes at the end: {replicated}, {extents_compared} extents whose two \
+         copies compared equal"
     ));
     say(&format!("  requests sent: {}", fmt(&s.sent)));
     say(&format!("  acknowledged:  {}", fmt(&s.acked)));

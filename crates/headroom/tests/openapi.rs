@@ -17,6 +17,7 @@ const KNOWN_ROUTES: &[(&str, &str)] = &[
     ("get", "/openapi.json"),
     ("get", "/v1/pool"),
     ("get", "/v1/devices"),
+    ("post", "/v1/devices/{id}/fail"),
     ("get", "/v1/node"),
     ("get", "/v1/connections"),
     ("get", "/v1/volumes"),

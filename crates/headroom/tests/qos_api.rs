@@ -184,6 +184,8 @@ fn burst_none_fixes_the_ceiling_at_the_baseline_and_no_qos_is_unlimited() {
             "NAME",
             "TENANT",
             "ACCESS",
+            "REPLICAS",
+            "HEALTH",
             "SIZE",
             "ALLOCATED",
             "CREDITS",
@@ -191,10 +193,10 @@ fn burst_none_fixes_the_ceiling_at_the_baseline_and_no_qos_is_unlimited() {
         ],
         "{human}"
     );
-    assert_eq!(row("free")[5..], ["-", "-"], "{human}");
-    assert_eq!(row("fixed")[5..], ["-", "custom"], "{human}");
-    assert_eq!(row("g")[6], "gp2", "{human}");
-    assert!(row("g")[5].starts_with("5"), "{human}");
+    assert_eq!(row("free")[7..], ["-", "-"], "{human}");
+    assert_eq!(row("fixed")[7..], ["-", "custom"], "{human}");
+    assert_eq!(row("g")[8], "gp2", "{human}");
+    assert!(row("g")[7].starts_with("5"), "{human}");
     server.stop();
 }
 

@@ -176,6 +176,19 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
     let data_dir = scratch.path().join("data");
     let server = Server::start_with(&data_dir, &rados_flags);
     server.create_volume(VOLUME, "64MiB");
+    // Ceph keeps the copies: a replicated volume is refused, saying so (422).
+    let out = server.cli(&[
+        "volume",
+        "create",
+        "r2",
+        "--size",
+        "4MiB",
+        "--replicas",
+        "2",
+    ]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Ceph") && err.contains("422"), "{err}");
 
     let started = std::time::Instant::now();
     let written = fio(&server, VOLUME, false);

@@ -305,6 +305,8 @@ fn tenant_and_access_mode_in_the_cli_and_the_api() {
                 "NAME",
                 "TENANT",
                 "ACCESS",
+                "REPLICAS",
+                "HEALTH",
                 "SIZE",
                 "ALLOCATED",
                 "CREDITS",

@@ -73,6 +73,11 @@ pub struct CreateVolume {
     /// Export it read-only (`NBD_FLAG_READ_ONLY`; writes, trims and zeroing get EPERM).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
+    /// Copies of every extent, each on a distinct device (1-3; absent: 1). More than the
+    /// pool's healthy devices, or more than 1 on a RADOS store, is refused (422
+    /// `invalid_replicas`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u8>,
 }
 
 /// Query of `GET /v1/volumes`.
@@ -130,6 +135,21 @@ pub struct VolumeSummary {
     pub tenant: Option<String>,
     #[serde(default)]
     pub read_only: bool,
+    /// Copies of every extent, on distinct devices (1-3).
+    #[serde(default = "one_replica")]
+    pub replicas: u8,
+    /// `healthy`, or `degraded` while some of its extents are on a failed device (a
+    /// replicated volume then serves them from its other copies).
+    #[serde(default = "healthy")]
+    pub health: String,
+}
+
+fn one_replica() -> u8 {
+    1
+}
+
+fn healthy() -> String {
+    "healthy".to_string()
 }
 
 impl From<&VolumeInfo> for VolumeSummary {
@@ -142,6 +162,12 @@ impl From<&VolumeInfo> for VolumeSummary {
             created_unix_s: info.created_unix_s,
             tenant: info.tenant.clone(),
             read_only: info.read_only,
+            replicas: info.replicas,
+            health: match info.health {
+                headroom_store::VolumeHealth::Healthy => "healthy",
+                headroom_store::VolumeHealth::Degraded => "degraded",
+            }
+            .to_string(),
         }
     }
 }
@@ -250,6 +276,10 @@ impl IntoResponse for ApiError {
             StoreError::InvalidName { .. } => (StatusCode::BAD_REQUEST, "invalid_name"),
             StoreError::InvalidSize { .. } => (StatusCode::BAD_REQUEST, "invalid_size"),
             StoreError::InvalidTenant { .. } => (StatusCode::BAD_REQUEST, "invalid_tenant"),
+            StoreError::InvalidReplicas { .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_replicas")
+            }
+            StoreError::DeviceNotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             StoreError::TenantNotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             StoreError::TenantExists(_) => (StatusCode::CONFLICT, "already_exists"),
             StoreError::TenantHasVolumes { .. } => (StatusCode::CONFLICT, "tenant_has_volumes"),
@@ -474,7 +504,7 @@ fn view(state: &ApiState, info: &VolumeInfo) -> VolumeView {
         (status = 507, description = "Over the overcommit ratio (`overcommitted`)", body = ApiErrorBody),
         (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
         (status = 415, description = "Not JSON", body = ApiErrorBody),
-        (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
+        (status = 422, description = "Wrong shape or unknown field, or more replicas than the pool can hold (`invalid_replicas`)", body = ApiErrorBody)))]
 async fn create_volume(
     State(state): State<ApiState>,
     body: Result<Json<CreateVolume>, JsonRejection>,
@@ -491,6 +521,7 @@ async fn create_volume(
         qos: stored.as_ref().map(StoredQos::to_json),
         tenant: body.tenant,
         read_only: body.read_only,
+        replicas: body.replicas.unwrap_or(1),
     };
     let info =
         blocking(move || store.create_volume_with(&body.name, body.size_bytes, options)).await?;

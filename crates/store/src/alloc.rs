@@ -21,6 +21,14 @@
 //! index is taken, which keeps used space dense and free space in long runs (cheap to punch
 //! at startup).
 //!
+//! Replicated volumes (`allocate_replicas`): the copies of one logical extent are placed
+//! one after the other by the same cost, each avoiding the devices already chosen for that
+//! extent, and first also every device in a failure domain already chosen (devices that
+//! declare none are each their own domain). When the healthy devices with free space span
+//! fewer domains than there are replicas, distinct devices are the fallback: two copies in
+//! one domain still survive the loss of one device. The share term counts all of a volume's
+//! copies, so replicas stripe like single copies do.
+//!
 //! This is plain state under the store's pool mutex: no I/O, no locking here.
 
 use std::collections::{BTreeSet, HashMap};
@@ -44,6 +52,8 @@ pub(crate) struct Allocator {
     per_volume: HashMap<u64, Vec<u32>>,
     /// Each device's load in [0, 1] (`set_load`); 0 until measured.
     load: Vec<f64>,
+    /// Each device's failure domain (`set_failure_domain`); `None`: its own domain.
+    domains: Vec<Option<String>>,
 }
 
 impl Allocator {
@@ -54,14 +64,82 @@ impl Allocator {
             totals: extent_counts.to_vec(),
             per_volume: HashMap::new(),
             load: vec![0.0; extent_counts.len()],
+            domains: vec![None; extent_counts.len()],
         }
     }
 
+    /// Declares device `d`'s failure domain (`None`: none, the device is its own domain).
+    pub(crate) fn set_failure_domain(&mut self, d: usize, domain: Option<String>) {
+        if let Some(slot) = self.domains.get_mut(d) {
+            *slot = domain;
+        }
+    }
+
+    /// The devices that share a declared failure domain with a device of `chosen` (a bit set),
+    /// `chosen` included.
+    fn same_domains(&self, chosen: u64) -> u64 {
+        let mut set = chosen;
+        for (d, domain) in self.domains.iter().enumerate() {
+            if chosen & (1u64 << (d % 64)) == 0 {
+                continue;
+            }
+            let Some(domain) = domain else { continue };
+            for (other, od) in self.domains.iter().enumerate() {
+                if od.as_ref() == Some(domain) {
+                    set |= 1u64 << (other % 64);
+                }
+            }
+        }
+        set
+    }
+
+    /// Places `replicas` copies of one new logical extent of `volume_id` on distinct devices
+    /// outside `avoid`, preferring distinct failure domains (see the module comment). All or
+    /// nothing: `None` (and nothing taken) if fewer than `replicas` such devices have a free
+    /// extent.
+    pub(crate) fn allocate_replicas(
+        &mut self,
+        volume_id: u64,
+        replicas: usize,
+        avoid: u64,
+    ) -> Option<Vec<PhysExtent>> {
+        let mut out: Vec<PhysExtent> = Vec::with_capacity(replicas);
+        let mut chosen = 0u64;
+        for _ in 0..replicas {
+            let phys = self
+                .allocate_avoiding(volume_id, avoid | self.same_domains(chosen))
+                .or_else(|| self.allocate_avoiding(volume_id, avoid | chosen));
+            let Some(phys) = phys else {
+                for p in out {
+                    self.disown(volume_id, p);
+                    self.release(p);
+                }
+                return None;
+            };
+            chosen |= 1u64 << (phys.device % 64);
+            out.push(phys);
+        }
+        Some(out)
+    }
+
     /// A device added to the running pool (the next id), all of its extents free.
-    pub(crate) fn add_device(&mut self, extent_count: u32) {
+    pub(crate) fn add_device(&mut self, extent_count: u32, domain: Option<String>) {
         self.free.push((0..extent_count).collect());
         self.totals.push(extent_count);
         self.load.push(0.0);
+        self.domains.push(domain);
+    }
+
+    /// Device `d`'s failure domain, if one was declared.
+    pub(crate) fn failure_domain(&self, d: usize) -> Option<&str> {
+        self.domains.get(d).and_then(|x| x.as_deref())
+    }
+
+    /// How many devices outside `avoid` have a free extent.
+    pub(crate) fn devices_with_space(&self, avoid: u64) -> usize {
+        (0..self.device_count())
+            .filter(|&d| !self.free[d].is_empty() && avoid & (1u64 << (d % 64)) == 0)
+            .count()
     }
 
     /// `volume_id`'s extents per device, as long as the device list.
@@ -269,7 +347,7 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(a.allocate(1).unwrap().device, 0);
         }
-        a.add_device(4);
+        a.add_device(4, None);
         assert_eq!(a.free_extents(1), 4);
         // Emptier, and volume 1 holds nothing there: the next extents go to device 1 until
         // the volume's share evens out.
@@ -340,5 +418,61 @@ mod tests {
         ));
         assert_eq!(a.free_runs(0), vec![(0, 3), (4, 4)]);
         assert_eq!(a.free_extents(0), 7);
+    }
+
+    #[test]
+    fn replicas_go_to_distinct_devices_and_stripe() {
+        let mut a = Allocator::new(&[8, 8, 8]);
+        let mut per_device = [0; 3];
+        for _ in 0..6 {
+            let got = a.allocate_replicas(1, 2, 0).unwrap();
+            assert_eq!(got.len(), 2);
+            assert_ne!(got[0].device, got[1].device, "{got:?}");
+            for p in got {
+                per_device[p.device as usize] += 1;
+            }
+        }
+        assert_eq!(per_device, [4, 4, 4]);
+        let got = a.allocate_replicas(1, 3, 0).unwrap();
+        let mut devices: Vec<u32> = got.iter().map(|p| p.device).collect();
+        devices.sort_unstable();
+        assert_eq!(devices, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn replicas_prefer_distinct_failure_domains_then_distinct_devices() {
+        // Devices 0 and 1 in rack a, 2 in rack b: every extent gets one copy in each rack.
+        let mut a = Allocator::new(&[8, 8, 8]);
+        a.set_failure_domain(0, Some("a".into()));
+        a.set_failure_domain(1, Some("a".into()));
+        a.set_failure_domain(2, Some("b".into()));
+        for _ in 0..6 {
+            let got = a.allocate_replicas(1, 2, 0).unwrap();
+            let on_b = got.iter().filter(|p| p.device == 2).count();
+            assert_eq!(on_b, 1, "{got:?}");
+        }
+        // Three replicas over two domains: distinct devices, both domains used.
+        let got = a.allocate_replicas(2, 3, 0).unwrap();
+        let mut devices: Vec<u32> = got.iter().map(|p| p.device).collect();
+        devices.sort_unstable();
+        assert_eq!(devices, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn replicas_are_all_or_nothing() {
+        let mut a = Allocator::new(&[1, 4]);
+        assert!(a.allocate_replicas(1, 2, 0).is_some());
+        // Device 0 is full: one device with space cannot hold two copies; nothing is taken.
+        assert_eq!(a.devices_with_space(0), 1);
+        assert!(a.allocate_replicas(1, 2, 0).is_none());
+        assert_eq!(a.free_extents(1), 3);
+        // A failed device is avoided too.
+        let mut a = Allocator::new(&[4, 4, 4]);
+        for _ in 0..4 {
+            let got = a.allocate_replicas(1, 2, 0b001).unwrap();
+            assert!(got.iter().all(|p| p.device != 0));
+        }
+        assert!(a.allocate_replicas(1, 2, 0b001).is_none());
+        assert_eq!(a.free_extents(0), 4);
     }
 }

@@ -319,6 +319,14 @@ impl Device {
         self.faults.set(rules).is_ok()
     }
 
+    /// Fails the device for good (the operator's `headroom device fail`, or a device recorded
+    /// failed): from now on it is treated like a device whose sync failed.
+    pub(crate) fn mark_failed(&self) {
+        if !self.failed.swap(true, Ordering::SeqCst) {
+            tracing::warn!(device = %self.label, "device marked failed");
+        }
+    }
+
     /// Whether a sync failed (or the device disappeared): its data can no longer be made
     /// durable.
     pub(crate) fn is_failed(&self) -> bool {

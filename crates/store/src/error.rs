@@ -28,6 +28,9 @@ pub enum StoreError {
     /// A device cannot be added to the pool as asked (path, size, backend or count).
     #[error("cannot add device {path}: {reason}")]
     InvalidDevice { path: String, reason: String },
+    /// The pool has no device with this id.
+    #[error("the pool has no device {0}")]
+    DeviceNotFound(u32),
     /// The path is already a device of the pool.
     #[error("{0} is already device of the pool")]
     DeviceExists(String),
@@ -47,6 +50,10 @@ pub enum StoreError {
         size_bytes: u64,
         reason: &'static str,
     },
+    /// A volume cannot have this many replicas here (more than `MAX_REPLICAS`, more than the
+    /// pool's healthy devices, or more than 1 on a RADOS store).
+    #[error("cannot create a volume with {replicas} replicas: {reason}")]
+    InvalidReplicas { replicas: u8, reason: String },
     /// No tenant has this id (`create_tenant` first).
     #[error("tenant {0:?} not found")]
     TenantNotFound(String),

@@ -26,6 +26,9 @@ pub const VOLUME_SIZE_ALIGN_BYTES: u64 = 512;
 /// Largest volume size accepted: 64 TiB (32 Mi extents; the map is allocated lazily in chunks).
 pub const MAX_VOLUME_SIZE_BYTES: u64 = 64 << 40;
 
+/// Most copies of a volume's extents (`NewVolume::replicas`).
+pub const MAX_REPLICAS: u8 = 3;
+
 /// Bit 63 of an in-memory map entry: the allocation is not yet committed to redb.
 pub(crate) const PENDING_BIT: u64 = 1 << 63;
 

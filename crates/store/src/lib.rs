@@ -41,7 +41,7 @@ pub use config::{
 };
 pub use error::{MetadataError, StoreError};
 pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENCY_SPIKE_MS};
-pub use layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
+pub use layout::{EXTENT_SIZE_BYTES, MAX_REPLICAS, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
 #[cfg(feature = "rados")]
 pub use lease::LEASE_LOST_EXIT_STATUS;
 pub use name::{MAX_TENANT_ID_LEN, MAX_VOLUME_NAME_LEN, validate_tenant_id, validate_volume_name};
@@ -51,4 +51,6 @@ pub use stats::{
 };
 pub use store::{DeviceInfo, NewVolume, PoolInfo, Store, TenantInfo};
 pub use telemetry::{DeviceTelemetry, EWMA_ALPHA};
-pub use volume::{AioDone, AioRequest, Extent, PhysicalLocation, Volume, VolumeInfo};
+pub use volume::{
+    AioDone, AioRequest, Extent, PhysicalLocation, Volume, VolumeHealth, VolumeInfo,
+};

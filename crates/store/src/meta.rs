@@ -11,7 +11,12 @@
 //! - `devices`: `u32 -> JSON DeviceRecord`
 //! - `volumes`: `u64 -> JSON VolumeRecord` (the record carries the volume's QoS as an opaque
 //!   string: the store must not depend on the QoS crate, so the node layer owns its meaning)
-//! - `extents`: `(volume id, logical extent) -> (device << 32 | physical extent)`
+//! - `extents`: `(volume id, logical extent) -> (device << 32 | physical extent)`: replica 0
+//!   of every volume (the only copy of a 1-replica volume)
+//! - `replica_extents`: `(volume id, replica, logical extent) -> (device << 32 | physical
+//!   extent)`: replicas 1 and 2 of replicated volumes. A logical extent's rows of every
+//!   replica are written and removed in the same transaction. Absent (empty) in databases
+//!   of builds before replication and in pools without replicated volumes.
 //! - `tenants`: `&str (tenant id) -> JSON TenantRecord`: the tenants the operator created. A
 //!   database of a build before this table has none; opening it registers every tenant its
 //!   volumes name, so old data directories keep working.
@@ -25,7 +30,10 @@
 //! table reads as empty, and a record without them is written exactly as before (so an older
 //! build still reads it). An older build reading a record *with* `tenant` or `read_only`
 //! ignores them (serde skips unknown fields) and would serve the volume to everyone,
-//! writable: do not downgrade a node that has tenant volumes.
+//! writable: do not downgrade a node that has tenant volumes. The same holds for
+//! `replicas` (a volume record field, absent for 1 replica) and `failure_domain` / `failed`
+//! (device record fields): an older build would serve replica 0 only and count the other
+//! replicas' extents as free space, so do not downgrade a node with replicated volumes.
 
 use std::path::Path;
 
@@ -39,6 +47,8 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const DEVICES: TableDefinition<u32, &str> = TableDefinition::new("devices");
 const VOLUMES: TableDefinition<u64, &str> = TableDefinition::new("volumes");
 const EXTENTS: TableDefinition<(u64, u64), u64> = TableDefinition::new("extents");
+const REPLICA_EXTENTS: TableDefinition<(u64, u64, u64), u64> =
+    TableDefinition::new("replica_extents");
 const CREDITS: TableDefinition<u64, &[u8]> = TableDefinition::new("credits");
 const TENANTS: TableDefinition<&str, &str> = TableDefinition::new("tenants");
 
@@ -59,6 +69,14 @@ pub(crate) struct DeviceRecord {
     pub path: String,
     pub relative: bool,
     pub capacity_bytes: u64,
+    /// The failure domain the operator declared (a host, a shelf, a power feed): replicas
+    /// of one extent go to distinct domains when the pool has enough. Absent: none declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
+    /// The operator failed the device (`headroom device fail`): it is never read, written
+    /// or allocated on again. Absent (false) in records of older builds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,6 +94,18 @@ pub(crate) struct VolumeRecord {
     /// Exported read-only; absent (false) in records of older builds.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
+    /// Copies of every extent, on distinct devices (1 to `MAX_REPLICAS`); absent (1) in
+    /// records of older builds and of 1-replica volumes, so those are written as before.
+    #[serde(default = "one_replica", skip_serializing_if = "is_one_replica")]
+    pub replicas: u8,
+}
+
+fn one_replica() -> u8 {
+    1
+}
+
+fn is_one_replica(n: &u8) -> bool {
+    *n == 1
 }
 
 /// A tenant as stored (its id is the key).
@@ -93,20 +123,24 @@ pub(crate) struct Loaded {
     pub devices: Vec<(u32, DeviceRecord)>,
     pub volumes: Vec<(u64, VolumeRecord)>,
     pub extents: Vec<(u64, u64, PhysExtent)>,
+    /// Rows of replicas 1 and 2: (volume id, replica, logical extent, physical extent).
+    pub replica_extents: Vec<(u64, u8, u64, PhysExtent)>,
     /// Empty for a database of a build before the `tenants` table.
     pub tenants: Vec<(String, TenantRecord)>,
 }
 
-/// One change to an extent map row.
+/// One change to an extent map row (of replica `replica`: 0 is the `extents` table).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum ExtentChange {
     Map {
         volume_id: u64,
+        replica: u8,
         extent: u64,
         phys: PhysExtent,
     },
     Unmap {
         volume_id: u64,
+        replica: u8,
         extent: u64,
     },
 }
@@ -122,6 +156,8 @@ pub(crate) enum MetaOp {
     SetClean(bool),
     PutTenant(String, TenantRecord),
     DeleteTenant(String),
+    /// Sets `failed` in the record of device `id` (which must exist).
+    FailDevice(u32),
 }
 
 /// Where the metadata lives: redb (file and RAM stores, and RADOS stores of the first
@@ -246,6 +282,27 @@ impl Meta {
                 .extents
                 .push((volume_id, extent, PhysExtent::from_db(v.value())));
         }
+        match txn.open_table(REPLICA_EXTENTS) {
+            Ok(rows) => {
+                for row in rows.iter().map_err(redb_err)? {
+                    let (k, v) = row.map_err(redb_err)?;
+                    let (volume_id, replica, extent) = k.value();
+                    let replica = u8::try_from(replica).map_err(|_| {
+                        MetadataError::Corrupt(format!(
+                            "volume {volume_id} has a row of replica {replica}"
+                        ))
+                    })?;
+                    loaded.replica_extents.push((
+                        volume_id,
+                        replica,
+                        extent,
+                        PhysExtent::from_db(v.value()),
+                    ));
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(redb_err(e)),
+        }
         Ok(Some(loaded))
     }
 
@@ -268,10 +325,12 @@ impl Meta {
             let mut extents = txn.open_table(EXTENTS).map_err(redb_err)?;
             let mut credits = txn.open_table(CREDITS).map_err(redb_err)?;
             let mut tenants = txn.open_table(TENANTS).map_err(redb_err)?;
+            let mut replica_extents = txn.open_table(REPLICA_EXTENTS).map_err(redb_err)?;
             for c in changes {
                 match *c {
                     ExtentChange::Map {
                         volume_id,
+                        replica: 0,
                         extent,
                         phys,
                     } => {
@@ -279,8 +338,31 @@ impl Meta {
                             .insert((volume_id, extent), phys.to_db())
                             .map_err(redb_err)?;
                     }
-                    ExtentChange::Unmap { volume_id, extent } => {
+                    ExtentChange::Map {
+                        volume_id,
+                        replica,
+                        extent,
+                        phys,
+                    } => {
+                        replica_extents
+                            .insert((volume_id, u64::from(replica), extent), phys.to_db())
+                            .map_err(redb_err)?;
+                    }
+                    ExtentChange::Unmap {
+                        volume_id,
+                        replica: 0,
+                        extent,
+                    } => {
                         extents.remove((volume_id, extent)).map_err(redb_err)?;
+                    }
+                    ExtentChange::Unmap {
+                        volume_id,
+                        replica,
+                        extent,
+                    } => {
+                        replica_extents
+                            .remove((volume_id, u64::from(replica), extent))
+                            .map_err(redb_err)?;
                     }
                 }
             }
@@ -306,6 +388,9 @@ impl Meta {
                         extents
                             .retain_in((*id, 0u64)..=(*id, u64::MAX), |_, _| false)
                             .map_err(redb_err)?;
+                        replica_extents
+                            .retain_in((*id, 0u64, 0u64)..=(*id, u64::MAX, u64::MAX), |_, _| false)
+                            .map_err(redb_err)?;
                     }
                     MetaOp::SetNextVolumeId(n) => {
                         meta.insert(KEY_NEXT_VOLUME_ID, *n).map_err(redb_err)?;
@@ -322,6 +407,20 @@ impl Meta {
                     }
                     MetaOp::DeleteTenant(id) => {
                         tenants.remove(id.as_str()).map_err(redb_err)?;
+                    }
+                    MetaOp::FailDevice(id) => {
+                        let json = devices
+                            .get(*id)
+                            .map_err(redb_err)?
+                            .map(|v| v.value().to_string())
+                            .ok_or_else(|| {
+                                MetadataError::Corrupt(format!("no record of device {id}"))
+                            })?;
+                        let mut rec: DeviceRecord =
+                            serde_json::from_str(&json).map_err(json_err)?;
+                        rec.failed = true;
+                        let json = serde_json::to_string(&rec).map_err(json_err)?;
+                        devices.insert(*id, json.as_str()).map_err(redb_err)?;
                     }
                 }
             }
@@ -401,6 +500,8 @@ mod tests {
             path: "devices/dev-0.img".into(),
             relative: true,
             capacity_bytes: 8 * EXTENT_SIZE_BYTES,
+            failure_domain: None,
+            failed: false,
         };
         let vol = VolumeRecord {
             name: "v".into(),
@@ -409,6 +510,7 @@ mod tests {
             qos: Some(r#"{"iops":100}"#.into()),
             tenant: Some("alice".into()),
             read_only: true,
+            replicas: 1,
         };
         let p = PhysExtent {
             device: 0,
@@ -418,11 +520,13 @@ mod tests {
             &[
                 ExtentChange::Map {
                     volume_id: 3,
+                    replica: 0,
                     extent: 0,
                     phys: p,
                 },
                 ExtentChange::Map {
                     volume_id: 3,
+                    replica: 0,
                     extent: 1,
                     phys: PhysExtent {
                         device: 0,
@@ -431,6 +535,7 @@ mod tests {
                 },
                 ExtentChange::Unmap {
                     volume_id: 3,
+                    replica: 0,
                     extent: 1,
                 },
             ],
@@ -486,6 +591,7 @@ mod tests {
             qos: None,
             tenant: None,
             read_only: false,
+            replicas: 1,
         };
         assert_eq!(l.volumes, vec![(3, rec.clone())]);
         assert_eq!(serde_json::to_string(&rec).unwrap(), old_json);

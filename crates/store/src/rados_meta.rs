@@ -195,13 +195,24 @@ impl RadosMeta {
             match *c {
                 ExtentChange::Map {
                     volume_id,
+                    replica: 0,
                     extent,
                     phys,
                 } => p.set(
                     extent_key(volume_id, extent),
                     phys.to_db().to_le_bytes().to_vec(),
                 ),
-                ExtentChange::Unmap { volume_id, extent } => p.rm(extent_key(volume_id, extent)),
+                ExtentChange::Unmap {
+                    volume_id,
+                    replica: 0,
+                    extent,
+                } => p.rm(extent_key(volume_id, extent)),
+                // A RADOS store refuses replicated volumes (Ceph keeps the copies).
+                ExtentChange::Map { volume_id, .. } | ExtentChange::Unmap { volume_id, .. } => {
+                    return Err(corrupt(format!(
+                        "volume {volume_id}: a RADOS store keeps one replica of each extent"
+                    )));
+                }
             }
         }
         let num = |n: u64| n.to_string().into_bytes();
@@ -237,6 +248,12 @@ impl RadosMeta {
                     serde_json::to_vec(rec).map_err(json_err)?,
                 ),
                 MetaOp::DeleteTenant(id) => p.rm(format!("t.{id}").into_bytes()),
+                // The store refuses to fail the one device of a RADOS pool.
+                MetaOp::FailDevice(id) => {
+                    return Err(corrupt(format!(
+                        "device {id}: a RADOS store does not fail its device"
+                    )));
+                }
             }
         }
         self.pool.omap_commit(META_OBJECT, &p.into_batch())?;
@@ -318,6 +335,8 @@ mod tests {
             path: format!("rados:{pool}/{ns}"),
             relative: false,
             capacity_bytes: 8 * EXTENT_SIZE_BYTES,
+            failure_domain: None,
+            failed: false,
         };
         let vol = VolumeRecord {
             name: "v".into(),
@@ -326,26 +345,31 @@ mod tests {
             qos: Some(r#"{"iops":100}"#.into()),
             tenant: Some("alice".into()),
             read_only: true,
+            replicas: 1,
         };
         let phys = |index| PhysExtent { device: 0, index };
         m.commit(
             &[
                 ExtentChange::Map {
                     volume_id: 3,
+                    replica: 0,
                     extent: 0,
                     phys: phys(5),
                 },
                 ExtentChange::Map {
                     volume_id: 3,
+                    replica: 0,
                     extent: 1,
                     phys: phys(6),
                 },
                 ExtentChange::Unmap {
                     volume_id: 3,
+                    replica: 0,
                     extent: 1,
                 },
                 ExtentChange::Map {
                     volume_id: 4,
+                    replica: 0,
                     extent: 2,
                     phys: phys(7),
                 },

@@ -28,7 +28,8 @@ use crate::error::{MetadataError, StoreError};
 use crate::extent_map::ExtentMap;
 use crate::fault::{ActiveRule, FaultConfig, FaultScope};
 use crate::layout::{
-    EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, PhysExtent, VOLUME_SIZE_ALIGN_BYTES, extent_count,
+    EXTENT_SIZE_BYTES, MAX_REPLICAS, MAX_VOLUME_SIZE_BYTES, PhysExtent, VOLUME_SIZE_ALIGN_BYTES,
+    extent_count,
 };
 use crate::meta::{DeviceRecord, ExtentChange, Meta, MetaOp, TenantRecord, VolumeRecord};
 use crate::name::{validate_tenant_id, validate_volume_name};
@@ -41,11 +42,13 @@ pub(crate) enum Change {
     Alloc {
         volume: Weak<Volume>,
         volume_id: u64,
+        replica: u8,
         extent: u64,
         phys: PhysExtent,
     },
     Free {
         volume_id: u64,
+        replica: u8,
         extent: u64,
         phys: PhysExtent,
         /// The extent was punched (reads zero); false if the punch failed (leaked until restart).
@@ -82,6 +85,9 @@ pub(crate) struct Shared {
     commit_lock: Mutex<()>,
     /// Fault rules scoped to volumes (`Store::inject_faults`); unset: none.
     pub volume_faults: OnceLock<Vec<ActiveRule>>,
+    /// Devices the operator failed (`Store::fail_device`, recorded durably): a bit set. They
+    /// are failed devices, but no surprise: a shutdown with only these failed is clean.
+    pub retired: std::sync::atomic::AtomicU64,
 }
 
 /// A set of device ids (ids are < `MAX_DEVICES` = 64).
@@ -182,17 +188,26 @@ impl Shared {
             .map(|c| match *c {
                 Change::Alloc {
                     volume_id,
+                    replica,
                     extent,
                     phys,
                     ..
                 } => ExtentChange::Map {
                     volume_id,
+                    replica,
                     extent,
                     phys,
                 },
                 Change::Free {
-                    volume_id, extent, ..
-                } => ExtentChange::Unmap { volume_id, extent },
+                    volume_id,
+                    replica,
+                    extent,
+                    ..
+                } => ExtentChange::Unmap {
+                    volume_id,
+                    replica,
+                    extent,
+                },
             })
             .collect();
         if let Err(e) = self.meta.commit(&changes, &all_ops) {
@@ -214,13 +229,14 @@ impl Shared {
         for c in &batch {
             if let Change::Alloc {
                 volume,
+                replica,
                 extent,
                 phys,
                 ..
             } = c
                 && let Some(v) = volume.upgrade()
             {
-                v.mark_committed(*extent, *phys);
+                v.mark_committed(*replica, *extent, *phys);
             }
         }
         let mut pool = lock(&self.pool);
@@ -242,10 +258,12 @@ impl Shared {
         Ok(failed)
     }
 
-    /// A commit that promises the durability of everything: any failed device is an error.
+    /// A commit that promises the durability of everything: any failed device is an error,
+    /// except the devices the operator failed (`Store::fail_device`), whose loss is known.
     pub(crate) fn commit_all(&self, ops: &[MetaOp]) -> Result<(), StoreError> {
         let failed = self.commit(ops, false)?;
-        match failed.iter().next() {
+        let retired = self.retired.load(Ordering::Acquire);
+        match DeviceSet(failed.0 & !retired).iter().next() {
             Some(id) => Err(self.failed_error(id)),
             None => Ok(()),
         }
@@ -265,10 +283,11 @@ impl Drop for Shared {
     /// zero (no failed punch), record a clean shutdown so the next open skips the free-space
     /// punch.
     fn drop(&mut self) {
-        let clean = lock(&self.pool).leaked == 0 && self.failed_devices().is_empty();
+        let retired = self.retired.load(Ordering::Acquire);
+        let clean = lock(&self.pool).leaked == 0 && self.failed_devices().0 & !retired == 0;
         match self.commit(&[MetaOp::SetClean(clean)], false) {
             // A device failed in this very commit (or a free on it leaked): not clean after all.
-            Ok(failed) if clean && (!failed.is_empty() || lock(&self.pool).leaked > 0) => {
+            Ok(failed) if clean && (failed.0 & !retired != 0 || lock(&self.pool).leaked > 0) => {
                 if let Err(e) = self.commit(&[MetaOp::SetClean(false)], false) {
                     tracing::error!(error = %e, "final commit at close failed");
                 }
@@ -311,6 +330,10 @@ pub struct DeviceInfo {
     /// new extents go elsewhere. Absent from the JSON when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub failed: bool,
+    /// The failure domain declared for it (`add_device_in_domain`): copies of one extent of
+    /// a replicated volume go to distinct domains when the pool has enough. Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
 }
 
 /// What a new volume is created with besides its name and size.
@@ -322,6 +345,10 @@ pub struct NewVolume {
     pub tenant: Option<String>,
     /// Export it read-only.
     pub read_only: bool,
+    /// Copies of every extent, each on a distinct device (1 to `MAX_REPLICAS`); 0 means 1
+    /// (the default). More than the pool's healthy devices is refused (`InvalidReplicas`),
+    /// and so is more than 1 on a RADOS store (Ceph keeps its own copies).
+    pub replicas: u8,
 }
 
 /// A pool of devices and the volumes on it. `Send + Sync`; share it behind an `Arc`.
@@ -577,6 +604,8 @@ struct LoadedVolume {
     id: u64,
     record: VolumeRecord,
     map: ExtentMap,
+    /// Maps of replicas 1.. (empty for a 1-replica volume).
+    replicas: Vec<ExtentMap>,
     allocated_extents: u64,
 }
 
@@ -661,6 +690,8 @@ impl Store {
                 path,
                 relative,
                 capacity_bytes: 0,
+                failure_domain: None,
+                failed: false,
             };
             records.push((rec, true));
         }
@@ -759,20 +790,40 @@ impl Store {
             sync_dir(&cfg.data_dir)?;
         }
 
-        let (allocator, volumes) = rebuild(&devices, &loaded)?;
+        let (mut allocator, volumes) = rebuild(&devices, &loaded)?;
+        let mut retired = DeviceSet::default();
+        for (d, (rec, _)) in records.iter().enumerate() {
+            allocator.set_failure_domain(d, rec.failure_domain.clone());
+            if rec.failed {
+                devices[d].mark_failed();
+                retired.insert(d as u32);
+            }
+        }
 
         // Recovery: after an unclean shutdown (or on devices new to the pool) a free extent
         // may hold data of an allocation that never became durable. Punch all free space and
         // make the punches durable before anything can be allocated.
         let punch_all = fresh || !loaded.clean;
         for (d, (_, is_new)) in devices.iter().zip(records.iter()) {
-            if punch_all || *is_new {
+            if (punch_all || *is_new) && !d.is_failed() {
                 d.punch_free_runs(&allocator.free_runs(d.id as usize))?;
                 d.sync_if_dirty()?;
             }
         }
         if punch_all && !fresh {
             tracing::info!("unclean shutdown detected: punched all free extents");
+            // Writes in flight at the crash may have reached some copies of an extent and not
+            // others: make every copy equal to the first readable one before serving.
+            let started = Instant::now();
+            let (extents, chunks) = resync_replicas(&devices, &volumes)?;
+            if extents > 0 {
+                tracing::info!(
+                    extents,
+                    chunks_repaired = chunks,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "unclean shutdown: resynchronised the replicas of replicated volumes"
+                );
+            }
         }
 
         let mut ops = Vec::new();
@@ -802,6 +853,7 @@ impl Store {
         meta.commit(&[], &ops)?;
         let mut store = Store::assemble(
             meta,
+            retired.0,
             devices,
             allocator,
             volumes,
@@ -830,6 +882,17 @@ impl Store {
         path: Option<&Path>,
         capacity_bytes: u64,
     ) -> Result<DeviceInfo, StoreError> {
+        self.add_device_in_domain(path, capacity_bytes, None)
+    }
+
+    /// `add_device` with the device's failure domain (`None`: none declared; see
+    /// `DeviceInfo::failure_domain`). An empty domain is refused.
+    pub fn add_device_in_domain(
+        &self,
+        path: Option<&Path>,
+        capacity_bytes: u64,
+        failure_domain: Option<String>,
+    ) -> Result<DeviceInfo, StoreError> {
         let _management = lock(&self.management);
         let id = self.shared.devices.len();
         let shown = path.map_or_else(
@@ -840,6 +903,13 @@ impl Store {
             path: shown.clone(),
             reason,
         };
+        if let Some(domain) = &failure_domain
+            && (domain.trim().is_empty() || domain.len() > 128 || domain.contains('\0'))
+        {
+            return Err(invalid(format!(
+                "failure domain {domain:?}: 1-128 characters, not blank, no NUL"
+            )));
+        }
         let Some(data_dir) = &self.data_dir else {
             return Err(invalid("a RAM pool has a fixed size".into()));
         };
@@ -866,6 +936,8 @@ impl Store {
                         path: text,
                         relative: false,
                         capacity_bytes: 0,
+                        failure_domain: None,
+                        failed: false,
                     },
                 )
             }
@@ -877,6 +949,8 @@ impl Store {
                         path: relative,
                         relative: true,
                         capacity_bytes: 0,
+                        failure_domain: None,
+                        failed: false,
                     },
                 )
             }
@@ -903,6 +977,7 @@ impl Store {
         }
         let mut rec = rec;
         rec.capacity_bytes = capacity - capacity % EXTENT_SIZE_BYTES;
+        rec.failure_domain = failure_domain.clone();
         let extent_count = extents_of(rec.capacity_bytes)?;
         let device = Device::from_file(
             id as u32,
@@ -923,13 +998,49 @@ impl Store {
             .devices
             .push(device)
             .map_err(|_| invalid("the device list changed underneath".into()))?;
-        lock(&self.shared.pool).allocator.add_device(extent_count);
+        lock(&self.shared.pool)
+            .allocator
+            .add_device(extent_count, failure_domain);
         tracing::info!(device = id, path = %abs.display(), extents = extent_count, "device added to the pool");
         self.pool_info()
             .devices
             .into_iter()
             .find(|d| d.id as usize == id)
             .ok_or_else(|| invalid("the device vanished after it was added".into()))
+    }
+
+    /// Fails device `id` for good, durably (`headroom device fail`): it is never allocated
+    /// on, written or (while another copy exists) read again, and stays failed after a
+    /// restart. Replicated volumes go on from their other copies (`degraded`); a 1-replica
+    /// volume with extents there keeps reading them while the device answers, but its FLUSH
+    /// fails from now on (its data there is not durable any more). Failing a failed device
+    /// again does nothing. Not on a RADOS store (Ceph handles its own failures).
+    pub fn fail_device(&self, id: u32) -> Result<DeviceInfo, StoreError> {
+        let _management = lock(&self.management);
+        let invalid = |reason: String| StoreError::InvalidDevice {
+            path: format!("device {id}"),
+            reason,
+        };
+        let Some(device) = self.shared.devices.get(id as usize) else {
+            return Err(StoreError::DeviceNotFound(id));
+        };
+        if !device.is_memory() && !device.is_file_backed() {
+            return Err(invalid(
+                "a RADOS store has one device, whose failures Ceph handles".into(),
+            ));
+        }
+        let bit = 1u64 << (id % 64);
+        if self.shared.retired.load(Ordering::Acquire) & bit == 0 {
+            self.shared.commit(&[MetaOp::FailDevice(id)], false)?;
+            device.mark_failed();
+            self.shared.retired.fetch_or(bit, Ordering::AcqRel);
+            tracing::warn!(device = id, path = %device.label, "device failed by the operator");
+        }
+        self.pool_info()
+            .devices
+            .into_iter()
+            .find(|d| d.id == id)
+            .ok_or(StoreError::DeviceNotFound(id))
     }
 
     /// A store whose devices and metadata live in RAM (tests, benchmarks). `capacity_bytes`
@@ -955,6 +1066,8 @@ impl Store {
                     path: format!("memory:{i}"),
                     relative: false,
                     capacity_bytes: u64::from(n) * EXTENT_SIZE_BYTES,
+                    failure_domain: None,
+                    failed: false,
                 },
             ));
         }
@@ -962,6 +1075,7 @@ impl Store {
         let counts: Vec<u32> = devices.iter().map(|d| d.extent_count).collect();
         Ok(Store::assemble(
             meta,
+            0,
             devices,
             Allocator::new(&counts),
             Vec::new(),
@@ -972,6 +1086,7 @@ impl Store {
 
     fn assemble(
         meta: Meta,
+        retired: u64,
         devices: Vec<Device>,
         allocator: Allocator,
         volumes: Vec<LoadedVolume>,
@@ -992,6 +1107,7 @@ impl Store {
             }),
             commit_lock: Mutex::new(()),
             volume_faults: OnceLock::new(),
+            retired: std::sync::atomic::AtomicU64::new(retired),
         });
         let by_name = volumes
             .into_iter()
@@ -1002,6 +1118,7 @@ impl Store {
                     v.id,
                     v.record,
                     v.map,
+                    v.replicas,
                     v.allocated_extents,
                 );
                 (name, vol)
@@ -1066,7 +1183,9 @@ impl Store {
         {
             return Err(StoreError::UnknownTenant(tenant.clone()));
         }
-        self.check_overcommit(0, size_bytes)?;
+        let replicas = options.replicas.max(1);
+        self.check_replicas(replicas)?;
+        self.check_overcommit(0, size_bytes.saturating_mul(u64::from(replicas)))?;
         let id = *next_volume_id;
         let record = VolumeRecord {
             name: name.to_string(),
@@ -1075,6 +1194,7 @@ impl Store {
             qos: options.qos,
             tenant: options.tenant,
             read_only: options.read_only,
+            replicas,
         };
         // Failed devices do not matter here: the new volume has no data yet.
         self.shared.commit(
@@ -1085,11 +1205,15 @@ impl Store {
             false,
         )?;
         *next_volume_id = id + 1;
+        let replica_maps = (1..replicas)
+            .map(|_| ExtentMap::new(extent_count(size_bytes)))
+            .collect();
         let vol = Volume::new(
             Arc::clone(&self.shared),
             id,
             record,
             ExtentMap::new(extent_count(size_bytes)),
+            replica_maps,
             0,
         );
         let info = vol.info();
@@ -1100,9 +1224,46 @@ impl Store {
             size_bytes,
             tenant = info.tenant.as_deref().unwrap_or("-"),
             read_only = info.read_only,
+            replicas,
             "volume created"
         );
         Ok(info)
+    }
+
+    /// Refuses a replica count the pool cannot hold: more than `MAX_REPLICAS`, more than 1
+    /// on RADOS, or more than the healthy devices.
+    fn check_replicas(&self, replicas: u8) -> Result<(), StoreError> {
+        let invalid = |reason: String| StoreError::InvalidReplicas { replicas, reason };
+        if replicas > MAX_REPLICAS {
+            return Err(invalid(format!("at most {MAX_REPLICAS} replicas")));
+        }
+        if replicas == 1 {
+            return Ok(());
+        }
+        if self
+            .shared
+            .devices
+            .iter()
+            .any(|d| !d.is_memory() && !d.is_file_backed())
+        {
+            return Err(invalid(
+                "a RADOS store keeps one copy of each extent: Ceph replicates the pool \
+                 itself (set the pool's size instead)"
+                    .into(),
+            ));
+        }
+        let healthy = self
+            .shared
+            .devices
+            .iter()
+            .filter(|d| !d.is_failed())
+            .count();
+        if usize::from(replicas) > healthy {
+            return Err(invalid(format!(
+                "replicas go to distinct devices and the pool has {healthy} healthy device(s)"
+            )));
+        }
+        Ok(())
     }
 
     /// All volumes, sorted by name.
@@ -1133,7 +1294,11 @@ impl Store {
         validate_size(size_bytes)?;
         let _serial = lock(&self.management);
         let vol = self.lookup(name)?;
-        self.check_overcommit(vol.size_bytes(), size_bytes)?;
+        let copies = u64::from(vol.replicas());
+        self.check_overcommit(
+            vol.size_bytes().saturating_mul(copies),
+            size_bytes.saturating_mul(copies),
+        )?;
         vol.resize(size_bytes)?;
         tracing::info!(volume = name, size_bytes, "volume resized");
         Ok(vol.info())
@@ -1210,11 +1375,12 @@ impl Store {
         *read(&self.overcommit_ratio)
     }
 
-    /// Sum of the volume sizes.
+    /// Sum of the volume sizes, each times its replica count (the pool space the volumes
+    /// can take when full).
     pub fn provisioned_bytes(&self) -> u64 {
-        read(&self.volumes)
-            .values()
-            .fold(0u64, |sum, v| sum.saturating_add(v.size_bytes()))
+        read(&self.volumes).values().fold(0u64, |sum, v| {
+            sum.saturating_add(v.size_bytes().saturating_mul(u64::from(v.replicas())))
+        })
     }
 
     /// Refuses a change from `old_bytes` to `new_bytes` of one volume's size that would take
@@ -1314,7 +1480,7 @@ impl Store {
     }
 
     /// Makes everything acknowledged so far durable (used at shutdown). Fails if a device is
-    /// failed: its acknowledged data may be lost.
+    /// failed (other than by the operator, `fail_device`): its acknowledged data may be lost.
     pub fn flush_all(&self) -> Result<(), StoreError> {
         self.shared.commit_all(&[])
     }
@@ -1368,8 +1534,13 @@ impl Store {
     pub fn pool_info(&self) -> PoolInfo {
         let (per_device_free, free, quarantined, leaked) = {
             let pool = lock(&self.shared.pool);
-            let per: Vec<u64> = (0..self.shared.devices.len())
-                .map(|d| pool.allocator.free_extents(d))
+            let per: Vec<(u64, Option<String>)> = (0..self.shared.devices.len())
+                .map(|d| {
+                    (
+                        pool.allocator.free_extents(d),
+                        pool.allocator.failure_domain(d).map(str::to_owned),
+                    )
+                })
                 .collect();
             (
                 per,
@@ -1383,7 +1554,7 @@ impl Store {
             .devices
             .iter()
             .zip(per_device_free)
-            .map(|(d, free_extents)| DeviceInfo {
+            .map(|(d, (free_extents, failure_domain))| DeviceInfo {
                 id: d.id,
                 path: d.label.clone(),
                 capacity_bytes: d.capacity_bytes(),
@@ -1391,6 +1562,7 @@ impl Store {
                 free_extents,
                 physical_used_bytes: d.physical_used_bytes(),
                 failed: d.is_failed(),
+                failure_domain,
             })
             .collect();
         let total: u64 = devices.iter().map(|d| d.extent_count).sum();
@@ -1471,6 +1643,99 @@ fn tenant_info(id: String, rec: &TenantRecord, volumes: &[VolumeInfo]) -> Tenant
     }
 }
 
+/// Unit of comparison of the replica resync: a chunk that differs is rewritten whole.
+const RESYNC_CHUNK_BYTES: usize = 64 * 1024;
+
+/// After an unclean shutdown, makes every copy of every allocated extent of the replicated
+/// volumes equal to the first copy that reads (replica 0 unless it fails), chunk by chunk:
+/// a differing chunk is written, or punched when the source reads zero, and the devices are
+/// synced before the store serves. This closes the window a crash opens between the writes
+/// of one request to its copies: without it, a later failover from one copy to another
+/// could show a reader data changing under it. Returns (extents compared, chunks repaired).
+///
+/// Cost: every allocated extent of a replicated volume is read once per copy (2 MiB each),
+/// at startup, only after an unclean shutdown. See docs/ARCHITECTURE.md for the alternative
+/// (a write-intent record) that would bound it to the extents written since the last FLUSH.
+fn resync_replicas(devices: &[Device], volumes: &[LoadedVolume]) -> Result<(u64, u64), StoreError> {
+    let mut src = vec![0u8; EXTENT_SIZE_BYTES as usize];
+    let mut dst = vec![0u8; EXTENT_SIZE_BYTES as usize];
+    let device = |p: PhysExtent| {
+        devices
+            .get(p.device as usize)
+            .ok_or_else(|| corrupt(format!("extent on unknown device {}", p.device)))
+    };
+    let (mut extents, mut chunks) = (0u64, 0u64);
+    for v in volumes.iter().filter(|v| !v.replicas.is_empty()) {
+        for (extent, entry) in v.map.allocated_in(0, v.map.extent_count()) {
+            let copies: Vec<PhysExtent> = std::iter::once(entry)
+                .chain(v.replicas.iter().map(|m| m.get(extent)))
+                .filter_map(PhysExtent::from_entry)
+                .collect();
+            // The source: the first copy that reads (on a device not failed by the operator).
+            let copies: Vec<PhysExtent> = copies
+                .into_iter()
+                .filter(|p| {
+                    devices
+                        .get(p.device as usize)
+                        .is_some_and(|d| !d.is_failed())
+                })
+                .collect();
+            let mut source = None;
+            for (i, &p) in copies.iter().enumerate() {
+                match device(p)?.read(p.index, 0, &mut src) {
+                    Ok(()) => {
+                        source = Some(i);
+                        break;
+                    }
+                    Err(e) => tracing::warn!(
+                        volume = v.record.name.as_str(),
+                        extent,
+                        device = p.device,
+                        error = %e,
+                        "resync: a copy does not read; trying the next"
+                    ),
+                }
+            }
+            let Some(source) = source else {
+                if copies.is_empty() {
+                    continue; // every copy on a failed device: nothing to compare
+                }
+                return Err(StoreError::Io(std::io::Error::other(format!(
+                    "resync of volume {} extent {extent}: no copy reads",
+                    v.record.name
+                ))));
+            };
+            extents += 1;
+            for (_, &p) in copies.iter().enumerate().filter(|&(i, _)| i != source) {
+                let d = device(p)?;
+                d.read(p.index, 0, &mut dst)?;
+                for (k, (s, t)) in src
+                    .chunks(RESYNC_CHUNK_BYTES)
+                    .zip(dst.chunks(RESYNC_CHUNK_BYTES))
+                    .enumerate()
+                {
+                    if s == t {
+                        continue;
+                    }
+                    let off = (k * RESYNC_CHUNK_BYTES) as u64;
+                    if s.iter().all(|&b| b == 0) {
+                        d.punch(p.index, off, s.len() as u64)?;
+                    } else {
+                        d.write(p.index, off, s)?;
+                    }
+                    chunks += 1;
+                }
+            }
+        }
+    }
+    if chunks > 0 {
+        for d in devices {
+            d.sync_if_dirty()?;
+        }
+    }
+    Ok((extents, chunks))
+}
+
 /// Rebuilds the allocator and the in-memory extent maps from loaded metadata, checking that
 /// every row is consistent (known volume, extent inside it, physical extent inside a device
 /// and mapped once).
@@ -1485,6 +1750,12 @@ fn rebuild(
         if validate_volume_name(&rec.name).is_err() || validate_size(rec.size_bytes).is_err() {
             return Err(corrupt(format!("volume {id} has an invalid name or size")));
         }
+        if !(1..=MAX_REPLICAS).contains(&rec.replicas) {
+            return Err(corrupt(format!(
+                "volume {id} has {} replicas (1 to {MAX_REPLICAS})",
+                rec.replicas
+            )));
+        }
         // A tenant id the rule refuses cannot match a client; the volume is still served to
         // nobody but its (impossible) tenant, so load it and say so rather than refuse the pool.
         if let Some(tenant) = &rec.tenant
@@ -1498,6 +1769,9 @@ fn rebuild(
                 id: *id,
                 record: rec.clone(),
                 map: ExtentMap::new(extent_count(rec.size_bytes)),
+                replicas: (1..rec.replicas)
+                    .map(|_| ExtentMap::new(extent_count(rec.size_bytes)))
+                    .collect(),
                 allocated_extents: 0,
             },
         );
@@ -1517,6 +1791,32 @@ fn rebuild(
         if !in_range || !allocator.mark_used(volume_id, phys) {
             return Err(corrupt(format!(
                 "volume {volume_id} extent {extent}: physical extent {phys:?} is invalid or mapped twice"
+            )));
+        }
+        slot.store(phys.to_entry(), Ordering::Release);
+        vol.allocated_extents += 1;
+    }
+    for &(volume_id, replica, extent, phys) in &loaded.replica_extents {
+        let vol = volumes
+            .get_mut(&volume_id)
+            .ok_or_else(|| corrupt(format!("replica row for unknown volume {volume_id}")))?;
+        let slot = vol
+            .replicas
+            .get(usize::from(replica).wrapping_sub(1))
+            .and_then(|m| m.slot(extent))
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "volume {volume_id} maps extent {extent} of replica {replica}, which it \
+                     does not have"
+                ))
+            })?;
+        let in_range = devices
+            .get(phys.device as usize)
+            .is_some_and(|d| phys.index < d.extent_count);
+        if !in_range || !allocator.mark_used(volume_id, phys) {
+            return Err(corrupt(format!(
+                "volume {volume_id} extent {extent} replica {replica}: physical extent \
+                 {phys:?} is invalid or mapped twice"
             )));
         }
         slot.store(phys.to_entry(), Ordering::Release);

@@ -7,6 +7,12 @@
 //! extents, shrink, delete) takes the volume's write lock — which waits for in-flight I/O of
 //! this volume, so no write can land in an extent after it was freed and handed to another
 //! volume.
+//!
+//! A replicated volume (2 or 3 copies) has one extent map per replica; the copies of a
+//! logical extent are allocated together, every write, zeroing and punch goes to every copy
+//! on a healthy device before the request completes, and a read goes to the copy the routing
+//! function (`route_read`) picks. A 1-replica volume has no replica maps, and its I/O takes
+//! the same path as before replication existed plus one predictable branch per piece.
 
 use std::fmt;
 use std::io;
@@ -16,10 +22,13 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::device::Device;
 use crate::error::StoreError;
 use crate::extent_map::{CHUNK_EXTENTS, ExtentMap};
 use crate::fault::{self, FaultScope, IoClass};
-use crate::layout::{EXTENT_SIZE_BYTES, PENDING_BIT, PhysExtent, Piece, extent_count, pieces};
+use crate::layout::{
+    EXTENT_SIZE_BYTES, MAX_REPLICAS, PENDING_BIT, PhysExtent, Piece, extent_count, pieces,
+};
 use crate::meta::{MetaOp, VolumeRecord};
 use crate::store::{Change, DeviceSet, Shared};
 use crate::sync::{lock, read};
@@ -49,6 +58,28 @@ pub struct VolumeInfo {
     /// Exported read-only. Absent from the JSON when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
+    /// Copies of every extent, on distinct devices (1 to `MAX_REPLICAS`); 1 when absent.
+    #[serde(default = "one_replica")]
+    pub replicas: u8,
+    /// `degraded` while some of its extents are on a failed device.
+    #[serde(default)]
+    pub health: VolumeHealth,
+}
+
+/// Whether every copy of a volume's data is on a healthy device.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeHealth {
+    /// No extent of the volume is on a failed device.
+    #[default]
+    Healthy,
+    /// Some extents are on a failed device: a replicated volume serves them from the other
+    /// copies (with less redundancy); a 1-replica volume may have lost them.
+    Degraded,
+}
+
+fn one_replica() -> u8 {
+    1
 }
 
 /// One run of a BLOCK_STATUS answer (`base:allocation`).
@@ -74,7 +105,27 @@ pub struct PhysicalLocation {
 #[derive(Debug)]
 pub(crate) struct VolumeState {
     size_bytes: u64,
+    /// Replica 0: the only copy of a 1-replica volume.
     map: ExtentMap,
+    /// Replicas 1 and up (empty for a 1-replica volume). An entry of these is set before
+    /// replica 0's entry of the same extent (both under the pool mutex), so whoever sees
+    /// replica 0 allocated sees every copy allocated.
+    replicas: Vec<ExtentMap>,
+}
+
+impl VolumeState {
+    /// Every replica's map, replica 0 first.
+    fn maps(&self) -> impl Iterator<Item = &ExtentMap> {
+        std::iter::once(&self.map).chain(&self.replicas)
+    }
+
+    /// The map of replica `replica`.
+    fn map_of(&self, replica: usize) -> Option<&ExtentMap> {
+        match replica {
+            0 => Some(&self.map),
+            r => self.replicas.get(r - 1),
+        }
+    }
 }
 
 /// A volume handle (`Arc<Volume>` from `Store::open_volume`), usable from many threads.
@@ -89,6 +140,13 @@ pub struct Volume {
     tenant: Option<String>,
     /// Fixed at creation.
     read_only: bool,
+    /// Copies of every extent; fixed at creation.
+    replicas: u8,
+    /// Replicated volumes: a write to the copies of an extent holds the lock of its stripe
+    /// (extent index modulo the count), so two overlapping writes in flight at once reach
+    /// every copy in the same order and the copies end up equal (NBD leaves the order of
+    /// overlapping writes open, but not that the copies then disagree). Empty for 1 replica.
+    copy_locks: Box<[Mutex<()>]>,
     shared: Arc<Shared>,
     me: Weak<Volume>,
     state: RwLock<VolumeState>,
@@ -158,6 +216,10 @@ impl fmt::Debug for Volume {
             .finish_non_exhaustive()
     }
 }
+
+/// Lock stripes of a replicated volume's copy writes (`Volume::copy_locks`): enough that
+/// writes to different extents rarely share one.
+const COPY_LOCK_STRIPES: usize = 64;
 
 /// Commits a full pool may run to recycle quarantined extents before a write gives up with
 /// `NoSpace` (others may take the recycled extents first).
@@ -237,6 +299,7 @@ impl Volume {
         id: u64,
         record: VolumeRecord,
         map: ExtentMap,
+        replicas: Vec<ExtentMap>,
         allocated_extents: u64,
     ) -> Arc<Volume> {
         Arc::new_cyclic(|me| Volume {
@@ -246,12 +309,19 @@ impl Volume {
             qos: Mutex::new(record.qos),
             tenant: record.tenant,
             read_only: record.read_only,
+            replicas: record.replicas,
+            copy_locks: if record.replicas > 1 {
+                (0..COPY_LOCK_STRIPES).map(|_| Mutex::new(())).collect()
+            } else {
+                Box::new([])
+            },
             shared,
             me: me.clone(),
             size_bytes: AtomicU64::new(record.size_bytes),
             state: RwLock::new(VolumeState {
                 size_bytes: record.size_bytes,
                 map,
+                replicas,
             }),
             allocated_extents: AtomicU64::new(allocated_extents),
             deleted: AtomicBool::new(false),
@@ -272,6 +342,12 @@ impl Volume {
         self.size_bytes.load(Ordering::Acquire)
     }
 
+    /// Copies of every extent (1 to `MAX_REPLICAS`).
+    pub fn replicas(&self) -> u8 {
+        self.replicas
+    }
+
+    /// Space taken in the pool: every replica's extents.
     pub fn allocated_bytes(&self) -> u64 {
         self.allocated_extents.load(Ordering::Relaxed) * EXTENT_SIZE_BYTES
     }
@@ -305,6 +381,23 @@ impl Volume {
             qos: self.qos(),
             tenant: self.tenant.clone(),
             read_only: self.read_only,
+            replicas: self.replicas,
+            health: self.health(),
+        }
+    }
+
+    /// `Degraded` while a failed device holds one of the volume's extents.
+    pub fn health(&self) -> VolumeHealth {
+        let failed = self.shared.failed_devices();
+        if failed.is_empty() {
+            return VolumeHealth::Healthy;
+        }
+        let holder = lock(&self.shared.pool)
+            .allocator
+            .first_device_holding(self.id, failed.0);
+        match holder {
+            Some(_) => VolumeHealth::Degraded,
+            None => VolumeHealth::Healthy,
         }
     }
 
@@ -317,6 +410,7 @@ impl Volume {
             qos,
             tenant: self.tenant.clone(),
             read_only: self.read_only,
+            replicas: self.replicas,
         }
     }
 
@@ -383,10 +477,173 @@ impl Volume {
         let holder = lock(&self.shared.pool)
             .allocator
             .first_device_holding(self.id, failed.0);
+        if holder.is_some() && self.replicas > 1 {
+            return self.check_copies_left(failed);
+        }
         match holder {
             Some(device) => Err(self.shared.failed_error(device)),
             None => Ok(()),
         }
+    }
+
+    /// A replicated volume with copies on failed devices: the error for the first logical
+    /// extent none of whose copies is on a healthy device (its data may be lost), or `Ok`
+    /// when every extent keeps a copy the sync covered. Scans the maps (only while a device
+    /// is failed).
+    fn check_copies_left(&self, failed: DeviceSet) -> Result<(), StoreError> {
+        let st = read(&self.state);
+        for (extent, entry) in st.map.allocated_in(0, st.map.extent_count()) {
+            let mut lost_on = None;
+            let mut healthy = false;
+            for e in std::iter::once(entry).chain(st.replicas.iter().map(|m| m.get(extent))) {
+                match PhysExtent::from_entry(e) {
+                    Some(p) if failed.contains(p.device) || self.device_failed(p) => {
+                        lost_on.get_or_insert(p.device);
+                    }
+                    Some(_) => healthy = true,
+                    None => {}
+                }
+            }
+            if let (false, Some(device)) = (healthy, lost_on) {
+                return Err(self.shared.failed_error(device as usize));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the device of `phys` is failed (or unknown).
+    fn device_failed(&self, phys: PhysExtent) -> bool {
+        self.shared
+            .devices
+            .get(phys.device as usize)
+            .is_none_or(Device::is_failed)
+    }
+
+    /// The routing decision of a replicated volume's reads: the copies of logical extent
+    /// `extent` in the order a read tries them. Today: replica 0, then the others, copies on
+    /// healthy devices before copies on failed ones (tried only when nothing else is left).
+    /// Routing by stream type (FAST) belongs here.
+    fn route_read(&self, st: &VolumeState, extent: u64) -> [Option<PhysExtent>; 3] {
+        let mut order = [None; MAX_REPLICAS as usize];
+        let mut n = 0;
+        for failed_pass in [false, true] {
+            for map in st.maps() {
+                if let Some(phys) = PhysExtent::from_entry(map.get(extent))
+                    && self.device_failed(phys) == failed_pass
+                    && n < order.len()
+                {
+                    order[n] = Some(phys);
+                    n += 1;
+                }
+            }
+        }
+        order
+    }
+
+    /// Reads piece `p` of a replicated volume into `dst` from the first copy that answers
+    /// (`route_read`'s order); a copy that fails is logged and the next one tried.
+    fn read_replicated(
+        &self,
+        st: &VolumeState,
+        p: &Piece,
+        dst: &mut [u8],
+    ) -> Result<(), StoreError> {
+        let mut last_error = None;
+        for phys in self.route_read(st, p.extent).into_iter().flatten() {
+            let result = self
+                .shared
+                .device(phys)
+                .and_then(|d| Ok(d.read(phys.index, p.offset_in_extent, dst)?));
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(volume = %self.name, device = phys.device, error = %e, "read of a replica failed; trying the next");
+                    last_error = Some(e);
+                }
+            }
+        }
+        match last_error {
+            Some(e) => Err(e),
+            None => {
+                dst.fill(0);
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs `op` on every copy of piece `p` of a replicated volume whose device is healthy,
+    /// noting the devices touched and whether an allocation is still pending. Copies on
+    /// failed devices are skipped (the volume is degraded); if every copy is on a failed
+    /// device the piece fails.
+    fn on_every_copy(
+        &self,
+        st: &VolumeState,
+        p: &Piece,
+        touched: &mut DeviceSet,
+        needs_commit: &mut bool,
+        mut op: impl FnMut(&Device, PhysExtent) -> io::Result<()>,
+    ) -> Result<(), StoreError> {
+        let mut written = false;
+        let mut skipped = None;
+        let _ordered = self.copy_lock(p.extent);
+        for map in st.maps() {
+            let entry = map.get(p.extent);
+            *needs_commit |= entry & PENDING_BIT != 0;
+            let Some(phys) = PhysExtent::from_entry(entry) else {
+                continue;
+            };
+            let device = self.shared.device(phys)?;
+            if device.is_failed() {
+                skipped = Some(phys.device);
+                continue;
+            }
+            op(device, phys)?;
+            touched.insert(phys.device);
+            written = true;
+        }
+        match skipped {
+            Some(device) if !written => Err(self.shared.failed_error(device as usize)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The stripe lock of logical extent `extent`'s copies (`copy_locks`); `None` for a
+    /// 1-replica volume.
+    fn copy_lock(&self, extent: u64) -> Option<std::sync::MutexGuard<'_, ()>> {
+        let n = self.copy_locks.len() as u64;
+        if n == 0 {
+            return None;
+        }
+        self.copy_locks.get((extent % n) as usize).map(lock)
+    }
+
+    /// Reads `buf.len()` bytes at `offset` from replica `replica` only (tests and scrub:
+    /// comparing copies). Unallocated ranges read as zeros; `NotFound` for a replica the
+    /// volume does not have.
+    pub fn read_replica_at(
+        &self,
+        replica: u8,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
+        let st = read(&self.state);
+        self.check_live()?;
+        check_range(st.size_bytes, offset, buf.len() as u64)?;
+        let map = st.map_of(usize::from(replica)).ok_or_else(|| {
+            StoreError::NotFound(format!("replica {replica} of volume {}", self.name))
+        })?;
+        for p in pieces(offset, buf.len() as u64) {
+            let dst = &mut buf[p.buf_range()];
+            match PhysExtent::from_entry(map.get(p.extent)) {
+                None => dst.fill(0),
+                Some(phys) => {
+                    self.shared
+                        .device(phys)?
+                        .read(phys.index, p.offset_in_extent, dst)?
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Reads `buf.len()` bytes at `offset`. Unwritten ranges read as zeros.
@@ -429,6 +686,10 @@ impl Volume {
     fn read_pieces(&self, st: &VolumeState, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         for p in pieces(offset, buf.len() as u64) {
             let dst = &mut buf[p.buf_range()];
+            if !st.replicas.is_empty() {
+                self.read_replicated(st, &p, dst)?;
+                continue;
+            }
             match PhysExtent::from_entry(st.map.get(p.extent)) {
                 None => dst.fill(0),
                 Some(phys) => {
@@ -488,6 +749,13 @@ impl Volume {
                     None => return Ok(WriteOutcome::Reclaim),
                 }
             }
+            if !st.replicas.is_empty() {
+                let src = &data[p.buf_range()];
+                self.on_every_copy(&st, &p, &mut touched, &mut needs_commit, |d, phys| {
+                    d.write(phys.index, p.offset_in_extent, src)
+                })?;
+                continue;
+            }
             needs_commit |= entry & PENDING_BIT != 0;
             let Some(phys) = PhysExtent::from_entry(entry) else {
                 continue;
@@ -522,9 +790,26 @@ impl Volume {
         if current != 0 {
             return Ok(Some(current)); // another writer allocated it first
         }
-        let Some(phys) = pool.allocator.allocate_avoiding(self.id, avoid.0) else {
+        let copies = usize::from(self.replicas);
+        let placed = if copies <= 1 {
+            pool.allocator
+                .allocate_avoiding(self.id, avoid.0)
+                .map(|p| vec![p])
+        } else {
+            pool.allocator.allocate_replicas(self.id, copies, avoid.0)
+        };
+        let Some(placed) = placed else {
             if pool.quarantined > 0 {
                 return Ok(None);
+            }
+            if copies > 1 && pool.allocator.devices_with_space(0) >= copies {
+                return Err(StoreError::Io(io::Error::other(format!(
+                    "no free extent on {copies} distinct healthy devices (some devices with \
+                     free space failed)"
+                ))));
+            }
+            if copies > 1 && pool.allocator.devices_with_space(0) > 0 {
+                return Err(StoreError::NoSpace);
             }
             if avoid.iter().any(|d| pool.allocator.free_extents(d) > 0) {
                 return Err(StoreError::Io(io::Error::other(
@@ -533,22 +818,34 @@ impl Volume {
             }
             return Err(StoreError::NoSpace);
         };
-        pool.pending.push(Change::Alloc {
-            volume: self.me.clone(),
-            volume_id: self.id,
-            extent,
-            phys,
-        });
-        let entry = phys.to_entry() | PENDING_BIT;
-        slot.store(entry, Ordering::Release);
-        self.allocated_extents.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(entry))
+        // Replicas 1.. first: a reader that sees replica 0's entry sees them all.
+        for (replica, &phys) in placed.iter().enumerate().rev() {
+            pool.pending.push(Change::Alloc {
+                volume: self.me.clone(),
+                volume_id: self.id,
+                replica: replica as u8,
+                extent,
+                phys,
+            });
+            let entry = phys.to_entry() | PENDING_BIT;
+            if replica == 0 {
+                slot.store(entry, Ordering::Release);
+            } else if let Some(s) = st.replicas.get(replica - 1).and_then(|m| m.slot(extent)) {
+                s.store(entry, Ordering::Release);
+            }
+        }
+        self.allocated_extents
+            .fetch_add(placed.len() as u64, Ordering::Relaxed);
+        Ok(Some(slot.load(Ordering::Acquire)))
     }
 
-    /// After a commit: the allocation of `extent` at `phys` is durable.
-    pub(crate) fn mark_committed(&self, extent: u64, phys: PhysExtent) {
+    /// After a commit: the allocation of `extent` of replica `replica` at `phys` is durable.
+    pub(crate) fn mark_committed(&self, replica: u8, extent: u64, phys: PhysExtent) {
         let st = read(&self.state);
-        if let Some(slot) = st.map.existing_slot(extent) {
+        if let Some(slot) = st
+            .map_of(usize::from(replica))
+            .and_then(|m| m.existing_slot(extent))
+        {
             let pending = phys.to_entry() | PENDING_BIT;
             let _ = slot.compare_exchange(
                 pending,
@@ -640,6 +937,12 @@ impl Volume {
                     None => return Ok(WriteOutcome::Reclaim),
                 }
             }
+            if !st.replicas.is_empty() {
+                self.on_every_copy(&st, &p, &mut touched, &mut needs_commit, |d, phys| {
+                    d.zero(phys.index, p.offset_in_extent, p.len)
+                })?;
+                continue;
+            }
             needs_commit |= entry & PENDING_BIT != 0;
             let Some(phys) = PhysExtent::from_entry(entry) else {
                 continue;
@@ -702,41 +1005,44 @@ impl Volume {
         tail: Option<Piece>,
     ) -> Result<(), StoreError> {
         for p in head.iter().chain(tail.iter()) {
-            if let Some(phys) = PhysExtent::from_entry(st.map.get(p.extent)) {
-                self.shared
-                    .device(phys)?
-                    .punch(phys.index, p.offset_in_extent, p.len)?;
+            let _ordered = self.copy_lock(p.extent);
+            for map in st.maps() {
+                if let Some(phys) = PhysExtent::from_entry(map.get(p.extent)) {
+                    let device = self.shared.device(phys)?;
+                    if st.replicas.is_empty() || !device.is_failed() {
+                        device.punch(phys.index, p.offset_in_extent, p.len)?;
+                    }
+                }
             }
         }
         Ok(())
     }
 
     /// Releases every allocated extent in `[first, end)` (caller holds the write lock, so no
-    /// I/O of this volume is in flight): unmap, punch, and queue the free. The physical extents
-    /// stay quarantined until the next commit makes the free durable.
+    /// I/O of this volume is in flight): unmap, punch, and queue the free, of every replica.
+    /// The physical extents stay quarantined until the next commit makes the free durable.
     fn release_locked(&self, st: &mut VolumeState, first: u64, end: u64) -> Result<(), StoreError> {
-        let mut freed: Vec<(u64, PhysExtent)> = st
-            .map
-            .allocated_in(first, end)
-            .filter_map(|(i, _)| {
-                let old = st.map.existing_slot(i)?.swap(0, Ordering::AcqRel);
-                PhysExtent::from_entry(old).map(|p| (i, p))
-            })
-            .collect();
+        let mut freed: Vec<(u8, u64, PhysExtent)> = Vec::new();
+        for (replica, map) in st.maps().enumerate() {
+            freed.extend(map.allocated_in(first, end).filter_map(|(i, _)| {
+                let old = map.existing_slot(i)?.swap(0, Ordering::AcqRel);
+                PhysExtent::from_entry(old).map(|p| (replica as u8, i, p))
+            }));
+        }
         if freed.is_empty() {
             return Ok(());
         }
-        freed.sort_by_key(|&(_, p)| p);
+        freed.sort_by_key(|&(_, _, p)| p);
         // Punch contiguous physical runs with one call each; remember which runs failed.
         let mut ok = vec![true; freed.len()];
         let mut first_error = None;
         let mut i = 0;
         while i < freed.len() {
-            let start = freed[i].1;
+            let start = freed[i].2;
             let mut j = i + 1;
             while j < freed.len()
-                && freed[j].1.device == start.device
-                && freed[j].1.index == freed[j - 1].1.index + 1
+                && freed[j].2.device == start.device
+                && freed[j].2.index == freed[j - 1].2.index + 1
             {
                 j += 1;
             }
@@ -753,10 +1059,11 @@ impl Volume {
         }
         {
             let mut pool = lock(&self.shared.pool);
-            for (&(extent, phys), &reusable) in freed.iter().zip(&ok) {
+            for (&(replica, extent, phys), &reusable) in freed.iter().zip(&ok) {
                 pool.allocator.disown(self.id, phys);
                 pool.pending.push(Change::Free {
                     volume_id: self.id,
+                    replica,
                     extent,
                     phys,
                     reusable,
@@ -797,7 +1104,7 @@ impl Volume {
         self.check_live()?;
         check_range(st.size_bytes, offset, len)?;
         for p in pieces(offset, len) {
-            if let Some(phys) = PhysExtent::from_entry(st.map.get(p.extent)) {
+            if let Some(phys) = self.route_first(&st, p.extent) {
                 self.shared
                     .device(phys)?
                     .advise_willneed(phys.index, p.offset_in_extent, p.len);
@@ -841,8 +1148,7 @@ impl Volume {
         let mut pos = offset;
         while pos < end {
             let extent = pos / EXTENT_SIZE_BYTES;
-            let entry = st.map.get(extent);
-            let next = match PhysExtent::from_entry(entry) {
+            let next = match self.route_first(&st, extent) {
                 None => {
                     let next = if st.map.chunk_exists(extent) {
                         (extent + 1) * EXTENT_SIZE_BYTES
@@ -877,9 +1183,27 @@ impl Volume {
         self.shared.devices.iter().all(|d| d.zeroes_fast())
     }
 
-    /// Where logical extent `extent` is stored, or `None` for a hole.
+    /// The copy a read of `extent` goes to first (replica 0 for a 1-replica volume), `None`
+    /// for a hole.
+    fn route_first(&self, st: &VolumeState, extent: u64) -> Option<PhysExtent> {
+        if st.replicas.is_empty() {
+            PhysExtent::from_entry(st.map.get(extent))
+        } else {
+            self.route_read(st, extent)[0]
+        }
+    }
+
+    /// Where logical extent `extent` is stored (replica 0), or `None` for a hole.
     pub fn extent_location(&self, extent: u64) -> Option<PhysicalLocation> {
-        let entry = read(&self.state).map.get(extent);
+        self.replica_location(0, extent)
+    }
+
+    /// Where replica `replica` of logical extent `extent` is stored, or `None` for a hole
+    /// (or a replica the volume does not have).
+    pub fn replica_location(&self, replica: u8, extent: u64) -> Option<PhysicalLocation> {
+        let entry = read(&self.state)
+            .map_of(usize::from(replica))
+            .map_or(0, |m| m.get(extent));
         PhysExtent::from_entry(entry).map(|p| PhysicalLocation {
             device: p.device,
             offset_bytes: p.byte_offset(),
@@ -902,6 +1226,9 @@ impl Volume {
                 .commit(&[MetaOp::PutVolume(self.id, record)], false)?;
             let mut st = self.write_state();
             st.map.resize(extent_count(new_size));
+            for m in &mut st.replicas {
+                m.resize(extent_count(new_size));
+            }
             st.size_bytes = new_size;
             self.size_bytes.store(new_size, Ordering::Release);
             return Ok(());
@@ -912,13 +1239,21 @@ impl Volume {
             let old_count = st.map.extent_count();
             let released = self.release_locked(&mut st, new_count, old_count);
             let tail_off = new_size % EXTENT_SIZE_BYTES;
-            let tail = match PhysExtent::from_entry(st.map.get(new_size / EXTENT_SIZE_BYTES)) {
-                Some(phys) if tail_off != 0 => self.shared.device(phys).and_then(|d| {
-                    Ok(d.punch(phys.index, tail_off, EXTENT_SIZE_BYTES - tail_off)?)
-                }),
-                _ => Ok(()),
+            let tail_piece = Piece {
+                extent: new_size / EXTENT_SIZE_BYTES,
+                offset_in_extent: tail_off,
+                len: EXTENT_SIZE_BYTES - tail_off,
+                pos: 0,
+            };
+            let tail = if tail_off != 0 {
+                self.punch_partials(&st, Some(tail_piece), None)
+            } else {
+                Ok(())
             };
             st.map.resize(new_count);
+            for m in &mut st.replicas {
+                m.resize(new_count);
+            }
             st.size_bytes = new_size;
             self.size_bytes.store(new_size, Ordering::Release);
             released.and(tail)
@@ -938,6 +1273,9 @@ impl Volume {
             let count = st.map.extent_count();
             let r = self.release_locked(&mut st, 0, count);
             st.map.resize(0);
+            for m in &mut st.replicas {
+                m.resize(0);
+            }
             r
         };
         lock(&self.shared.pool).allocator.forget_volume(self.id);
@@ -990,12 +1328,23 @@ mod tests {
             qos: None,
             tenant: None,
             read_only: false,
+            replicas: 1,
+            health: VolumeHealth::Healthy,
         };
         let json = serde_json::to_string(&info).unwrap();
         assert!(!json.contains("qos"), "{json}");
         assert!(
             !json.contains("tenant") && !json.contains("read_only"),
             "{json}"
+        );
+        assert!(json.contains(r#""replicas":1"#), "{json}");
+        let without: serde_json::Value =
+            serde_json::from_str(&json.replace(r#","replicas":1"#, "")).unwrap();
+        assert_eq!(
+            serde_json::from_value::<VolumeInfo>(without)
+                .unwrap()
+                .replicas,
+            1
         );
         assert_eq!(serde_json::from_str::<VolumeInfo>(&json).unwrap(), info);
         info.qos = Some(r#"{"iops":100}"#.into());

@@ -3,6 +3,11 @@
 //! every flushed (or FUA) block survived, that allocations never made durable are gone, and
 //! that their data can never surface in another volume (the startup punch).
 //!
+//! A second pair does the same to a 2-replica volume with writers running at the kill, and
+//! checks that after the reopen every flushed block is intact on every replica and that the
+//! replicas are equal (the resync of an unclean start), also after the parent damaged one
+//! copy the way a write that reached only the other copy would.
+//!
 //! The child is this test binary re-executed with `--ignored --exact crash_child` and an env
 //! variable naming the data directory; it reports progress on stdout.
 
@@ -14,7 +19,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use headroom_store::{EXTENT_SIZE_BYTES, Store, StoreConfig, StoreError, Volume};
+use headroom_store::{EXTENT_SIZE_BYTES, NewVolume, Store, StoreConfig, StoreError, Volume};
 
 const E: u64 = EXTENT_SIZE_BYTES;
 const MIB: u64 = 1 << 20;
@@ -185,4 +190,166 @@ fn kill9_keeps_flushed_data_and_never_leaks_unflushed_allocations() {
             "extent {i} of b leaks old data"
         );
     }
+}
+
+/// The replicated child: extents `0..FLUSHED_EXTENTS` written and flushed, then writers
+/// rewriting 4 KiB blocks of the extents after them until the kill.
+const FLUSHED_EXTENTS: u64 = 2;
+const HOT_EXTENTS: u64 = 4;
+const BLOCK: usize = 4096;
+const REPLICATED_CHILD_ENV: &str = "HEADROOM_STORE_CRASH_REPLICATED_DIR";
+
+/// A block of generation `generation`: its index and generation, then a pattern of both.
+fn versioned_block(block: u64, generation: u64) -> Vec<u8> {
+    let mut b = pattern(block * 1_000_003 + generation, BLOCK);
+    b[..8].copy_from_slice(&block.to_le_bytes());
+    b[8..16].copy_from_slice(&generation.to_le_bytes());
+    b
+}
+
+/// Whether `data` is block `block` of some generation (or was never written: zeros).
+fn is_some_version(block: u64, data: &[u8]) -> bool {
+    if data.iter().all(|&b| b == 0) {
+        return true;
+    }
+    let index = u64::from_le_bytes(data[..8].try_into().unwrap());
+    let generation = u64::from_le_bytes(data[8..16].try_into().unwrap());
+    index == block && data == versioned_block(block, generation).as_slice()
+}
+
+fn replicated_config(dir: &Path) -> StoreConfig {
+    StoreConfig {
+        device_count: 2,
+        device_capacity_bytes: 16 * MIB,
+        ..StoreConfig::new(dir)
+    }
+}
+
+#[test]
+#[ignore = "child process of kill9_mid_writes_leaves_replicas_equal_with_flushed_data_intact"]
+fn crash_child_replicated() {
+    let Ok(dir) = std::env::var(REPLICATED_CHILD_ENV) else {
+        return;
+    };
+    let store = Store::open(&replicated_config(Path::new(&dir))).unwrap();
+    let options = NewVolume {
+        replicas: 2,
+        ..NewVolume::default()
+    };
+    store
+        .create_volume_with("r", (FLUSHED_EXTENTS + HOT_EXTENTS) * E, options)
+        .unwrap();
+    let r = store.open_volume("r").unwrap();
+    r.write_at(0, &pattern(1, (FLUSHED_EXTENTS * E) as usize), false)
+        .unwrap();
+    // Every hot extent allocated (and committed) before the writers start.
+    for i in FLUSHED_EXTENTS..FLUSHED_EXTENTS + HOT_EXTENTS {
+        r.write_at(i * E, &versioned_block(i * E / BLOCK as u64, 0), false)
+            .unwrap();
+    }
+    r.flush().unwrap();
+    let loc = r.replica_location(1, FLUSHED_EXTENTS).unwrap();
+    println!("LOC {} {}", loc.device, loc.offset_bytes);
+    let blocks = HOT_EXTENTS * E / BLOCK as u64;
+    let first = FLUSHED_EXTENTS * E / BLOCK as u64;
+    for t in 0..2u64 {
+        let r = std::sync::Arc::clone(&r);
+        std::thread::spawn(move || {
+            let mut x = 0x1234_5678_u64 + t;
+            for generation in 1.. {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let block = first + x % blocks;
+                r.write_at(
+                    block * BLOCK as u64,
+                    &versioned_block(block, generation),
+                    false,
+                )
+                .unwrap();
+            }
+        });
+    }
+    // Let the writers run a little, then report; they keep writing until the kill.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
+    while std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    println!("MARK ready");
+    loop {
+        std::thread::park();
+    }
+}
+
+#[test]
+fn kill9_mid_writes_leaves_replicas_equal_with_flushed_data_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "crash_child_replicated",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(REPLICATED_CHILD_ENV, dir.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut loc = None;
+    let mut ready = false;
+    for line in stdout.lines() {
+        let line = line.unwrap();
+        // (libtest may print the test's name on the same line first.)
+        if let Some((_, rest)) = line.split_once("LOC ") {
+            let (d, off) = rest.split_once(' ').unwrap();
+            loc = Some((d.parse::<u32>().unwrap(), off.parse::<u64>().unwrap()));
+        }
+        if line.contains("MARK ready") {
+            ready = true;
+            break;
+        }
+    }
+    assert!(ready, "child did not reach the crash point");
+    child.kill().unwrap(); // SIGKILL, writers running
+    assert_eq!(child.wait().unwrap().signal(), Some(9));
+
+    // Make replica 1 of the first hot extent disagree, as a write that reached replica 0
+    // and not replica 1 would leave it.
+    let (device, offset) = loc.unwrap();
+    let path = dir.path().join(format!("devices/dev-{device}.img"));
+    let file = std::fs::File::options().write(true).open(&path).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &[0xA5; BLOCK], offset + 3 * BLOCK as u64)
+        .unwrap();
+    drop(file);
+
+    let store = Store::open(&replicated_config(dir.path())).unwrap();
+    let r = store.open_volume("r").unwrap();
+    assert_eq!(r.replicas(), 2);
+    let size = ((FLUSHED_EXTENTS + HOT_EXTENTS) * E) as usize;
+    let mut copies = Vec::new();
+    for replica in 0..2 {
+        let mut buf = vec![0xEE; size];
+        r.read_replica_at(replica, 0, &mut buf).unwrap();
+        copies.push(buf);
+    }
+    let flushed = (FLUSHED_EXTENTS * E) as usize;
+    for (replica, copy) in copies.iter().enumerate() {
+        assert!(
+            copy[..flushed] == pattern(1, flushed)[..],
+            "flushed data of replica {replica} damaged"
+        );
+    }
+    let differing = copies[0]
+        .chunks(BLOCK)
+        .zip(copies[1].chunks(BLOCK))
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(differing, 0, "replicas disagree after recovery");
+    for (i, block) in copies[0][flushed..].chunks(BLOCK).enumerate() {
+        let index = (flushed / BLOCK + i) as u64;
+        assert!(is_some_version(index, block), "block {index} is torn");
+    }
+    assert_eq!(read_vec(&r, 0, size), copies[0]);
 }

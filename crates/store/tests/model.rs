@@ -1,11 +1,12 @@
 //! Model check: random sequences of write / read / trim / write-zeroes / resize / flush on
 //! one volume, compared after every step with a plain `Vec<u8>` model, plus invariants on
-//! block status and pool accounting. Runs on the RAM backend (many cases) and on files.
+//! block status and pool accounting. Runs on the RAM backend (many cases) and on files, and on
+//! a 2-replica volume, whose every copy must match the model too.
 
 // Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
-use headroom_store::{EXTENT_SIZE_BYTES, Store, StoreConfig, StoreError, Volume};
+use headroom_store::{EXTENT_SIZE_BYTES, NewVolume, Store, StoreConfig, StoreError, Volume};
 use proptest::prelude::*;
 
 const E: u64 = EXTENT_SIZE_BYTES;
@@ -83,8 +84,21 @@ fn expect_range<T>(r: Result<T, StoreError>, in_range: bool) -> Result<Option<T>
 }
 
 fn run(store: &Store, initial_sectors: u64, ops: &[Op]) -> Result<(), TestCaseError> {
+    run_with(store, initial_sectors, 1, ops)
+}
+
+fn run_with(
+    store: &Store,
+    initial_sectors: u64,
+    replicas: u8,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
     let size = initial_sectors * 512;
-    store.create_volume("m", size).unwrap();
+    let options = NewVolume {
+        replicas,
+        ..NewVolume::default()
+    };
+    store.create_volume_with("m", size, options).unwrap();
     let v = store.open_volume("m").unwrap();
     let mut model = vec![0u8; size as usize];
     for op in ops {
@@ -150,6 +164,21 @@ fn check_final(store: &Store, v: &Volume, model: &[u8]) -> Result<(), TestCaseEr
     let mapped = (0..size.div_ceil(E))
         .filter(|&i| v.extent_location(i).is_some())
         .count() as u64;
+    // Every copy holds the model, and is mapped where replica 0 is, on another device.
+    let copies = u64::from(v.replicas());
+    for r in 1..v.replicas() {
+        let mut copy = vec![0xAAu8; model.len()];
+        v.read_replica_at(r, 0, &mut copy).unwrap();
+        prop_assert!(copy == model, "replica {} differs from the model", r);
+        for i in 0..size.div_ceil(E) {
+            let (first, this) = (v.extent_location(i), v.replica_location(r, i));
+            prop_assert_eq!(first.is_some(), this.is_some(), "extent {}", i);
+            if let (Some(a), Some(b)) = (first, this) {
+                prop_assert_ne!(a.device, b.device, "extent {}", i);
+            }
+        }
+    }
+    let mapped = mapped * copies;
     prop_assert_eq!(v.info().allocated_bytes, mapped * E);
     // Every extent holding non-zero data is mapped.
     for (i, chunk) in model.chunks(E as usize).enumerate() {
@@ -175,6 +204,20 @@ proptest! {
     ) {
         let store = Store::open_memory(MAX_EXTENTS * 2 * E).unwrap();
         run(&store, initial_sectors, &ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn replicated_memory_volume_matches_model_on_every_copy(
+        initial_sectors in 1..=MAX_EXTENTS * E / 512,
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
+        // Two RAM devices of MAX_EXTENTS extents: room for every copy of a full volume.
+        let store = Store::open_memory(MAX_EXTENTS * 2 * E).unwrap();
+        run_with(&store, initial_sectors, 2, &ops)?;
     }
 }
 

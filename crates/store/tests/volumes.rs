@@ -701,6 +701,7 @@ fn tenant_and_read_only_are_stored_with_the_volume_and_survive_reopen_and_change
                     qos: Some(QOS_A.into()),
                     tenant: Some("alice".into()),
                     read_only: false,
+                    replicas: 1,
                 },
             )
             .unwrap();

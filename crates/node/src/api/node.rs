@@ -26,6 +26,7 @@ pub(super) fn routes() -> Router<ApiState> {
     Router::new()
         .route("/v1/pool", get(pool))
         .route("/v1/devices", get(devices).post(add_device))
+        .route("/v1/devices/{id}/fail", axum::routing::post(fail_device))
         .route("/v1/node", get(node))
 }
 
@@ -167,6 +168,11 @@ pub struct AddDevice {
     /// down to whole 2 MiB extents. Default 64 GiB (sparse).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
+    /// The failure domain the device is in (a host, a shelf, a power feed): copies of one
+    /// extent of a replicated volume go to distinct domains when the pool has enough.
+    /// Absent: none (the device is its own domain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
 }
 
 /// Adds a device to the running pool: new extents may go there at once (placement prefers
@@ -186,14 +192,39 @@ pub(super) async fn add_device(
     let size = body
         .size_bytes
         .unwrap_or(headroom_store::DEFAULT_DEVICE_CAPACITY_BYTES);
-    let info =
-        blocking(move || store.add_device(body.path.as_deref().map(std::path::Path::new), size))
-            .await?;
+    let info = blocking(move || {
+        store.add_device_in_domain(
+            body.path.as_deref().map(std::path::Path::new),
+            size,
+            body.failure_domain,
+        )
+    })
+    .await?;
     let extent_size_bytes = state.store.pool_info().extent_size_bytes;
     Ok((
         StatusCode::CREATED,
         Json(DeviceView::new(&info, extent_size_bytes)),
     ))
+}
+
+/// Fails a device for good (the operator's decision; recorded durably): it is never
+/// allocated on, written or, while another copy exists, read again. Replicated volumes go on
+/// from their other copies (`health`: `degraded`); a 1-replica volume with extents there
+/// fails its FLUSHes from now on. Failing a failed device again changes nothing.
+#[utoipa::path(post, path = "/v1/devices/{id}/fail", tag = "node",
+    params(("id" = u32, Path, description = "Device id (`GET /v1/devices`)")),
+    responses((status = 200, body = DeviceView),
+        (status = 400, description = "The device of a RADOS store (`invalid_device`)", body = ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "No such device", body = ApiErrorBody)))]
+pub(super) async fn fail_device(
+    State(state): State<ApiState>,
+    axum::extract::Path(id): axum::extract::Path<u32>,
+) -> ApiResult<Json<DeviceView>> {
+    let store = std::sync::Arc::clone(&state.store);
+    let info = blocking(move || store.fail_device(id)).await?;
+    let extent_size_bytes = state.store.pool_info().extent_size_bytes;
+    Ok(Json(DeviceView::new(&info, extent_size_bytes)))
 }
 
 /// Body of `GET /v1/pool`: the pool's extents and devices.
@@ -210,7 +241,7 @@ pub struct PoolView {
     pub quarantined_extents: u64,
     /// Freed but their punch failed; reusable after a restart.
     pub leaked_extents: u64,
-    /// Sum of the volume sizes (volumes are thin: this may exceed the capacity).
+    /// Sum of the volume sizes, each times its replica count (volumes are thin: this may exceed the capacity).
     pub provisioned_bytes: u64,
     /// Most volume bytes per pool byte (`[storage] overcommit_ratio`); `null`: no limit.
     pub overcommit_ratio: Option<f64>,
@@ -237,6 +268,9 @@ pub struct DeviceView {
     /// new extents go elsewhere. Absent from the JSON when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub failed: bool,
+    /// The failure domain declared for it; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
     /// What the device is doing now, smoothed over the node's sampling intervals.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<DeviceTelemetryView>,
@@ -296,6 +330,7 @@ impl DeviceView {
                 .saturating_mul(extent_size_bytes),
             physical_used_bytes: device.physical_used_bytes,
             failed: device.failed,
+            failure_domain: device.failure_domain.clone(),
             telemetry: None,
         }
     }

@@ -102,6 +102,7 @@ impl Modify for BearerAuth {
         super::node::pool,
         super::node::devices,
         super::node::add_device,
+        super::node::fail_device,
         super::node::node,
         super::tenants::list_tenants,
         super::tenants::create_tenant,

@@ -1,0 +1,235 @@
+//! Replicated volumes end to end: `headroom volume create --replicas 2` on a server with
+//! three device files, written and verified by fio over NBD, then the copies compared
+//! directly (the store opened on the stopped server's data directory); and `headroom device
+//! fail` in the middle of an fio verify run on a 2-replica volume: zero verify errors, the
+//! volume `degraded`, and the surviving copies equal.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Server, have_tool, text};
+use headroom_store::{EXTENT_SIZE_BYTES, Store, StoreConfig};
+use serde_json::Value;
+
+const E: u64 = EXTENT_SIZE_BYTES;
+const VOLUME_BYTES: u64 = 32 << 20;
+
+fn start(dir: &std::path::Path) -> Server {
+    Server::start_with(dir, &["--devices", "3", "--device-size", "256MiB"])
+}
+
+fn show(server: &Server, name: &str) -> Value {
+    let out = server.cli(&["volume", "show", name, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// fio's JSON report of its one job (the nbd engine prints lines before the JSON).
+fn fio_job(out: &std::process::Output) -> Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let start = stdout
+        .find('{')
+        .unwrap_or_else(|| panic!("no JSON from fio: {}", text(out)));
+    let report: Value = serde_json::from_str(&stdout[start..])
+        .unwrap_or_else(|e| panic!("fio json: {e}: {}", text(out)));
+    report["jobs"][0].clone()
+}
+
+fn fio(server: &Server, volume: &str, extra: &[&str]) -> Command {
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=replicas",
+        "--ioengine=nbd",
+        &format!("--uri={}", server.uri(volume)),
+        "--bs=4k",
+        "--iodepth=8",
+        &format!("--size={VOLUME_BYTES}"),
+        "--fsync=32",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--verify_state_save=0",
+        "--output-format=json",
+    ])
+    .args(extra)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    cmd
+}
+
+/// Opens the stopped server's store and returns, per logical extent of `volume` that is
+/// allocated, whether its two copies hold the same bytes, skipping extents with a copy on a
+/// device in `skip_devices`.
+fn compare_copies(data_dir: &std::path::Path, volume: &str, skip_devices: &[u32]) -> (u64, u64) {
+    let store = Store::open(&StoreConfig::new(data_dir)).unwrap();
+    let v = store.open_volume(volume).unwrap();
+    assert_eq!(v.replicas(), 2);
+    let (mut compared, mut differing) = (0, 0);
+    let mut a = vec![0u8; E as usize];
+    let mut b = vec![0u8; E as usize];
+    for extent in 0..VOLUME_BYTES / E {
+        let (Some(l0), Some(l1)) = (v.replica_location(0, extent), v.replica_location(1, extent))
+        else {
+            continue;
+        };
+        assert_ne!(
+            l0.device, l1.device,
+            "extent {extent}: both copies on one device"
+        );
+        if skip_devices.contains(&l0.device) || skip_devices.contains(&l1.device) {
+            continue;
+        }
+        v.read_replica_at(0, extent * E, &mut a).unwrap();
+        v.read_replica_at(1, extent * E, &mut b).unwrap();
+        compared += 1;
+        if a != b {
+            differing += 1;
+        }
+    }
+    (compared, differing)
+}
+
+/// Whether a connection to volume `r` is transmitting and has had requests in flight.
+fn fio_is_running(server: &Server) -> bool {
+    let Ok(mut response) = common::agent()
+        .get(format!("{}/v1/connections", server.api))
+        .header("authorization", common::bearer())
+        .call()
+    else {
+        return false;
+    };
+    let view: Value = response.body_mut().read_json().unwrap_or_default();
+    view["connections"].as_array().is_some_and(|conns| {
+        conns.iter().any(|c| {
+            c["volume"] == "r"
+                && c["phase"] == "transmitting"
+                && c["peak_inflight_requests"].as_u64().unwrap_or(0) > 0
+        })
+    })
+}
+
+#[test]
+fn fio_verify_on_a_two_replica_volume_leaves_equal_copies() {
+    if !have_tool("fio") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = start(&data);
+    server.create_volume_with("r", "32MiB", &["--replicas", "2"]);
+    let view = show(&server, "r");
+    assert_eq!(view["replicas"], 2, "{view}");
+    assert_eq!(view["health"], "healthy", "{view}");
+    // Three copies fit on three devices; four are refused by the CLI (1 to 3).
+    let out = server.cli(&[
+        "volume",
+        "create",
+        "four",
+        "--size",
+        "1GiB",
+        "--replicas",
+        "3",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = server.cli(&["volume", "create", "x", "--size", "1GiB", "--replicas", "4"]);
+    assert!(!out.status.success(), "4 replicas accepted: {}", text(&out));
+
+    let out = fio(&server, "r", &["--rw=randwrite", "--do_verify=1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "fio failed: {}", text(&out));
+    let job = fio_job(&out);
+    assert_eq!(job["error"].as_u64(), Some(0), "{job}");
+    let writes = job["write"]["total_ios"].as_u64().unwrap();
+    let verified = job["read"]["total_ios"].as_u64().unwrap();
+    assert!(writes > 0 && verified > 0, "{job}");
+    // Pool space counts both copies.
+    let allocated = show(&server, "r")["allocated_bytes"].as_u64().unwrap();
+    assert_eq!(allocated, 2 * VOLUME_BYTES);
+    server.stop();
+
+    let (compared, differing) = compare_copies(&data, "r", &[]);
+    assert_eq!(compared, VOLUME_BYTES / E);
+    assert_eq!(differing, 0);
+    eprintln!(
+        "fio on a 2-replica volume: {writes} writes, {verified} verified, {compared} extents \
+         compared copy against copy, 0 differ"
+    );
+}
+
+#[test]
+fn a_device_failed_mid_fio_verify_costs_no_errors_and_leaves_the_volume_degraded() {
+    if !have_tool("fio") {
+        return;
+    }
+    let started = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = start(&data);
+    server.create_volume_with("r", "32MiB", &["--replicas", "2"]);
+    // Write every block first so the run reads and rewrites data on all three devices.
+    let out = fio(&server, "r", &["--rw=write", "--do_verify=0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "fio fill failed: {}", text(&out));
+
+    let run = fio(
+        &server,
+        "r",
+        &[
+            "--rw=randrw",
+            "--time_based",
+            "--runtime=4",
+            "--verify_backlog=64",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    // Fail device 0 once fio's run is under way: a connection to r has had requests in
+    // flight.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !fio_is_running(&server) {
+        assert!(Instant::now() < deadline, "fio never started");
+        std::thread::yield_now();
+    }
+    let out = server.cli(&["device", "fail", "0", "--json"]);
+    assert!(out.status.success(), "device fail: {}", text(&out));
+    let device: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(device["failed"], true, "{device}");
+
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "fio failed: {}", text(&out));
+    let job = fio_job(&out);
+    assert_eq!(job["error"].as_u64(), Some(0), "{job}");
+    let verified = job["read"]["total_ios"].as_u64().unwrap();
+    assert!(verified > 0, "{job}");
+    let view = show(&server, "r");
+    assert_eq!(view["health"], "degraded", "{view}");
+    // Three copies need three healthy devices: 422 now.
+    let out = server.cli(&[
+        "volume",
+        "create",
+        "three",
+        "--size",
+        "4MiB",
+        "--replicas",
+        "3",
+    ]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("replicas"), "{}", text(&out));
+    // A flush of the degraded volume succeeds, and so does the shutdown.
+    server.stop();
+
+    // The copies on the healthy devices agree; the store reopens with device 0 failed.
+    let (compared, differing) = compare_copies(&data, "r", &[0]);
+    assert!(compared > 0);
+    assert_eq!(differing, 0);
+    eprintln!(
+        "device 0 failed mid fio verify on a 2-replica volume: 0 errors, {verified} verify \
+         reads, {compared} extents with both copies healthy compared equal ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+}
