@@ -51,6 +51,4 @@ pub use stats::{
 };
 pub use store::{DeviceInfo, NewVolume, PoolInfo, Store, TenantInfo};
 pub use telemetry::{DeviceTelemetry, EWMA_ALPHA};
-pub use volume::{
-    AioDone, AioRequest, Extent, PhysicalLocation, Volume, VolumeHealth, VolumeInfo,
-};
+pub use volume::{AioDone, AioRequest, Extent, PhysicalLocation, Volume, VolumeHealth, VolumeInfo};

@@ -519,16 +519,19 @@ impl Volume {
             .is_none_or(Device::is_failed)
     }
 
-    /// The routing decision of a replicated volume's reads: the copies of logical extent
-    /// `extent` in the order a read tries them. Today: replica 0, then the others, copies on
-    /// healthy devices before copies on failed ones (tried only when nothing else is left).
-    /// Routing by stream type (FAST) belongs here.
-    fn route_read(&self, st: &VolumeState, extent: u64) -> [Option<PhysExtent>; 3] {
+    /// The order in which a replicated volume's read tries the copies of logical extent
+    /// `extent`: copy `first` (the node's routing decision, `headroom_qos::routing`; 0 when
+    /// the caller has none), then the ones after it in turn, copies on healthy devices before
+    /// copies on failed ones (tried only when nothing else is left).
+    fn route_read(&self, st: &VolumeState, extent: u64, first: usize) -> [Option<PhysExtent>; 3] {
         let mut order = [None; MAX_REPLICAS as usize];
         let mut n = 0;
+        let copies = st.replicas.len() + 1;
         for failed_pass in [false, true] {
-            for map in st.maps() {
-                if let Some(phys) = PhysExtent::from_entry(map.get(extent))
+            for k in 0..copies {
+                if let Some(phys) = st
+                    .map_of((first + k) % copies)
+                    .and_then(|map| PhysExtent::from_entry(map.get(extent)))
                     && self.device_failed(phys) == failed_pass
                     && n < order.len()
                 {
@@ -547,9 +550,10 @@ impl Volume {
         st: &VolumeState,
         p: &Piece,
         dst: &mut [u8],
+        first: usize,
     ) -> Result<(), StoreError> {
         let mut last_error = None;
-        for phys in self.route_read(st, p.extent).into_iter().flatten() {
+        for phys in self.route_read(st, p.extent, first).into_iter().flatten() {
             let result = self
                 .shared
                 .device(phys)
@@ -648,9 +652,21 @@ impl Volume {
 
     /// Reads `buf.len()` bytes at `offset`. Unwritten ranges read as zeros.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.read_at_from(offset, buf, 0)
+    }
+
+    /// As [`Volume::read_at`], trying copy `first_copy` of a replicated volume first (the
+    /// node's read routing; the other copies follow in turn, and a copy on a failed device
+    /// comes last whatever its number). A 1-replica volume ignores it.
+    pub fn read_at_from(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        first_copy: u8,
+    ) -> Result<(), StoreError> {
         let len = buf.len() as u64;
         self.inject(IoClass::Read, offset, len)
-            .and_then(|()| self.read_inner(offset, buf))
+            .and_then(|()| self.read_inner(offset, buf, usize::from(first_copy)))
             .map_err(|e| self.failed("read", offset, len, e))
     }
 
@@ -658,6 +674,18 @@ impl Volume {
     /// or trimmed away): then it returns `true` and leaves `buf` as it was, so a reply can say
     /// "zeros" without carrying them. Fails exactly as `read_at` would.
     pub fn read_at_unless_hole(&self, offset: u64, buf: &mut [u8]) -> Result<bool, StoreError> {
+        self.read_at_unless_hole_from(offset, buf, 0)
+    }
+
+    /// As [`Volume::read_at_unless_hole`], trying copy `first_copy` first
+    /// ([`Volume::read_at_from`]).
+    pub fn read_at_unless_hole_from(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        first_copy: u8,
+    ) -> Result<bool, StoreError> {
+        let first_copy = usize::from(first_copy);
         let len = buf.len() as u64;
         self.inject(IoClass::Read, offset, len)
             .and_then(|()| {
@@ -669,25 +697,32 @@ impl Volume {
                 {
                     return Ok(true);
                 }
-                self.read_pieces(&st, offset, buf).map(|()| false)
+                self.read_pieces(&st, offset, buf, first_copy)
+                    .map(|()| false)
             })
             .map_err(|e| self.failed("read", offset, len, e))
     }
 
-    fn read_inner(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_inner(&self, offset: u64, buf: &mut [u8], first_copy: usize) -> Result<(), StoreError> {
         let st = read(&self.state);
         self.check_live()?;
         check_range(st.size_bytes, offset, buf.len() as u64)?;
-        self.read_pieces(&st, offset, buf)
+        self.read_pieces(&st, offset, buf, first_copy)
     }
 
     /// Copies `[offset, offset + buf.len())` out of the devices; holes read as zeros. The
     /// caller holds the state's read lock and has checked the range.
-    fn read_pieces(&self, st: &VolumeState, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_pieces(
+        &self,
+        st: &VolumeState,
+        offset: u64,
+        buf: &mut [u8],
+        first_copy: usize,
+    ) -> Result<(), StoreError> {
         for p in pieces(offset, buf.len() as u64) {
             let dst = &mut buf[p.buf_range()];
             if !st.replicas.is_empty() {
-                self.read_replicated(st, &p, dst)?;
+                self.read_replicated(st, &p, dst, first_copy)?;
                 continue;
             }
             match PhysExtent::from_entry(st.map.get(p.extent)) {
@@ -1189,8 +1224,30 @@ impl Volume {
         if st.replicas.is_empty() {
             PhysExtent::from_entry(st.map.get(extent))
         } else {
-            self.route_read(st, extent)[0]
+            self.route_read(st, extent, 0)[0]
         }
+    }
+
+    /// Every copy of logical extent `extent` (index = replica number; `None`: a hole, or no
+    /// such replica), with whether its device is healthy: what the node's read router needs,
+    /// under one read lock.
+    pub fn copies(&self, extent: u64) -> [Option<(PhysicalLocation, bool)>; MAX_REPLICAS as usize] {
+        let st = read(&self.state);
+        let mut out = [None; MAX_REPLICAS as usize];
+        for (slot, map) in out.iter_mut().zip(st.maps()) {
+            let entry = map.get(extent);
+            *slot = PhysExtent::from_entry(entry).map(|p| {
+                (
+                    PhysicalLocation {
+                        device: p.device,
+                        offset_bytes: p.byte_offset(),
+                        committed: entry & PENDING_BIT == 0,
+                    },
+                    !self.device_failed(p),
+                )
+            });
+        }
+        out
     }
 
     /// Where logical extent `extent` is stored (replica 0), or `None` for a hole.
