@@ -103,6 +103,7 @@ impl Modify for BearerAuth {
         super::node::devices,
         super::node::add_device,
         super::node::node,
+        super::node::arbitration,
         super::tenants::list_tenants,
         super::tenants::create_tenant,
         super::tenants::show_tenant,
