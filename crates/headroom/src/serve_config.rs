@@ -26,8 +26,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use headroom_node::config::{DispatchMode, PolicyChoice, QosConfig};
 use headroom_node::arbitration::ArbitrationConfig;
+use headroom_node::config::{DispatchMode, PolicyChoice, QosConfig};
 use headroom_node::config::{LimitRule, LimitsError};
 use headroom_node::emulated::{EmulatedDeviceSpec, EmulatedError};
 use headroom_node::metrics::{MAX_MAX_VOLUME_SERIES, MetricsConfig};
@@ -1224,7 +1224,10 @@ fn arbitration_config(
     let st = &layer.storage;
     if st.rados_arbitration != Some(true) {
         for (key, set) in [
-            ("storage.rados_capacity_iops", st.rados_capacity_iops.is_some()),
+            (
+                "storage.rados_capacity_iops",
+                st.rados_capacity_iops.is_some(),
+            ),
             (
                 "storage.rados_capacity_bytes_per_s",
                 st.rados_capacity_bytes_per_s.is_some(),
@@ -1361,11 +1364,7 @@ fn host_name() -> String {
         })
         .take(48)
         .collect();
-    if name.is_empty() {
-        "node".into()
-    } else {
-        name
-    }
+    if name.is_empty() { "node".into() } else { name }
 }
 
 /// The `[metrics]` table over [`MetricsConfig::default`].

@@ -353,7 +353,12 @@ fn run<J: Send + 'static>(
         let fallback = missed >= config.fallback_epochs.max(1) || own.is_none();
         let share = match own {
             Some(share) if !fallback => share,
-            _ => fallback_share(capacity, &config.node_id, config.weight, last_split.as_ref()),
+            _ => fallback_share(
+                capacity,
+                &config.node_id,
+                config.weight,
+                last_split.as_ref(),
+            ),
         };
         set_share(scheduler, share);
         update(&mut |s| {
@@ -418,7 +423,11 @@ mod tests {
             4_000_000,
             cap,
         );
-        assert_eq!(r.demand, cap / 20, "an idle-ish node asks for the 5 % floor");
+        assert_eq!(
+            r.demand,
+            cap / 20,
+            "an idle-ish node asks for the 5 % floor"
+        );
         assert_eq!(r.reserved, 0);
     }
 

@@ -195,9 +195,7 @@ impl Node {
             (None, _, _) => None,
             (Some(arb), StoreBackend::Rados { conf, pool, .. }, Some(scheduler)) => {
                 {
-                    let mut s = arbitration_status
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
+                    let mut s = arbitration_status.lock().unwrap_or_else(|p| p.into_inner());
                     s.enabled = true;
                     s.node_id = arb.node_id.clone();
                     s.weight = arb.weight;

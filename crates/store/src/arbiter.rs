@@ -106,7 +106,6 @@ pub fn validate_node_id(id: &str) -> Result<(), StoreError> {
     }
 }
 
-
 #[cfg(feature = "rados")]
 pub use imp::Arbiter;
 
@@ -151,7 +150,7 @@ mod imp {
     const LOCK: &CStr = c"arbiter";
     const SHARES_KEY: &str = "shares";
     const REPORT_PREFIX: &str = "report.";
-/// Largest report or split value read back (bytes): bounds what a corrupt object can make us
+    /// Largest report or split value read back (bytes): bounds what a corrupt object can make us
     /// parse.
     const MAX_VALUE_BYTES: usize = 1 << 20;
 
