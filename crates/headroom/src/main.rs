@@ -2,6 +2,7 @@
 //! the node's HTTP API (`volume ...`), previews QoS classes (`qos preview`), runs the
 //! simulator (`sim run`) and measures the machine for the scheduler (`calibrate`).
 
+mod arbitration_cmd;
 mod calibrate;
 mod client;
 #[cfg(test)]
@@ -56,6 +57,10 @@ enum Command {
     /// Show the pool: capacity, allocation and each device, from a running server's API.
     #[command(after_help = EXIT_CODES)]
     Pool(pool_cmd::PoolArgs),
+    /// Cross-node arbitration of a shared RADOS pool: epoch, arbiter, this node's share and
+    /// every node's, from a running server's API.
+    #[command(after_help = EXIT_CODES)]
+    Arbitration(arbitration_cmd::ArbitrationArgs),
     /// The pool's devices and what each is doing now (telemetry), from a running server's API.
     #[command(subcommand, after_help = EXIT_CODES)]
     Device(device_cmd::DeviceCommand),
@@ -304,6 +309,7 @@ fn run(cli: Cli) -> Result<()> {
             runtime()?.block_on(serve(args.serve, Some((args.volume, args.size))))
         }
         Command::Pool(args) => pool_cmd::run(args),
+        Command::Arbitration(args) => arbitration_cmd::run(args),
         Command::Device(command) => device_cmd::run(command),
         Command::Volume(command) => volume_cmd::run(command),
         Command::Tenant(command) => tenant_cmd::run(command),
