@@ -13,8 +13,12 @@
 //! bytes, so the backend capacity `iops × 1000` units per second bounds both IOPS and bytes.
 //!
 //! **Demand**, measured from the scheduler's counters over the last epoch (per second):
-//! `reserved` is the cost dispatched in the baseline phase, plus a quarter (room for baseline
-//! tenants to grow, as the global pool does between workers); `demand` is the whole cost
+//! `reserved` is the sum of the baselines of the volumes that completed a request in the
+//! epoch (in units: one operation per baseline IOPS, or per `bytes_per_op` of a baseline in
+//! bytes, whichever is more), or the cost dispatched in the baseline phase plus a quarter if
+//! that is more. The baselines and not only their measured use: a base-level tenant whose
+//! latency grew does fewer requests, and a reservation that followed its use would shrink
+//! and give the bursters on the other node more, which slows it further. `demand` is the whole cost
 //! dispatched plus a quarter, at least 5 % of the backend (an idle node's tenants can start);
 //! and if the node was *capacity-bound* (its policy held requests back while the node used
 //! three quarters of its share or more), `demand` is the whole backend: it can use whatever it
@@ -162,13 +166,40 @@ fn grown(x: u64) -> u64 {
     x.saturating_add(x / 4)
 }
 
-/// The node's demand over an interval from two readings of the scheduler's counters.
+/// The baselines of the volumes that completed a request since the last call, in device
+/// units per second (see the module documentation); `last` keeps each volume's count.
+pub fn active_baselines(
+    volumes: &[(u64, headroom_qos::VolumeQos, u64)],
+    last: &mut std::collections::HashMap<u64, u64>,
+    bytes_per_op: u64,
+) -> u64 {
+    let mut sum = 0u64;
+    let mut seen = std::collections::HashMap::with_capacity(volumes.len());
+    for (key, qos, ios) in volumes {
+        if last.get(key).is_some_and(|&before| *ios > before) {
+            let by_iops = qos.baseline.iops.saturating_mul(UNITS_PER_OP);
+            let by_bytes = headroom_qos::cost::mul_div_floor(
+                qos.baseline.bytes_per_s,
+                UNITS_PER_OP,
+                bytes_per_op.max(1),
+            );
+            sum = sum.saturating_add(by_iops.max(by_bytes));
+        }
+        seen.insert(*key, *ios);
+    }
+    *last = seen;
+    sum
+}
+
+/// The node's demand over an interval from two readings of the scheduler's counters, and the
+/// baselines of its active volumes (units per second).
 pub fn measure(
     before: DemandCounters,
     after: DemandCounters,
     elapsed_ns: u64,
     share_units_per_s: u64,
     capacity_units_per_s: u64,
+    active_baseline_units_per_s: u64,
 ) -> NodeReport {
     let per_second = |a: CostVector, b: CostVector| {
         headroom_qos::cost::mul_div_floor(
@@ -188,10 +219,13 @@ pub fn measure(
             .max(capacity_units_per_s / 20)
             .min(capacity_units_per_s)
     };
+    let reserved = grown(baseline)
+        .max(active_baseline_units_per_s)
+        .min(capacity_units_per_s);
     NodeReport {
         weight: 0,
-        reserved: grown(baseline).min(demand),
-        demand,
+        reserved,
+        demand: demand.max(reserved),
     }
 }
 
@@ -304,11 +338,27 @@ fn run<J: Send + 'static>(
     let mut seen_epoch = 0u64;
     let mut missed = 0u64;
     let mut logged_error = false;
+    let mut volume_ios = std::collections::HashMap::new();
+    let bytes_per_op = config
+        .capacity_bytes_per_s
+        .map_or(u64::from(headroom_nbd::MAX_PAYLOAD_BYTES), |b| {
+            (b / config.capacity_iops.max(1)).max(1)
+        });
+    active_baselines(&scheduler.volume_activity(), &mut volume_ios, bytes_per_op);
     while !stopped(stop, epoch) {
         let after = scheduler.demand_counters();
         let now = clock.now_ns();
         let share_now = scheduler.capacity_per_second().device_units;
-        let mut report = measure(before, after, now - before_ns, share_now, capacity);
+        let baselines =
+            active_baselines(&scheduler.volume_activity(), &mut volume_ios, bytes_per_op);
+        let mut report = measure(
+            before,
+            after,
+            now - before_ns,
+            share_now,
+            capacity,
+            baselines,
+        );
         report.weight = config.weight;
         (before, before_ns) = (after, now);
         let outcome = arbiter.round(report, capacity, |cap, nodes| {
@@ -403,6 +453,7 @@ mod tests {
             NS_PER_S / 2,
             4_000_000,
             cap,
+            0,
         );
         assert_eq!(r.demand, cap);
         assert_eq!(r.reserved, 1_250_000);
@@ -413,6 +464,7 @@ mod tests {
             NS_PER_S / 2,
             4_000_000,
             cap,
+            0,
         );
         assert_eq!(r.demand, 5_000_000);
         // Held back by a volume's own ceiling, far below the node's share: not bound.
@@ -422,6 +474,7 @@ mod tests {
             NS_PER_S / 2,
             4_000_000,
             cap,
+            0,
         );
         assert_eq!(
             r.demand,
@@ -456,8 +509,8 @@ mod tests {
     #[test]
     fn one_request_up_to_the_bytes_per_op_size_is_one_vop() {
         use headroom_qos::OpKind;
-        // 1000 ops/s or 64 MiB/s: 64 KiB per op.
-        let curve = vop_curve_for(1000, Some(64 << 20));
+        // 1000 ops/s or 1000 × 64 KiB per second: 64 KiB per op.
+        let curve = vop_curve_for(1000, Some(1000 * (64 << 10)));
         assert_eq!(curve.cost_milli_vops(OpKind::Read, 4096), 1000);
         assert_eq!(curve.cost_milli_vops(OpKind::Write, 64 << 10), 1000);
         assert_eq!(curve.cost_milli_vops(OpKind::Read, 256 << 10), 4000);

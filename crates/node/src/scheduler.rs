@@ -848,6 +848,24 @@ impl<J: Send + 'static> Scheduler<J> {
         self.run_elsewhere(ready);
     }
 
+    /// Every registered volume: its key, its whole QoS, and the requests it has completed
+    /// since start (cross-node arbitration sums the baselines of the volumes that were active).
+    pub fn volume_activity(&self) -> Vec<(u64, VolumeQos, u64)> {
+        let volumes = self.volumes.read().unwrap_or_else(|p| p.into_inner());
+        volumes
+            .values()
+            .map(|h| {
+                let ios = h
+                    .counters
+                    .ios
+                    .iter()
+                    .map(|a| a.load(Ordering::Relaxed))
+                    .fold(0u64, u64::saturating_add);
+                (h.key, h.qos(), ios)
+            })
+            .collect()
+    }
+
     /// What the workers did since start, for measuring the node's demand over an interval:
     /// cost dispatched (all phases), cost dispatched in the baseline phase, and how many
     /// times a policy held requests back.
