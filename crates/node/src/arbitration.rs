@@ -177,13 +177,14 @@ pub fn active_baselines(
     let mut seen = std::collections::HashMap::with_capacity(volumes.len());
     for (key, qos, ios) in volumes {
         if last.get(key).is_some_and(|&before| *ios > before) {
-            let by_iops = qos.baseline.iops.saturating_mul(UNITS_PER_OP);
-            let by_bytes = headroom_qos::cost::mul_div_floor(
-                qos.baseline.bytes_per_s,
-                UNITS_PER_OP,
-                bytes_per_op.max(1),
-            );
-            sum = sum.saturating_add(by_iops.max(by_bytes));
+            // An unlimited baseline in one dimension (`baseline_iops` alone leaves the bytes
+            // unconstrained) promises nothing countable there: only finite ones count.
+            let finite = |v: u64| (v != u64::MAX).then_some(v);
+            let by_iops = finite(qos.baseline.iops).map(|v| v.saturating_mul(UNITS_PER_OP));
+            let by_bytes = finite(qos.baseline.bytes_per_s)
+                .map(|v| headroom_qos::cost::mul_div_floor(v, UNITS_PER_OP, bytes_per_op.max(1)));
+            let units = by_iops.into_iter().chain(by_bytes).max().unwrap_or(0);
+            sum = sum.saturating_add(units);
         }
         seen.insert(*key, *ios);
     }
@@ -482,6 +483,50 @@ mod tests {
             "an idle-ish node asks for the 5 % floor"
         );
         assert_eq!(r.reserved, 0);
+        // Active volumes' baselines are reserved even when their use is lower.
+        let r = measure(
+            counters(0, 0, 0),
+            counters(100_000, 100_000, 0),
+            NS_PER_S / 2,
+            4_000_000,
+            cap,
+            3_000_000,
+        );
+        assert_eq!((r.reserved, r.demand), (3_000_000, 3_000_000));
+    }
+
+    #[test]
+    fn only_volumes_that_completed_requests_count_their_baselines() {
+        let qos = |iops, bytes_per_s| headroom_qos::VolumeQos {
+            baseline: headroom_qos::IoRate { iops, bytes_per_s },
+            ..headroom_qos::VolumeQos::default()
+        };
+        let mut last = std::collections::HashMap::new();
+        // The first reading only records the counts.
+        let v = [
+            (1, qos(100, 0), 5),
+            (2, qos(200, 0), 7),
+            (3, qos(0, 64 << 20), 1),
+        ];
+        assert_eq!(active_baselines(&v, &mut last, 64 << 10), 0);
+        // Volume 1 did nothing; 2 did; 3 did, and its 64 MiB/s is 1024 ops of 64 KiB.
+        let v = [
+            (1, qos(100, 0), 5),
+            (2, qos(200, 0), 9),
+            (3, qos(0, 64 << 20), 2),
+        ];
+        assert_eq!(
+            active_baselines(&v, &mut last, 64 << 10),
+            200 * UNITS_PER_OP + 1024 * UNITS_PER_OP
+        );
+        // `baseline_iops: 300` alone leaves the bytes unconstrained: not a promise of all.
+        let v = [(4, qos(300, u64::MAX), 1), (5, qos(u64::MAX, u64::MAX), 1)];
+        active_baselines(&v, &mut last, 64 << 10);
+        let v = [(4, qos(300, u64::MAX), 2), (5, qos(u64::MAX, u64::MAX), 2)];
+        assert_eq!(
+            active_baselines(&v, &mut last, 64 << 10),
+            300 * UNITS_PER_OP
+        );
     }
 
     #[test]
