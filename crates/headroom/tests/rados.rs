@@ -579,7 +579,7 @@ fn split_nodes(status: &Value) -> Vec<String> {
 /// and appear in the split, exactly one is the arbiter, the shares add up to the pool's
 /// capacity; the arbiter is killed with SIGKILL and the other node becomes the arbiter within
 /// the lock's duration plus an epoch (plus the polling's slack), then has the whole capacity
-/// once the dead node's report is stale.
+/// once the dead node's report is stale; its clean stop removes its report.
 #[test]
 fn two_nodes_split_the_pool_and_the_arbiter_role_survives_a_kill() {
     use std::time::{Duration, Instant};
@@ -680,7 +680,21 @@ fn two_nodes_split_the_pool_and_the_arbiter_role_survives_a_kill() {
         Some(capacity),
         "{node}"
     );
+    // A clean stop removes the node's report (the killed node's stays until it is stale).
     survivor.stop();
+    let out = run_ok(Command::new("rados").args([
+        "-c",
+        &conf_arg,
+        "-p",
+        &pool,
+        "-N",
+        "headroom-cluster",
+        "listomapkeys",
+        "arbiter",
+    ]));
+    let keys = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!keys.contains(&format!("report.{me}")), "{keys}");
+    assert!(keys.contains("shares"), "{keys}");
 }
 
 fn survivor_id(status: &Value) -> String {

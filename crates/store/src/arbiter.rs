@@ -345,7 +345,16 @@ mod imp {
 
     impl Drop for Arbiter {
         fn drop(&mut self) {
-            // A clean stop hands the role over at once instead of after the lock's duration.
+            // A clean stop leaves the split at the next round instead of after four epochs,
+            // and hands the role over at once instead of after the lock's duration.
+            let key = format!("{REPORT_PREFIX}{}", self.settings.node_id).into_bytes();
+            let batch = OmapBatch {
+                rm: vec![key],
+                ..OmapBatch::default()
+            };
+            if let Err(e) = self.pool.omap_commit(OBJECT, &batch) {
+                tracing::warn!(error = %e, "removing this node's arbitration report failed");
+            }
             if self.holds_lock
                 && let Err(e) = self.pool.unlock(OBJECT, LOCK, &self.cookie)
             {
