@@ -15,14 +15,16 @@
 //! **Demand**, measured from the scheduler's counters over the last epoch (per second):
 //! `reserved` is the sum of the baselines of the volumes that completed a request in the
 //! epoch (in units: one operation per baseline IOPS, or per `bytes_per_op` of a baseline in
-//! bytes, whichever is more), or the cost dispatched in the baseline phase plus a quarter if
-//! that is more. The baselines and not only their measured use: a base-level tenant whose
+//! bytes, whichever is more), or the cost dispatched in the baseline phase if that is more (a
+//! large request may cost more than one operation). The baselines and not only their measured use: a base-level tenant whose
 //! latency grew does fewer requests, and a reservation that followed its use would shrink
 //! and give the bursters on the other node more, which slows it further. `demand` is the whole cost
 //! dispatched plus a quarter, at least 5 % of the backend (an idle node's tenants can start);
 //! and if the node was *capacity-bound* (its policy held requests back while the node used
-//! three quarters of its share or more), `demand` is the whole backend: it can use whatever it
-//! gets, and the split gives it what the others leave.
+//! nine tenths of its share or more), `demand` is the whole backend: it can use whatever it
+//! gets, and the split gives it what the others leave. Nine tenths and not the global pool's
+//! three quarters: a node paced at its share uses all of it, and at ¾ a node whose fixed-rate
+//! volumes were now and then held at their own limits counted as bound.
 //!
 //! **Fallback.** Before the first split and when no new split has been read for
 //! `fallback_epochs` epochs (the arbiter died and no other took over yet, or this node cannot
@@ -212,7 +214,7 @@ pub fn measure(
     let used = per_second(before.dispatched, after.dispatched);
     let baseline = per_second(before.baseline, after.baseline);
     let held = after.held_back > before.held_back;
-    let bound = held && used >= share_units_per_s / 4 * 3;
+    let bound = held && used >= share_units_per_s / 10 * 9;
     let demand = if bound {
         capacity_units_per_s
     } else {
@@ -220,7 +222,7 @@ pub fn measure(
             .max(capacity_units_per_s / 20)
             .min(capacity_units_per_s)
     };
-    let reserved = grown(baseline)
+    let reserved = baseline
         .max(active_baseline_units_per_s)
         .min(capacity_units_per_s);
     NodeReport {
@@ -457,7 +459,7 @@ mod tests {
             0,
         );
         assert_eq!(r.demand, cap);
-        assert_eq!(r.reserved, 1_250_000);
+        assert_eq!(r.reserved, 1_000_000);
         // The same without being held back: what it used plus a quarter.
         let r = measure(
             counters(0, 0, 0),
