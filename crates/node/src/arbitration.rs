@@ -430,7 +430,7 @@ fn run<J: Send + 'static>(
                 .unwrap_or_default();
         });
     }
-    drop(arbiter);
+    arbiter.close();
     update(&mut |s| s.is_arbiter = false);
 }
 

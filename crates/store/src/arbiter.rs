@@ -135,6 +135,8 @@ mod stub {
         ) -> Result<Round, StoreError> {
             Err(StoreError::InvalidConfig("no RADOS support".into()))
         }
+
+        pub fn close(self) {}
     }
 }
 
@@ -310,6 +312,10 @@ mod imp {
                 split: Some(next),
             })
         }
+
+        /// Leaves arbitration: removes this node's report and releases the arbiter lock if
+        /// it holds it (what dropping it does).
+        pub fn close(self) {}
 
         /// Renews the arbiter lock if this node holds it, else tries to take it.
         fn take_lock(&mut self) -> Result<bool, StoreError> {
