@@ -2,6 +2,7 @@
 //! the node's HTTP API (`volume ...`), previews QoS classes (`qos preview`), runs the
 //! simulator (`sim run`) and measures the machine for the scheduler (`calibrate`).
 
+mod arbitration_cmd;
 mod calibrate;
 mod client;
 #[cfg(test)]
@@ -56,6 +57,10 @@ enum Command {
     /// Show the pool: capacity, allocation and each device, from a running server's API.
     #[command(after_help = EXIT_CODES)]
     Pool(pool_cmd::PoolArgs),
+    /// Cross-node arbitration of a shared RADOS pool: epoch, arbiter, this node's share and
+    /// every node's, from a running server's API.
+    #[command(after_help = EXIT_CODES)]
+    Arbitration(arbitration_cmd::ArbitrationArgs),
     /// The pool's devices and what each is doing now (telemetry), from a running server's API.
     #[command(subcommand, after_help = EXIT_CODES)]
     Device(device_cmd::DeviceCommand),
@@ -133,6 +138,25 @@ struct ServeArgs {
     /// Wait at most this long at start for another node's lease to expire [default: no limit].
     #[arg(long, value_name = "MS")]
     rados_lease_wait_ms: Option<u64>,
+    /// Share the RADOS pool's capacity with the other nodes on it: report demand every
+    /// epoch, and pace this node at the share the arbiter gives it (with --rados-capacity-iops).
+    #[arg(long)]
+    rados_arbitration: bool,
+    /// The pool's capacity all nodes share, operations per second (with --rados-arbitration).
+    #[arg(long, value_name = "IOPS")]
+    rados_capacity_iops: Option<u64>,
+    /// The pool's capacity all nodes share, bytes per second (e.g. 400MiB) [default: IOPS only].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    rados_capacity_bytes_per_s: Option<u64>,
+    /// This node's id among the nodes on the pool [default: <hostname>-<NBD port>].
+    #[arg(long, value_name = "ID")]
+    rados_node_id: Option<String>,
+    /// This node's weight in the split of what baselines leave [default: 1].
+    #[arg(long, value_name = "N")]
+    rados_weight: Option<u64>,
+    /// How often nodes report and the arbiter splits [default: 500].
+    #[arg(long, value_name = "MS")]
+    rados_arbitration_epoch_ms: Option<u64>,
     /// Refuse to create or grow a volume when the volume sizes would sum to more than this
     /// many times the pool capacity (a number >= 1.0) [default: no limit].
     #[arg(long, value_name = "RATIO")]
@@ -217,6 +241,12 @@ impl ServeArgs {
                 rados_namespace: self.rados_namespace.clone(),
                 rados_lease_ms: self.rados_lease_ms,
                 rados_lease_wait_ms: self.rados_lease_wait_ms,
+                rados_arbitration: self.rados_arbitration.then_some(true),
+                rados_capacity_iops: self.rados_capacity_iops,
+                rados_capacity_bytes_per_s: self.rados_capacity_bytes_per_s.map(Size),
+                rados_node_id: self.rados_node_id.clone(),
+                rados_weight: self.rados_weight,
+                rados_arbitration_epoch_ms: self.rados_arbitration_epoch_ms,
                 emulated: None,
             },
             limits: LimitsSection {
@@ -279,6 +309,7 @@ fn run(cli: Cli) -> Result<()> {
             runtime()?.block_on(serve(args.serve, Some((args.volume, args.size))))
         }
         Command::Pool(args) => pool_cmd::run(args),
+        Command::Arbitration(args) => arbitration_cmd::run(args),
         Command::Device(command) => device_cmd::run(command),
         Command::Volume(command) => volume_cmd::run(command),
         Command::Tenant(command) => tenant_cmd::run(command),

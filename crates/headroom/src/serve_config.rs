@@ -26,6 +26,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use headroom_node::arbitration::ArbitrationConfig;
 use headroom_node::config::{DispatchMode, PolicyChoice, QosConfig};
 use headroom_node::config::{LimitRule, LimitsError};
 use headroom_node::emulated::{EmulatedDeviceSpec, EmulatedError};
@@ -324,6 +325,18 @@ pub struct StorageSection {
     pub rados_lease_ms: Option<u64>,
     /// How long to wait at start for another node's lease to expire (absent: no limit).
     pub rados_lease_wait_ms: Option<u64>,
+    /// Cross-node arbitration of the pool's capacity with the other nodes on it.
+    pub rados_arbitration: Option<bool>,
+    /// The pool's capacity shared by all nodes, operations per second (with arbitration).
+    pub rados_capacity_iops: Option<u64>,
+    /// The pool's capacity shared by all nodes, bytes per second (absent: IOPS only).
+    pub rados_capacity_bytes_per_s: Option<Size>,
+    /// This node's id among the nodes on the pool (absent: `<hostname>-<NBD port>`).
+    pub rados_node_id: Option<String>,
+    /// This node's weight in the split of what baselines leave (absent: 1).
+    pub rados_weight: Option<u64>,
+    /// How often nodes report and the arbiter splits, ms (absent: 500).
+    pub rados_arbitration_epoch_ms: Option<u64>,
     pub emulated: Option<EmulatedSection>,
 }
 
@@ -667,6 +680,16 @@ impl ConfigFile {
             rados_namespace: s.rados_namespace.or(l.rados_namespace),
             rados_lease_ms: s.rados_lease_ms.or(l.rados_lease_ms),
             rados_lease_wait_ms: s.rados_lease_wait_ms.or(l.rados_lease_wait_ms),
+            rados_arbitration: s.rados_arbitration.or(l.rados_arbitration),
+            rados_capacity_iops: s.rados_capacity_iops.or(l.rados_capacity_iops),
+            rados_capacity_bytes_per_s: s
+                .rados_capacity_bytes_per_s
+                .or(l.rados_capacity_bytes_per_s),
+            rados_node_id: s.rados_node_id.or(l.rados_node_id),
+            rados_weight: s.rados_weight.or(l.rados_weight),
+            rados_arbitration_epoch_ms: s
+                .rados_arbitration_epoch_ms
+                .or(l.rados_arbitration_epoch_ms),
             emulated: s.emulated.or(l.emulated),
         };
         let (s, l) = (self.limits, lower.limits);
@@ -1189,9 +1212,162 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         config.credit_save_period_ms = ms;
     }
     config.qos = qos_config(&layer.qos)?;
+    config.arbitration = arbitration_config(layer, &mut config)?;
     config.tls = tls_config(&layer.tls)?;
     config.metrics = metrics_config(&layer.metrics)?;
     Ok(config)
+}
+
+/// Cross-node arbitration (`storage.rados_arbitration`): its settings, and the device cost
+/// model and capacity it paces the node in (`headroom_node::arbitration`, "The unit").
+fn arbitration_config(
+    layer: &ConfigFile,
+    config: &mut NodeConfig,
+) -> Result<Option<ArbitrationConfig>, Invalid> {
+    let st = &layer.storage;
+    if st.rados_arbitration != Some(true) {
+        for (key, set) in [
+            (
+                "storage.rados_capacity_iops",
+                st.rados_capacity_iops.is_some(),
+            ),
+            (
+                "storage.rados_capacity_bytes_per_s",
+                st.rados_capacity_bytes_per_s.is_some(),
+            ),
+            ("storage.rados_node_id", st.rados_node_id.is_some()),
+            ("storage.rados_weight", st.rados_weight.is_some()),
+            (
+                "storage.rados_arbitration_epoch_ms",
+                st.rados_arbitration_epoch_ms.is_some(),
+            ),
+        ] {
+            if set {
+                return Err(Invalid::new(
+                    key,
+                    "set",
+                    "needs storage.rados_arbitration = true (--rados-arbitration)",
+                ));
+            }
+        }
+        return Ok(None);
+    }
+    let StoreBackend::Rados { .. } = config.backend else {
+        return Err(Invalid::new(
+            "storage.rados_arbitration",
+            true,
+            "needs the RADOS backend (storage.rados_conf and rados_pool, without memory)",
+        ));
+    };
+    if config.qos.policy.kind().is_none() {
+        return Err(Invalid::new(
+            "storage.rados_arbitration",
+            true,
+            "needs a scheduling policy: qos.policy is off",
+        ));
+    }
+    if layer.qos.cost.device.is_some() || layer.qos.capacity.device_units_per_s.is_some() {
+        return Err(Invalid::new(
+            "storage.rados_arbitration",
+            true,
+            "sets the device cost model and capacity itself (from rados_capacity_iops and              rados_capacity_bytes_per_s): remove qos.cost.device and              qos.capacity.device_units_per_s",
+        ));
+    }
+    let iops = match st.rados_capacity_iops {
+        Some(iops) if (1..=1_000_000_000).contains(&iops) => iops,
+        Some(iops) => {
+            return Err(Invalid::new(
+                "storage.rados_capacity_iops",
+                iops,
+                "must be between 1 and 1000000000",
+            ));
+        }
+        None => {
+            return Err(Invalid::new(
+                "storage.rados_arbitration",
+                true,
+                "needs storage.rados_capacity_iops (--rados-capacity-iops): the pool's capacity                  the nodes share",
+            ));
+        }
+    };
+    let bytes = st.rados_capacity_bytes_per_s.map(|s| s.0);
+    if let Some(b) = bytes
+        && b < iops
+    {
+        return Err(Invalid::new(
+            "storage.rados_capacity_bytes_per_s",
+            b,
+            format!("must be at least rados_capacity_iops ({iops}): one byte per operation"),
+        ));
+    }
+    let epoch_ms = st
+        .rados_arbitration_epoch_ms
+        .unwrap_or(headroom_node::arbitration::DEFAULT_EPOCH_MS);
+    if !(50..=60_000).contains(&epoch_ms) {
+        return Err(Invalid::new(
+            "storage.rados_arbitration_epoch_ms",
+            epoch_ms,
+            "must be between 50 and 60000",
+        ));
+    }
+    let weight = st.rados_weight.unwrap_or(1);
+    if !(1..=1_000_000).contains(&weight) {
+        return Err(Invalid::new(
+            "storage.rados_weight",
+            weight,
+            "must be between 1 and 1000000",
+        ));
+    }
+    let node_id = match &st.rados_node_id {
+        Some(id) => id.clone(),
+        None => format!("{}-{}", host_name(), config.nbd_listen.port()),
+    };
+    if headroom_store::arbiter::validate_node_id(&node_id).is_err() {
+        return Err(Invalid::new(
+            "storage.rados_node_id",
+            format!("{node_id:?}"),
+            "must be 1-64 characters of A-Z a-z 0-9 . _ : -",
+        ));
+    }
+    let arb = ArbitrationConfig {
+        node_id,
+        weight,
+        epoch_ms,
+        capacity_iops: iops,
+        capacity_bytes_per_s: bytes,
+        lock_ms: None,
+        fallback_epochs: headroom_node::arbitration::DEFAULT_FALLBACK_EPOCHS,
+    };
+    let workers = u64::try_from(config.qos.workers).unwrap_or(u64::MAX);
+    if arb.capacity_units_per_s() < workers.saturating_mul(1000) {
+        return Err(Invalid::new(
+            "storage.rados_capacity_iops",
+            iops,
+            "must be at least qos.workers",
+        ));
+    }
+    config.qos.cost_model.device =
+        DeviceModel::Vop(headroom_node::arbitration::vop_curve_for(iops, bytes));
+    config.qos.capacity.per_second.device_units = arb.capacity_units_per_s();
+    Ok(Some(arb))
+}
+
+/// The machine's host name, made a valid node id (`node` if there is none).
+fn host_name() -> String {
+    let name: String = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(48)
+        .collect();
+    if name.is_empty() { "node".into() } else { name }
 }
 
 /// The `[metrics]` table over [`MetricsConfig::default`].

@@ -46,6 +46,11 @@ fn the_node_reports_its_version_policy_capacity_and_calibration() {
     );
     assert_eq!(node["api_listen"], server.api.trim_start_matches("http://"));
     assert!(node["uptime_s"].as_u64().unwrap() < 600, "{node}");
+    // Cross-node arbitration is off without --rados-arbitration: said so, nothing else.
+    let arbitration = get(&server, "/v1/arbitration");
+    assert_eq!(arbitration["enabled"], false, "{arbitration}");
+    assert_eq!(arbitration["is_arbiter"], false, "{arbitration}");
+    assert_eq!(arbitration["nodes"], serde_json::json!([]), "{arbitration}");
     server.stop();
 
     // A data directory with a calibration file: the node says it loaded it, and its

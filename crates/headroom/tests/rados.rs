@@ -667,3 +667,152 @@ fn a_hung_osd_fails_requests_after_the_op_timeout() {
     drop(client);
     server.stop();
 }
+
+/// `GET /v1/arbitration` of a server.
+fn arbitration(server: &Server) -> Value {
+    let mut response = common::agent()
+        .get(format!("{}/v1/arbitration", server.api))
+        .header("authorization", common::bearer())
+        .call()
+        .expect("GET /v1/arbitration");
+    assert_eq!(response.status(), 200);
+    serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap()
+}
+
+/// The node ids of a split, sorted.
+fn split_nodes(status: &Value) -> Vec<String> {
+    let mut ids: Vec<String> = status["nodes"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter_map(|n| n["node_id"].as_str().map(str::to_owned))
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Cross-node arbitration (issue 15, item 4) with two real nodes on one pool: both report
+/// and appear in the split, exactly one is the arbiter, the shares add up to the pool's
+/// capacity; the arbiter is killed with SIGKILL and the other node becomes the arbiter within
+/// the lock's duration plus an epoch (plus the polling's slack), then has the whole capacity
+/// once the dead node's report is stale; its clean stop removes its report.
+#[test]
+fn two_nodes_split_the_pool_and_the_arbiter_role_survives_a_kill() {
+    use std::time::{Duration, Instant};
+
+    const EPOCH_MS: u64 = 200;
+    /// The lock's default: four epochs, at least 2 s.
+    const LOCK_MS: u64 = 2000;
+    const IOPS: u64 = 1000;
+    let scratch = tempfile::tempdir().unwrap();
+    let Some((conf, pool, _own)) = cluster(scratch.path()) else {
+        return;
+    };
+    // Ids of this run only: a cluster named by the environment may hold older runs' reports.
+    let run = format!("{}-{}", std::process::id(), free_port());
+    let ids = [format!("a-{run}"), format!("b-{run}")];
+    let conf_arg = conf.to_str().unwrap().to_string();
+    let start = |id: &str| {
+        let flags = [
+            "--rados-conf",
+            &conf_arg,
+            "--rados-pool",
+            &pool,
+            "--device-size",
+            "1GiB",
+            "--rados-arbitration",
+            "--rados-capacity-iops",
+            &IOPS.to_string(),
+            "--rados-node-id",
+            id,
+            "--rados-arbitration-epoch-ms",
+            &EPOCH_MS.to_string(),
+        ];
+        Server::start_with(&scratch.path().join(id), &flags)
+    };
+    let a = start(&ids[0]);
+    let b = start(&ids[1]);
+    let capacity = IOPS * 1000;
+    let mut both = Vec::new();
+    wait_until(Duration::from_secs(10), "both nodes in one split", || {
+        both = vec![arbitration(&a), arbitration(&b)];
+        both.iter()
+            .all(|s| s["epoch"].as_u64() > Some(0) && split_nodes(s) == ids)
+    });
+    for s in &both {
+        assert_eq!(s["enabled"], true, "{s}");
+        assert_eq!(s["capacity_units_per_s"].as_u64(), Some(capacity), "{s}");
+        let shares: u64 = s["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["share_units_per_s"].as_u64().unwrap())
+            .sum();
+        assert_eq!(shares, capacity, "the shares add up to the capacity: {s}");
+    }
+    // Exactly one arbiter, and both agree which.
+    let arbiters: Vec<bool> = both.iter().map(|s| s["is_arbiter"] == true).collect();
+    assert_eq!(arbiters.iter().filter(|&&x| x).count(), 1, "{both:?}");
+    let arbiter_id = both[0]["arbiter"].as_str().unwrap().to_owned();
+    wait_until(Duration::from_secs(5), "both name the same arbiter", || {
+        arbitration(&b)["arbiter"].as_str() == Some(arbiter_id.as_str())
+    });
+    let (dead, survivor) = if arbiter_id == ids[0] { (a, b) } else { (b, a) };
+    assert_eq!(arbitration(&dead)["is_arbiter"], true);
+    dead.kill9();
+    let killed = Instant::now();
+    wait_until(
+        Duration::from_millis(LOCK_MS + EPOCH_MS + 2000),
+        "the survivor becomes the arbiter",
+        || arbitration(&survivor)["is_arbiter"] == true,
+    );
+    let takeover = killed.elapsed();
+    eprintln!(
+        "arbiter takeover after SIGKILL: {} ms",
+        takeover.as_millis()
+    );
+    assert!(
+        takeover <= Duration::from_millis(LOCK_MS + EPOCH_MS + 500),
+        "takeover took {takeover:?}"
+    );
+    let me = survivor_id(&arbitration(&survivor));
+    wait_until(
+        Duration::from_secs(5),
+        "the dead node's report goes stale",
+        || {
+            let s = arbitration(&survivor);
+            split_nodes(&s) == [me.clone()] && s["share_units_per_s"].as_u64() == Some(capacity)
+        },
+    );
+    // The share is the node's capacity: what its scheduler paces at (GET /v1/node).
+    let mut response = common::agent()
+        .get(format!("{}/v1/node", survivor.api))
+        .header("authorization", common::bearer())
+        .call()
+        .unwrap();
+    let node: Value = serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(
+        node["capacity_per_second"]["device_units"].as_u64(),
+        Some(capacity),
+        "{node}"
+    );
+    // A clean stop removes the node's report (the killed node's stays until it is stale).
+    survivor.stop();
+    let out = run_ok(Command::new("rados").args([
+        "-c",
+        &conf_arg,
+        "-p",
+        &pool,
+        "-N",
+        "headroom-cluster",
+        "listomapkeys",
+        "arbiter",
+    ]));
+    let keys = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!keys.contains(&format!("report.{me}")), "{keys}");
+    assert!(keys.contains("shares"), "{keys}");
+}
+
+fn survivor_id(status: &Value) -> String {
+    status["node_id"].as_str().unwrap().to_owned()
+}

@@ -191,6 +191,8 @@ pub struct ApiState {
     pub token: ApiToken,
     /// What the node was started with (`GET /v1/node`).
     pub node: Arc<node::NodeFacts>,
+    /// Cross-node arbitration's state (`GET /v1/arbitration`).
+    pub arbitration: crate::arbitration::SharedStatus,
 }
 
 /// Body of `GET /v1/connections`: the NBD connections and what they hold.

@@ -281,6 +281,9 @@ pub struct NodeConfig {
     /// Where the settings came from, shown by `GET /v1/node` (informational).
     pub config_file: Option<PathBuf>,
     pub calibration_file: Option<PathBuf>,
+    /// Cross-node arbitration of a shared RADOS backend (`node::arbitration`); needs the
+    /// RADOS backend and a scheduling policy. `None`: the node's capacity is fixed.
+    pub arbitration: Option<crate::arbitration::ArbitrationConfig>,
 }
 
 /// `NodeConfig::coalesce_us` by default for the memory backend: one or two request arrivals
@@ -342,6 +345,7 @@ impl NodeConfig {
             overcommit_ratio: None,
             config_file: None,
             calibration_file: None,
+            arbitration: None,
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod arbitration;
 pub mod budget;
 pub mod buffers;
 pub mod clock;

@@ -232,6 +232,10 @@ struct WorkerState<J> {
     /// Cost dispatched since start, never reset (node utilisation per dimension:
     /// [`Scheduler::dispatched_cost_total`]).
     dispatched_total: CostVector,
+    /// Cost dispatched in the baseline phase since start, never reset.
+    baseline_total: CostVector,
+    /// Times the policy held requests back since start, never reset.
+    held_back_total: u64,
 }
 
 struct Worker<J> {
@@ -252,8 +256,9 @@ pub struct Scheduler<J> {
     gate: BurstGate<J>,
     /// The whole node's capacity, shared between the workers (`None`: fixed `1/N` shares).
     pool: Option<GlobalPool>,
-    /// The node's capacity per second, every dimension (`u64::MAX`: unlimited).
-    capacity_per_second: CostVector,
+    /// The node's capacity per second, every dimension (`u64::MAX`: unlimited); set at start,
+    /// changed at run time by cross-node arbitration ([`Scheduler::set_capacity_per_second`]).
+    capacity_per_second: Mutex<CostVector>,
     policy_name: &'static str,
     /// This scheduler, for handing jobs to the runner from `&self` methods.
     me: Weak<Scheduler<J>>,
@@ -321,6 +326,8 @@ impl<J: Send + 'static> Scheduler<J> {
                         used_baseline: CostVector::ZERO,
                         held_back: false,
                         dispatched_total: CostVector::ZERO,
+                        baseline_total: CostVector::ZERO,
+                        held_back_total: 0,
                     }),
                     queued: AtomicUsize::new(0),
                 }
@@ -344,11 +351,11 @@ impl<J: Send + 'static> Scheduler<J> {
             runner,
             gate: BurstGate::new(config, device_parallelism),
             pool: (config.global_pool && count > 1).then(|| GlobalPool {
-                node: config.capacity.per_second,
+                node: Mutex::new(config.capacity.per_second),
                 period_ns: config.params.window_ns.max(1),
                 last_ns: AtomicU64::new(clock.now_ns()),
             }),
-            capacity_per_second: config.capacity.per_second,
+            capacity_per_second: Mutex::new(config.capacity.per_second),
             policy_name,
             me: me.clone(),
         });
@@ -702,6 +709,7 @@ impl<J: Send + 'static> Scheduler<J> {
                     state.dispatched_total = state.dispatched_total.saturating_add(request.cost);
                     if phase == Phase::Baseline {
                         state.used_baseline = state.used_baseline.saturating_add(request.cost);
+                        state.baseline_total = state.baseline_total.saturating_add(request.cost);
                     }
                     let Some(p) = state.pending.remove(&request.id) else {
                         // The policy dispatched a request we do not hold: nothing to run.
@@ -726,6 +734,7 @@ impl<J: Send + 'static> Scheduler<J> {
                 }
                 Decision::WaitUntil(at_ns) => {
                     state.held_back = true;
+                    state.held_back_total += 1;
                     if at_ns != state.armed_ns {
                         state.armed_ns = at_ns;
                         self.wakeups.arm(w, at_ns);
@@ -784,7 +793,8 @@ impl<J: Send + 'static> Scheduler<J> {
                 }
             })
             .collect();
-        let shares = global_pool::split(pool.node, &uses);
+        let node = *lock(&pool.node);
+        let shares = global_pool::split(node, &uses);
         let from = ready.len();
         for (w, share) in shares.into_iter().enumerate() {
             let mut state = lock(&self.workers[w].state);
@@ -800,7 +810,76 @@ impl<J: Send + 'static> Scheduler<J> {
 
     /// The node's capacity per second, as configured (`u64::MAX` in a dimension: unlimited).
     pub fn capacity_per_second(&self) -> CostVector {
-        self.capacity_per_second
+        *lock(&self.capacity_per_second)
+    }
+
+    /// Changes the node's capacity at run time (cross-node arbitration gives the node its
+    /// share of a shared backend every epoch). With the global pool the workers' shares are
+    /// re-split at once from what they did since the last rebalancing; without it each worker
+    /// gets `1/N`. Whatever the new capacity lets run is started.
+    pub fn set_capacity_per_second(&self, capacity: CostVector) {
+        {
+            let mut current = lock(&self.capacity_per_second);
+            if *current == capacity {
+                return;
+            }
+            *current = capacity;
+        }
+        let now = self.clock.now_ns();
+        let mut ready = Vec::new();
+        match &self.pool {
+            Some(pool) => {
+                *lock(&pool.node) = capacity;
+                let last = pool.last_ns.swap(now, Ordering::Relaxed);
+                self.rebalance(now, now.saturating_sub(last), &mut ready);
+            }
+            None => {
+                let n = self.workers.len() as u64;
+                let share = capacity.map(|v| if v == u64::MAX { v } else { v / n });
+                for w in 0..self.workers.len() {
+                    let mut state = lock(&self.workers[w].state);
+                    state.share = share;
+                    state.policy.set_capacity(now, NodeCapacity::new(share));
+                    self.drain(w, &mut state, now, &mut ready);
+                }
+                self.gate.admit(&mut ready, 0);
+            }
+        }
+        self.run_elsewhere(ready);
+    }
+
+    /// Every registered volume: its key, its whole QoS, and the requests it has completed
+    /// since start (cross-node arbitration sums the baselines of the volumes that were active).
+    pub fn volume_activity(&self) -> Vec<(u64, VolumeQos, u64)> {
+        let volumes = self.volumes.read().unwrap_or_else(|p| p.into_inner());
+        volumes
+            .values()
+            .map(|h| {
+                let ios = h
+                    .counters
+                    .ios
+                    .iter()
+                    .map(|a| a.load(Ordering::Relaxed))
+                    .fold(0u64, u64::saturating_add);
+                (h.key, h.qos(), ios)
+            })
+            .collect()
+    }
+
+    /// What the workers did since start, for measuring the node's demand over an interval:
+    /// cost dispatched (all phases), cost dispatched in the baseline phase, and how many
+    /// times a policy held requests back.
+    pub fn demand_counters(&self) -> DemandCounters {
+        self.workers
+            .iter()
+            .fold(DemandCounters::default(), |sum, worker| {
+                let state = lock(&worker.state);
+                DemandCounters {
+                    dispatched: sum.dispatched.saturating_add(state.dispatched_total),
+                    baseline: sum.baseline.saturating_add(state.baseline_total),
+                    held_back: sum.held_back + state.held_back_total,
+                }
+            })
     }
 
     /// The estimated cost of every request dispatched since start, summed over the workers.
@@ -994,9 +1073,17 @@ impl<J> BurstGate<J> {
     }
 }
 
+/// Cumulative counters of the whole scheduler ([`Scheduler::demand_counters`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DemandCounters {
+    pub dispatched: CostVector,
+    pub baseline: CostVector,
+    pub held_back: u64,
+}
+
 /// The node's capacity and when it was last split between the workers.
 struct GlobalPool {
-    node: CostVector,
+    node: Mutex<CostVector>,
     period_ns: u64,
     last_ns: AtomicU64,
 }

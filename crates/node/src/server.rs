@@ -48,6 +48,8 @@ pub enum NodeError {
     Qos(String),
     #[error("API token: {0}")]
     Token(#[from] crate::api::TokenError),
+    #[error("arbitration: {0}")]
+    Arbitration(String),
     #[error("saving credit balances: {0}")]
     Credits(StoreError),
     #[error(
@@ -74,6 +76,7 @@ pub struct RunningNode {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     saver: Option<CreditSaver>,
+    arbitration: Option<crate::arbitration::Arbitration>,
     api_token: crate::api::ApiToken,
 }
 
@@ -187,6 +190,40 @@ impl Node {
             }
             None => None,
         };
+        let arbitration_status = crate::arbitration::SharedStatus::default();
+        let arbitration = match (&config.arbitration, &config.backend, &scheduler) {
+            (None, _, _) => None,
+            (Some(arb), StoreBackend::Rados { conf, pool, .. }, Some(scheduler)) => {
+                {
+                    let mut s = arbitration_status.lock().unwrap_or_else(|p| p.into_inner());
+                    s.enabled = true;
+                    s.node_id = arb.node_id.clone();
+                    s.weight = arb.weight;
+                    s.epoch_ms = arb.epoch_ms;
+                    s.capacity_units_per_s = arb.capacity_units_per_s();
+                }
+                Some(
+                    crate::arbitration::Arbitration::start(
+                        arb.clone(),
+                        conf.clone(),
+                        pool.clone(),
+                        Arc::clone(scheduler),
+                        Arc::clone(&arbitration_status),
+                    )
+                    .map_err(NodeError::Workers)?,
+                )
+            }
+            (Some(_), StoreBackend::Rados { .. }, None) => {
+                return Err(NodeError::Arbitration(
+                    "needs a scheduling policy (qos.policy is off)".into(),
+                ));
+            }
+            (Some(_), _, _) => {
+                return Err(NodeError::Arbitration(
+                    "needs the RADOS backend (--rados-conf, --rados-pool)".into(),
+                ));
+            }
+        };
         let nbd_listener = TcpListener::bind(config.nbd_listen)
             .await
             .map_err(|source| NodeError::Bind {
@@ -246,6 +283,7 @@ impl Node {
             metrics,
             token: api_token.clone(),
             node: Arc::new(node_facts(&config, nbd_addr, api_addr)),
+            arbitration: arbitration_status,
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state, stop_rx));
         tracing::info!(
@@ -260,6 +298,7 @@ impl Node {
             stop,
             tasks: vec![accept_task, api_task, sampler_task],
             saver,
+            arbitration,
             api_token,
         })
     }
@@ -359,6 +398,12 @@ impl RunningNode {
         }
         if let Some(saver) = self.saver {
             saver.stop();
+        }
+        if let Some(arbitration) = self.arbitration {
+            // Releases the arbiter lock: another node takes the role at its next epoch.
+            tokio::task::spawn_blocking(move || arbitration.stop())
+                .await
+                .map_err(|err| NodeError::Flush(StoreError::Io(std::io::Error::other(err))))?;
         }
         let store = Arc::clone(&self.store);
         let scheduler = self.scheduler.clone();

@@ -5,6 +5,7 @@
 //! (`now_ns`). The server and the simulator call the same code (docs/design.md principle 1).
 //!
 //! Map:
+//! - [`arbitration`]: how the arbiter splits a shared backend between nodes;
 //! - [`vocab`]: what a volume was sold ([`VolumeQos`]), what a node can do ([`NodeCapacity`]),
 //!   requests, phases and decisions;
 //! - [`cost`]: the four-dimensional [`CostVector`];
@@ -17,6 +18,7 @@
 //! - [`spec`]: what an operator types ([`QosSpec`]: a preset refined by a few numbers),
 //!   resolved against a volume size into a [`VolumeQos`].
 
+pub mod arbitration;
 pub mod bucket;
 pub mod cost;
 pub mod cpu;

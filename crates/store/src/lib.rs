@@ -14,6 +14,7 @@
 //! management operations touch redb. See `README.md` in this crate for the durability protocol.
 
 mod alloc;
+pub mod arbiter;
 mod config;
 mod device;
 mod devices;

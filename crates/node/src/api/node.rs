@@ -1,6 +1,6 @@
 //! The node's own state over the API: what runs (`GET /v1/node`: version, policy, workers,
-//! capacity, configuration files, uptime), the storage pool (`GET /v1/pool`) and its devices
-//! (`GET /v1/devices`).
+//! capacity, configuration files, uptime), the storage pool (`GET /v1/pool`), its devices
+//! (`GET /v1/devices`) and cross-node arbitration of a shared backend (`GET /v1/arbitration`).
 //!
 //! Why a module: these views are the operator's picture of the machine (capacity, devices),
 //! apart from the volume routes; their JSON types are defined here, not in the store, so the
@@ -28,6 +28,7 @@ pub(super) fn routes() -> Router<ApiState> {
         .route("/v1/devices", get(devices).post(add_device))
         .route("/v1/devices/{id}/fail", axum::routing::post(fail_device))
         .route("/v1/node", get(node))
+        .route("/v1/arbitration", get(arbitration))
 }
 
 /// What the node was started with, for `GET /v1/node` (fixed for the process's life).
@@ -145,6 +146,24 @@ pub(super) async fn node(State(state): State<ApiState>) -> Json<NodeView> {
         volumes: state.store.list_volumes().len(),
         tenants: state.store.list_tenants().len(),
     })
+}
+
+/// Cross-node arbitration of the shared RADOS backend: enabled, epoch, whether this node is
+/// the arbiter, its demand and share, and the newest split of all nodes (`enabled: false`
+/// and zeros when arbitration is off).
+#[utoipa::path(get, path = "/v1/arbitration", tag = "node",
+    responses((status = 200, body = crate::arbitration::ArbitrationStatus),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
+pub(super) async fn arbitration(
+    State(state): State<ApiState>,
+) -> Json<crate::arbitration::ArbitrationStatus> {
+    Json(
+        state
+            .arbitration
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
+    )
 }
 
 /// The pool's devices: path, capacity, allocated bytes, failed, and what each is doing now

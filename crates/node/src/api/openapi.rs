@@ -104,6 +104,7 @@ impl Modify for BearerAuth {
         super::node::add_device,
         super::node::fail_device,
         super::node::node,
+        super::node::arbitration,
         super::tenants::list_tenants,
         super::tenants::create_tenant,
         super::tenants::show_tenant,

@@ -54,6 +54,11 @@ pub(crate) async fn metrics(State(state): State<ApiState>) -> Response {
         registry: Arc::clone(&state.metrics),
         scheduler: state.scheduler.clone(),
         store: Arc::clone(&state.store),
+        arbitration: state
+            .arbitration
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
     };
     // Reading 10,000 volumes' atomics takes milliseconds: off the runtime threads.
     let text = tokio::task::spawn_blocking(move || scrape.render()).await;
@@ -73,6 +78,7 @@ struct Scrape {
     registry: Arc<MetricsRegistry>,
     scheduler: Option<Arc<Scheduler<IoJob>>>,
     store: Arc<Store>,
+    arbitration: crate::arbitration::ArbitrationStatus,
 }
 
 impl Scrape {
@@ -450,6 +456,45 @@ impl Collector for Scrape {
             )?;
             for d in Dimension::ALL {
                 counter(m.encode_family(&dim(d))?, dispatched[d.index()])?;
+            }
+        }
+
+        if self.arbitration.enabled {
+            let a = &self.arbitration;
+            for (name, help, value) in [
+                (
+                    "headroom_arbitration_epoch",
+                    "The newest split of the shared backend this node has read",
+                    a.epoch,
+                ),
+                (
+                    "headroom_arbitration_is_arbiter",
+                    "1 while this node holds the arbiter lock",
+                    u64::from(a.is_arbiter),
+                ),
+                (
+                    "headroom_arbitration_share_units_per_second",
+                    "The backend capacity this node runs at (device units per second)",
+                    a.share_units_per_s,
+                ),
+                (
+                    "headroom_arbitration_demand_units_per_second",
+                    "What this node reported it could use (device units per second)",
+                    a.demand_units_per_s,
+                ),
+                (
+                    "headroom_arbitration_reserved_units_per_second",
+                    "What this node's baselines need, as reported (device units per second)",
+                    a.reserved_units_per_s,
+                ),
+                (
+                    "headroom_arbitration_fallback",
+                    "1 while this node runs at its fallback share (no recent split)",
+                    u64::from(a.fallback),
+                ),
+            ] {
+                let m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                gauge(m, gauge_u64(value))?;
             }
         }
 
