@@ -236,6 +236,7 @@ impl ServeArgs {
                 devices: self.devices,
                 device_size: self.device_size.map(Size),
                 device_paths: (!self.device_paths.is_empty()).then(|| self.device_paths.clone()),
+                read_routing: None,
                 rados_conf: self.rados_conf.clone(),
                 rados_pool: self.rados_pool.clone(),
                 rados_namespace: self.rados_namespace.clone(),

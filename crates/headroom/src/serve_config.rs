@@ -33,6 +33,7 @@ use headroom_node::emulated::{EmulatedDeviceSpec, EmulatedError};
 use headroom_node::metrics::{MAX_MAX_VOLUME_SERIES, MetricsConfig};
 use headroom_node::{Limits, NodeConfig, StoreBackend, TlsConfig};
 use headroom_qos::model::{CpuModel, DeviceModel, IoCostModel, LinearCpu, VopCurve};
+use headroom_qos::routing::ReadRouting;
 use headroom_qos::{CostModel, CostVector, NS_PER_S, NodeCapacity, PolicyParams};
 use headroom_store::{FaultConfig, FaultRule, FaultScope};
 use serde::Deserialize;
@@ -316,6 +317,8 @@ pub struct StorageSection {
     pub devices: Option<u32>,
     pub device_size: Option<Size>,
     pub device_paths: Option<Vec<PathBuf>>,
+    /// Which copy of a replicated volume serves a read (`headroom_qos::routing`).
+    pub read_routing: Option<ReadRouting>,
     /// With `rados_pool`: keep the extents in that Ceph RADOS pool (feature `rados`).
     pub rados_conf: Option<PathBuf>,
     pub rados_pool: Option<String>,
@@ -675,6 +678,7 @@ impl ConfigFile {
             devices: s.devices.or(l.devices),
             device_size: s.device_size.or(l.device_size),
             device_paths: s.device_paths.or(l.device_paths),
+            read_routing: s.read_routing.or(l.read_routing),
             rados_conf: s.rados_conf.or(l.rados_conf),
             rados_pool: s.rados_pool.or(l.rados_pool),
             rados_namespace: s.rados_namespace.or(l.rados_namespace),
@@ -1200,6 +1204,9 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         config.inline_max_bytes = Some(0);
     }
     config.emulated_device = st.emulated.as_ref().map(emulated_spec);
+    if let Some(routing) = st.read_routing {
+        config.read_routing = routing;
+    }
     config.emulated_curve = st
         .emulated
         .as_ref()

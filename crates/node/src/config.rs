@@ -267,6 +267,9 @@ pub struct NodeConfig {
     /// A non-linear cost curve for the emulated device in place of its linear model
     /// (`EmulatedDevice::start_with_curve`); ignored without `emulated_device`.
     pub emulated_curve: Option<headroom_qos::model::VopCurve>,
+    /// Which copy of a replicated volume serves a read (`[storage] read_routing`; FAST's
+    /// type-aware routing with stealing by default).
+    pub read_routing: headroom_qos::routing::ReadRouting,
     /// How often credit balances are saved while running (they are always saved at a clean
     /// shutdown).
     pub credit_save_period_ms: u64,
@@ -338,6 +341,7 @@ impl NodeConfig {
             qos: QosConfig::default(),
             emulated_device: None,
             emulated_curve: None,
+            read_routing: headroom_qos::routing::ReadRouting::TypeAware,
             credit_save_period_ms: 1_000,
             tls: None,
             metrics: crate::metrics::MetricsConfig::default(),

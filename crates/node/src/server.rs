@@ -163,6 +163,7 @@ impl Node {
             emulation,
             clock,
             runtime: tokio::runtime::Handle::current(),
+            reads: crate::session::ReadRouter::new(config.read_routing),
         });
         let metrics = crate::metrics::MetricsRegistry::new(config.metrics, clock);
         let scheduler = match config.qos.policy.kind() {

@@ -16,13 +16,14 @@
 //! sends no byte of a WRITE payload, for `client_stall_timeout_ms` is disconnected, which gives
 //! its bytes back.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use headroom_nbd as nbd;
 use headroom_nbd::consts;
 use headroom_qos::OpKind;
+use headroom_qos::routing::{ReadRouting, ReplicaLoad, route_read};
 use headroom_store::{Store, StoreError, Volume};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -89,6 +90,88 @@ pub struct IoRuntime {
     pub clock: Clock,
     /// For FLUSH without an executor, from threads outside the runtime too.
     pub runtime: tokio::runtime::Handle,
+    /// Which copy of a replicated volume serves each read.
+    pub reads: ReadRouter,
+}
+
+/// Read routing over a replicated volume's copies (`[storage] read_routing`): the policy is
+/// `headroom_qos::routing::route_read` (FAST's type-aware routing with stealing, or a
+/// baseline), the same code the simulator routes with; this is its state on a live node.
+///
+/// A device's load is the number of routed reads on it not yet answered (with an emulated
+/// device, until the device says they are done). Writes are not counted: they go to every
+/// copy alike, so they load every copy's device the same and do not change which is idler.
+#[derive(Debug)]
+pub struct ReadRouter {
+    routing: ReadRouting,
+    /// Advanced per routed read (round robin).
+    turn: AtomicU64,
+    /// Routed reads in flight, per pool device id.
+    in_flight: Box<[AtomicU32]>,
+}
+
+/// Where a read was routed: the copy it tries first and that copy's device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Routed {
+    copy: u8,
+    device: u32,
+}
+
+impl ReadRouter {
+    pub fn new(routing: ReadRouting) -> ReadRouter {
+        ReadRouter {
+            routing,
+            turn: AtomicU64::new(0),
+            in_flight: (0..headroom_store::MAX_DEVICES)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
+        }
+    }
+
+    /// The routing policy.
+    pub fn routing(&self) -> ReadRouting {
+        self.routing
+    }
+
+    /// Routes a read at `offset` of `volume` (the copies of its first extent decide) and
+    /// counts it in flight on the chosen copy's device until [`ReadRouter::done`]. `None` for
+    /// a 1-replica volume and for a hole: the store reads as it always does.
+    fn route(&self, volume: &Volume, offset: u64, sequential: bool) -> Option<Routed> {
+        if volume.replicas() <= 1 {
+            return None;
+        }
+        let copies = volume.copies(offset / headroom_store::EXTENT_SIZE_BYTES);
+        let mut loads = [ReplicaLoad::default(); headroom_store::MAX_REPLICAS as usize];
+        let n = usize::from(volume.replicas()).min(loads.len());
+        for (load, copy) in loads.iter_mut().zip(&copies) {
+            if let Some((location, healthy)) = copy {
+                *load = ReplicaLoad {
+                    healthy: *healthy,
+                    in_flight: self.counter(location.device)?.load(Ordering::Relaxed),
+                };
+            }
+        }
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        let copy = route_read(self.routing, sequential, turn, &loads[..n])?;
+        let (location, _) = copies.get(copy).copied().flatten()?;
+        self.counter(location.device)?
+            .fetch_add(1, Ordering::Relaxed);
+        Some(Routed {
+            copy: u8::try_from(copy).ok()?,
+            device: location.device,
+        })
+    }
+
+    /// The routed read on `device` is answered.
+    fn done(&self, device: u32) {
+        if let Some(c) = self.counter(device) {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn counter(&self, device: u32) -> Option<&AtomicU32> {
+        self.in_flight.get(usize::try_from(device).ok()?)
+    }
 }
 
 /// Which emulated devices decide when requests complete (`[storage.emulated]`).
@@ -122,14 +205,17 @@ impl Emulation {
 
 /// Books a request on the per-device emulated devices of the extents it touches (after it
 /// ran, so a write's new extents are placed): each piece on its extent's device, at its
-/// length; FLUSH on every device. Returns the device to complete on and when, or `None` when
-/// no device works for it (a read of holes, a trim of what is gone).
+/// length; a read on the device of the copy it was routed to (`read_copy`, copy 0 when not
+/// routed), anything else on every copy's device; FLUSH on every device. Returns the device
+/// to complete on and when, or `None` when no device works for it (a read of holes, a trim
+/// of what is gone).
 fn book_per_device<'d>(
     devices: &'d [Arc<EmulatedDevice>],
     volume: &Volume,
     request: &nbd::ValidRequest,
     desc: IoDesc,
     sequential: bool,
+    read_copy: Option<u8>,
     now_ns: u64,
 ) -> Option<(&'d Arc<EmulatedDevice>, u64)> {
     let mut latest: Option<(&Arc<EmulatedDevice>, u64)> = None;
@@ -153,16 +239,25 @@ fn book_per_device<'d>(
         let extent = at / extent_bytes;
         let piece_end = ((extent + 1) * extent_bytes).min(end);
         let piece = u32::try_from(piece_end - at).unwrap_or(u32::MAX);
-        if let Some(location) = volume.extent_location(extent)
-            && let Some(device) = usize::try_from(location.device)
-                .ok()
-                .and_then(|d| devices.get(d))
-        {
-            book(
-                device,
-                location.offset_bytes + at % extent_bytes,
-                if desc.len_bytes == 0 { 0 } else { piece },
-            );
+        let copies = match desc.op {
+            OpKind::Read => {
+                let c = read_copy.unwrap_or(0);
+                c..c + 1
+            }
+            _ => 0..volume.replicas().max(1),
+        };
+        for copy in copies {
+            if let Some(location) = volume.replica_location(copy, extent)
+                && let Some(device) = usize::try_from(location.device)
+                    .ok()
+                    .and_then(|d| devices.get(d))
+            {
+                book(
+                    device,
+                    location.offset_bytes + at % extent_bytes,
+                    if desc.len_bytes == 0 { 0 } else { piece },
+                );
+            }
         }
         at = piece_end;
     }
@@ -1481,13 +1576,28 @@ fn execute_and_finish(
         sparse_read,
         answer,
     } = job;
-    let body = execute(&io.buffers, &volume, &request, write_payload, sparse_read);
+    let routed = match desc.op {
+        OpKind::Read => io.reads.route(&volume, request.offset, sequential),
+        _ => None,
+    };
+    let body = execute(
+        &io.buffers,
+        &volume,
+        &request,
+        write_payload,
+        sparse_read,
+        routed.map_or(0, |r| r.copy),
+    );
     let cookie = request.cookie;
     let clock = io.clock;
+    let routed_on = routed.map(|r| (Arc::clone(io), r.device));
     let finish = move |scheduler: Option<&Arc<Scheduler<IoJob>>>| {
         // One clock read for the reply's statistics and the scheduler's completion.
         let now_ns = clock.now_ns();
         answer.deliver(cookie, body, now_ns);
+        if let Some((io, device)) = &routed_on {
+            io.reads.done(*device);
+        }
         let mut released = Vec::new();
         if let (Some(scheduler), Scheduled(ticket)) = (scheduler, admission) {
             scheduler.complete_at(ticket, now_ns, &mut released);
@@ -1509,7 +1619,8 @@ fn execute_and_finish(
             )
         }
         Emulation::PerDevice(devices) => {
-            match book_per_device(devices, &volume, &request, desc, sequential, now_ns) {
+            let copy = routed.map(|r| r.copy);
+            match book_per_device(devices, &volume, &request, desc, sequential, copy, now_ns) {
                 Some(booked) => booked,
                 None => return Some(finish(scheduler)),
             }
@@ -1536,6 +1647,7 @@ fn execute(
     request: &nbd::ValidRequest,
     write_payload: Option<PooledBuffer>,
     sparse_read: bool,
+    first_copy: u8,
 ) -> ReplyBody {
     let offset = request.offset;
     let length = u64::from(request.length);
@@ -1543,9 +1655,11 @@ fn execute(
         nbd::Command::Read => {
             let mut data = buffers.get(request.length as usize);
             let read = if sparse_read && request.length > 0 {
-                volume.read_at_unless_hole(offset, data.as_mut_slice())
+                volume.read_at_unless_hole_from(offset, data.as_mut_slice(), first_copy)
             } else {
-                volume.read_at(offset, data.as_mut_slice()).map(|()| false)
+                volume
+                    .read_at_from(offset, data.as_mut_slice(), first_copy)
+                    .map(|()| false)
             };
             match read {
                 Ok(true) => {
@@ -1890,7 +2004,7 @@ mod tests {
                     req.length
                 },
             };
-            book_per_device(&devices, &volume, &req, job_desc, false, 1_000)
+            book_per_device(&devices, &volume, &req, job_desc, false, None, 1_000)
                 .map(|(device, at)| (Arc::as_ptr(device), at))
         };
         // Within extent 0: device 0 only.
@@ -1908,6 +2022,114 @@ mod tests {
         let (_, flush_at) = book(request(nbd::Command::Flush, 0, 0)).unwrap();
         assert_eq!(booked(&devices), vec![3, 2]);
         assert!(flush_at > 1_000);
+    }
+
+    /// A 2-replica volume on a RAM store of two devices, its first extent written.
+    fn mirrored() -> (Store, Arc<Volume>) {
+        let store = Store::open_memory(64 << 20).unwrap();
+        store
+            .create_volume_with(
+                "m",
+                16 << 20,
+                headroom_store::NewVolume {
+                    replicas: 2,
+                    ..headroom_store::NewVolume::default()
+                },
+            )
+            .unwrap();
+        let volume = store.open_volume("m").unwrap();
+        volume.write_at(0, &[7u8; 4096], false).unwrap();
+        (store, volume)
+    }
+
+    #[test]
+    fn type_aware_routing_splits_random_and_sequential_reads_and_an_idle_copy_steals() {
+        let (_store, volume) = mirrored();
+        let copies = volume.copies(0);
+        let device_of = |copy: usize| copies[copy].unwrap().0.device;
+        let router = ReadRouter::new(ReadRouting::TypeAware);
+        // Idle: random reads to copy 0, sequential reads to copy 1.
+        let random = router.route(&volume, 0, false).unwrap();
+        assert_eq!(
+            random,
+            Routed {
+                copy: 0,
+                device: device_of(0)
+            }
+        );
+        router.done(random.device);
+        let scan = router.route(&volume, 0, true).unwrap();
+        assert_eq!(
+            scan,
+            Routed {
+                copy: 1,
+                device: device_of(1)
+            }
+        );
+        // Copy 1 busy with that scan, copy 0 idle: the next sequential read is stolen.
+        let stolen = router.route(&volume, 4096, true).unwrap();
+        assert_eq!(stolen.copy, 0);
+        // Both busy: each default keeps its own.
+        assert_eq!(router.route(&volume, 8192, true).unwrap().copy, 1);
+        assert_eq!(router.route(&volume, 0, false).unwrap().copy, 0);
+        // A hole and a 1-replica volume are not routed.
+        assert!(router.route(&volume, 5 * E, false).is_none());
+        let store = Store::open_memory(64 << 20).unwrap();
+        store.create_volume("single", 16 << 20).unwrap();
+        let single = store.open_volume("single").unwrap();
+        single.write_at(0, &[1u8; 4096], false).unwrap();
+        assert!(router.route(&single, 0, false).is_none());
+        // Primary and round robin, for comparison.
+        let primary = ReadRouter::new(ReadRouting::Primary);
+        assert!((0..4).all(|_| primary.route(&volume, 0, true).unwrap().copy == 0));
+        let rr = ReadRouter::new(ReadRouting::RoundRobin);
+        let turns: Vec<u8> = (0..4)
+            .map(|_| rr.route(&volume, 0, false).unwrap().copy)
+            .collect();
+        assert_eq!(turns, vec![0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn per_device_emulation_books_the_routed_copy_for_reads_and_every_copy_for_writes() {
+        let (_store, volume) = mirrored();
+        let copies = volume.copies(0);
+        let (d0, d1) = (
+            copies[0].unwrap().0.device as usize,
+            copies[1].unwrap().0.device as usize,
+        );
+        assert_ne!(d0, d1);
+        let devices = devices(2);
+        let desc = |op, len| IoDesc {
+            op,
+            offset_bytes: 0,
+            len_bytes: len,
+        };
+        let mut expect = vec![0u64; 2];
+        book_per_device(
+            &devices,
+            &volume,
+            &request(nbd::Command::Read, 0, 4096),
+            desc(OpKind::Read, 4096),
+            false,
+            Some(1),
+            1_000,
+        )
+        .unwrap();
+        expect[d1] += 1;
+        assert_eq!(booked(&devices), expect);
+        book_per_device(
+            &devices,
+            &volume,
+            &request(nbd::Command::Write, 0, 4096),
+            desc(OpKind::Write, 4096),
+            false,
+            None,
+            1_000,
+        )
+        .unwrap();
+        expect[d0] += 1;
+        expect[d1] += 1;
+        assert_eq!(booked(&devices), expect);
     }
 
     #[test]
