@@ -136,30 +136,41 @@ impl ReadRouter {
     /// Routes a read at `offset` of `volume` (the copies of its first extent decide) and
     /// counts it in flight on the chosen copy's device until [`ReadRouter::done`]. `None` for
     /// a 1-replica volume and for a hole: the store reads as it always does.
+    ///
+    /// The router's "replica 0, 1, 2" are the copies in the order of their devices' ids, not
+    /// the copies' numbers: placement puts copy 0 of different extents on different devices,
+    /// so routing by copy number would send random and sequential reads to every device
+    /// alike. By device order, the lowest-numbered device holding a copy serves the random
+    /// reads and the next one the sequential reads, for every extent the two share (FAST's
+    /// head and middle replica).
     fn route(&self, volume: &Volume, offset: u64, sequential: bool) -> Option<Routed> {
         if volume.replicas() <= 1 {
             return None;
         }
         let copies = volume.copies(offset / headroom_store::EXTENT_SIZE_BYTES);
-        let mut loads = [ReplicaLoad::default(); headroom_store::MAX_REPLICAS as usize];
-        let n = usize::from(volume.replicas()).min(loads.len());
-        for (load, copy) in loads.iter_mut().zip(&copies) {
-            if let Some((location, healthy)) = copy {
-                *load = ReplicaLoad {
-                    healthy: *healthy,
-                    in_flight: self.counter(location.device)?.load(Ordering::Relaxed),
-                };
+        // (device, copy number, healthy), in device order.
+        let mut order = [(u32::MAX, 0u8, false); headroom_store::MAX_REPLICAS as usize];
+        let mut n = 0;
+        for (copy, slot) in copies.iter().enumerate() {
+            if let Some((location, healthy)) = slot {
+                order[n] = (location.device, u8::try_from(copy).ok()?, *healthy);
+                n += 1;
             }
         }
+        let order = &mut order[..n];
+        order.sort_unstable();
+        let mut loads = [ReplicaLoad::default(); headroom_store::MAX_REPLICAS as usize];
+        for (load, &(device, _, healthy)) in loads.iter_mut().zip(order.iter()) {
+            *load = ReplicaLoad {
+                healthy,
+                in_flight: self.counter(device)?.load(Ordering::Relaxed),
+            };
+        }
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-        let copy = route_read(self.routing, sequential, turn, &loads[..n])?;
-        let (location, _) = copies.get(copy).copied().flatten()?;
-        self.counter(location.device)?
-            .fetch_add(1, Ordering::Relaxed);
-        Some(Routed {
-            copy: u8::try_from(copy).ok()?,
-            device: location.device,
-        })
+        let pick = route_read(self.routing, sequential, turn, &loads[..n])?;
+        let (device, copy, _) = *order.get(pick)?;
+        self.counter(device)?.fetch_add(1, Ordering::Relaxed);
+        Some(Routed { copy, device })
     }
 
     /// The routed read on `device` is answered.
@@ -2046,32 +2057,25 @@ mod tests {
     fn type_aware_routing_splits_random_and_sequential_reads_and_an_idle_copy_steals() {
         let (_store, volume) = mirrored();
         let copies = volume.copies(0);
-        let device_of = |copy: usize| copies[copy].unwrap().0.device;
+        let device_of = |copy: u8| copies[usize::from(copy)].unwrap().0.device;
+        // The copy on the lower-numbered device is the router's head replica.
+        let (head, middle) = if device_of(0) < device_of(1) {
+            (0, 1)
+        } else {
+            (1, 0)
+        };
         let router = ReadRouter::new(ReadRouting::TypeAware);
-        // Idle: random reads to copy 0, sequential reads to copy 1.
+        // Idle: random reads to the head, sequential reads to the middle.
         let random = router.route(&volume, 0, false).unwrap();
-        assert_eq!(
-            random,
-            Routed {
-                copy: 0,
-                device: device_of(0)
-            }
-        );
+        assert_eq!((random.copy, random.device), (head, device_of(head)));
         router.done(random.device);
         let scan = router.route(&volume, 0, true).unwrap();
-        assert_eq!(
-            scan,
-            Routed {
-                copy: 1,
-                device: device_of(1)
-            }
-        );
-        // Copy 1 busy with that scan, copy 0 idle: the next sequential read is stolen.
-        let stolen = router.route(&volume, 4096, true).unwrap();
-        assert_eq!(stolen.copy, 0);
+        assert_eq!((scan.copy, scan.device), (middle, device_of(middle)));
+        // The middle busy with that scan, the head idle: the next sequential read is stolen.
+        assert_eq!(router.route(&volume, 4096, true).unwrap().copy, head);
         // Both busy: each default keeps its own.
-        assert_eq!(router.route(&volume, 8192, true).unwrap().copy, 1);
-        assert_eq!(router.route(&volume, 0, false).unwrap().copy, 0);
+        assert_eq!(router.route(&volume, 8192, true).unwrap().copy, middle);
+        assert_eq!(router.route(&volume, 0, false).unwrap().copy, head);
         // A hole and a 1-replica volume are not routed.
         assert!(router.route(&volume, 5 * E, false).is_none());
         let store = Store::open_memory(64 << 20).unwrap();
@@ -2081,12 +2085,12 @@ mod tests {
         assert!(router.route(&single, 0, false).is_none());
         // Primary and round robin, for comparison.
         let primary = ReadRouter::new(ReadRouting::Primary);
-        assert!((0..4).all(|_| primary.route(&volume, 0, true).unwrap().copy == 0));
+        assert!((0..4).all(|_| primary.route(&volume, 0, true).unwrap().copy == head));
         let rr = ReadRouter::new(ReadRouting::RoundRobin);
         let turns: Vec<u8> = (0..4)
             .map(|_| rr.route(&volume, 0, false).unwrap().copy)
             .collect();
-        assert_eq!(turns, vec![0, 1, 0, 1]);
+        assert_eq!(turns, vec![head, middle, head, middle]);
     }
 
     #[test]
