@@ -166,6 +166,7 @@ impl From<&VolumeInfo> for VolumeSummary {
             health: match info.health {
                 headroom_store::VolumeHealth::Healthy => "healthy",
                 headroom_store::VolumeHealth::Degraded => "degraded",
+                headroom_store::VolumeHealth::Rebuilding => "rebuilding",
             }
             .to_string(),
         }
