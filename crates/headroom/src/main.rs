@@ -14,6 +14,7 @@ mod lab_server;
 mod output;
 mod pool_cmd;
 mod qos_cmd;
+mod rebuild_cmd;
 mod sd_notify;
 mod serve_config;
 mod sim_cmd;
@@ -62,6 +63,9 @@ enum Command {
     /// Manage volumes through a running server's API.
     #[command(subcommand, after_help = EXIT_CODES)]
     Volume(volume_cmd::VolumeCommand),
+    /// The rebuild of lost copies after a device failure: progress, and its rate (live).
+    #[command(subcommand, after_help = EXIT_CODES)]
+    Rebuild(rebuild_cmd::RebuildCommand),
     /// Manage tenants (the owners volumes name) through a running server's API.
     #[command(subcommand)]
     Tenant(tenant_cmd::TenantCommand),
@@ -281,6 +285,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Pool(args) => pool_cmd::run(args),
         Command::Device(command) => device_cmd::run(command),
         Command::Volume(command) => volume_cmd::run(command),
+        Command::Rebuild(command) => rebuild_cmd::run(command),
         Command::Tenant(command) => tenant_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),

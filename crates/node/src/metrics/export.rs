@@ -54,6 +54,7 @@ pub(crate) async fn metrics(State(state): State<ApiState>) -> Response {
         registry: Arc::clone(&state.metrics),
         scheduler: state.scheduler.clone(),
         store: Arc::clone(&state.store),
+        rebuild: state.rebuild.clone(),
     };
     // Reading 10,000 volumes' atomics takes milliseconds: off the runtime threads.
     let text = tokio::task::spawn_blocking(move || scrape.render()).await;
@@ -73,6 +74,7 @@ struct Scrape {
     registry: Arc<MetricsRegistry>,
     scheduler: Option<Arc<Scheduler<IoJob>>>,
     store: Arc<Store>,
+    rebuild: Option<Arc<crate::repair::Rebuilder>>,
 }
 
 impl Scrape {
@@ -422,6 +424,30 @@ impl Collector for Scrape {
             MetricType::Gauge,
         )?;
         gauge(m, gauge_u64(folded))?;
+
+        if let Some(rebuild) = &self.rebuild {
+            let m = encoder.encode_descriptor(
+                "headroom_rebuild_bytes",
+                "Bytes copied by rebuilds of lost copies since the node started",
+                None,
+                MetricType::Counter,
+            )?;
+            counter(m, rebuild.bytes_total())?;
+            let m = encoder.encode_descriptor(
+                "headroom_rebuild_extents_remaining",
+                "Lost copies (2 MiB extents) of replicated volumes still to rebuild",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(m, gauge_u64(rebuild.extents_remaining()))?;
+            let m = encoder.encode_descriptor(
+                "headroom_rebuild_rate_bytes_per_second",
+                "The rate the rebuild is paced at (PUT /v1/rebuild)",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(m, gauge_u64(rebuild.rate_bytes_per_s()))?;
+        }
 
         if let Some(scheduler) = &self.scheduler {
             let capacity = scheduler.capacity_per_second().dims();
