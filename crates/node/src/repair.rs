@@ -150,10 +150,7 @@ impl Rebuilder {
 
     fn run(&self, store: &Weak<Store>) {
         loop {
-            {
-                let Some(store) = store.upgrade() else { return };
-                self.pass(&store);
-            }
+            self.pass(store);
             self.wait_until(Instant::now() + POLL_INTERVAL);
             if store.strong_count() == 0 {
                 return;
@@ -162,7 +159,11 @@ impl Rebuilder {
     }
 
     /// One look at every replicated volume: rebuilds the lost copies of each degraded one.
-    fn pass(&self, store: &Arc<Store>) {
+    /// The store (and a volume, which holds the store's state) is held only while one extent
+    /// is copied, never while waiting, so a node that stops is not kept from closing its
+    /// store cleanly by a slow rebuild.
+    fn pass(&self, weak: &Weak<Store>) {
+        let Some(store) = weak.upgrade() else { return };
         let degraded: Vec<_> = store
             .list_volumes()
             .into_iter()
@@ -176,7 +177,9 @@ impl Rebuilder {
             remaining += volume.extents_to_rebuild().len() as u64;
         }
         self.extents_remaining.store(remaining, Ordering::Relaxed);
+        drop(store);
         for info in degraded {
+            let Some(store) = weak.upgrade() else { return };
             let Ok(volume) = store.open_volume(&info.name) else {
                 continue;
             };
@@ -196,6 +199,7 @@ impl Rebuilder {
                 tracing::info!(volume = %info.name, extents = todo.len(), "rebuild started");
             }
             volume.set_rebuilding(true);
+            drop((volume, store));
             let mut rate = self.rate_bytes_per_s();
             let mut origin = Instant::now();
             let mut bytes_since_origin = 0u64;
@@ -216,7 +220,12 @@ impl Rebuilder {
                     }
                     self.wait_until(due);
                 }
+                let Some(store) = weak.upgrade() else { return };
+                let Ok(volume) = store.open_volume(&info.name) else {
+                    break; // deleted meanwhile
+                };
                 let step = volume.rebuild_extent(extent);
+                drop((volume, store));
                 match step {
                     Ok(RebuildStep::Rebuilt { bytes }) => {
                         bytes_since_origin += bytes;
@@ -258,7 +267,9 @@ impl Rebuilder {
                 progress.state = "done".into();
                 tracing::info!(volume = %info.name, extents = progress.extents_done, "rebuild done");
             }
-            volume.set_rebuilding(false);
+            if let Some(volume) = weak.upgrade().and_then(|s| s.open_volume(&info.name).ok()) {
+                volume.set_rebuilding(false);
+            }
             lock(&self.progress).insert(info.name.clone(), progress);
         }
     }
