@@ -257,6 +257,22 @@ fn a_device_failed_mid_fio_verify_costs_no_errors_and_is_rebuilt_at_its_rate() {
         "{rebuild}"
     );
     assert_eq!(rebuild["extents_remaining"], 0, "{rebuild}");
+    let metrics = common::agent()
+        .get(format!("{}/metrics", server.api))
+        .header("authorization", common::bearer())
+        .call()
+        .expect("GET /metrics")
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        metrics.contains(&format!("headroom_rebuild_bytes_total {}", total * E)),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("headroom_rebuild_extents_remaining 0"),
+        "{metrics}"
+    );
 
     // A scrub finds the copies equal.
     let out = server.cli(&["volume", "scrub", "r", "--json"]);
