@@ -222,6 +222,7 @@ impl ServeArgs {
                 rados_lease_ms: self.rados_lease_ms,
                 rados_lease_wait_ms: self.rados_lease_wait_ms,
                 emulated: None,
+                rebuild: None,
             },
             limits: LimitsSection {
                 max_connections: self.max_connections,
