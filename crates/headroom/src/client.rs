@@ -272,6 +272,25 @@ impl Api {
         self.decode(response)
     }
 
+    /// `POST /v1/volumes/{name}/scrub`: the scrub's report (for `headroom volume scrub`).
+    pub fn scrub(&self, name: &str) -> Result<Value> {
+        let path = format!("/v1/volumes/{}/scrub", path_segment(name));
+        let response = self
+            .authorized(self.agent.post(self.url(&path)))
+            .send_empty()
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
+    /// `PUT /v1/rebuild`: sets the rebuild's rate; the rebuild as the API answered.
+    pub fn set_rebuild_rate(&self, rate_bytes_per_s: u64) -> Result<Value> {
+        let response = self
+            .authorized(self.agent.put(self.url("/v1/rebuild")))
+            .send_json(serde_json::json!({ "rate_bytes_per_s": rate_bytes_per_s }))
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
     /// `GET /v1/pool`, as the API answered it (for `headroom pool`).
     pub fn pool_json(&self) -> Result<Value> {
         self.get_json("/v1/pool")

@@ -21,6 +21,7 @@ const TABLE_PATHS: &[(&str, &str)] = &[
     ("ServerSection", "server"),
     ("StorageSection", "storage"),
     ("EmulatedSection", "storage.emulated"),
+    ("RebuildSection", "storage.rebuild"),
     ("IoCostSection", "storage.emulated.model"),
     ("LimitsSection", "limits"),
     ("QosSection", "qos"),

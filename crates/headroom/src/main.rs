@@ -15,6 +15,7 @@ mod lab_server;
 mod output;
 mod pool_cmd;
 mod qos_cmd;
+mod rebuild_cmd;
 mod sd_notify;
 mod serve_config;
 mod sim_cmd;
@@ -67,6 +68,9 @@ enum Command {
     /// Manage volumes through a running server's API.
     #[command(subcommand, after_help = EXIT_CODES)]
     Volume(volume_cmd::VolumeCommand),
+    /// The rebuild of lost copies after a device failure: progress, and its rate (live).
+    #[command(subcommand, after_help = EXIT_CODES)]
+    Rebuild(rebuild_cmd::RebuildCommand),
     /// Manage tenants (the owners volumes name) through a running server's API.
     #[command(subcommand)]
     Tenant(tenant_cmd::TenantCommand),
@@ -249,6 +253,7 @@ impl ServeArgs {
                 rados_weight: self.rados_weight,
                 rados_arbitration_epoch_ms: self.rados_arbitration_epoch_ms,
                 emulated: None,
+                rebuild: None,
             },
             limits: LimitsSection {
                 max_connections: self.max_connections,
@@ -313,6 +318,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Arbitration(args) => arbitration_cmd::run(args),
         Command::Device(command) => device_cmd::run(command),
         Command::Volume(command) => volume_cmd::run(command),
+        Command::Rebuild(command) => rebuild_cmd::run(command),
         Command::Tenant(command) => tenant_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),

@@ -341,6 +341,15 @@ pub struct StorageSection {
     /// How often nodes report and the arbiter splits, ms (absent: 500).
     pub rados_arbitration_epoch_ms: Option<u64>,
     pub emulated: Option<EmulatedSection>,
+    pub rebuild: Option<RebuildSection>,
+}
+
+/// `[storage.rebuild]`: the rebuild of lost copies after a device failure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RebuildSection {
+    /// Bytes per second the rebuild starts at (`PUT /v1/rebuild` changes it live).
+    pub rate: Option<Size>,
 }
 
 /// `[storage.emulated]`: [`EmulatedDeviceSpec`].
@@ -695,6 +704,12 @@ impl ConfigFile {
                 .rados_arbitration_epoch_ms
                 .or(l.rados_arbitration_epoch_ms),
             emulated: s.emulated.or(l.emulated),
+            rebuild: match (s.rebuild, l.rebuild) {
+                (Some(s), Some(l)) => Some(RebuildSection {
+                    rate: s.rate.or(l.rate),
+                }),
+                (s, l) => s.or(l),
+            },
         };
         let (s, l) = (self.limits, lower.limits);
         let limits = LimitsSection {
@@ -1213,6 +1228,9 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         .and_then(|e| e.curve.as_ref())
         .map(VopSection::curve);
     config.overcommit_ratio = st.overcommit_ratio;
+    if let Some(rate) = st.rebuild.and_then(|r| r.rate) {
+        config.rebuild_rate_bytes_per_s = rate.0.max(1);
+    }
 
     config.limits = limits(&layer.limits)?;
     if let Some(ms) = layer.qos.credit_save_period_ms {
@@ -1671,6 +1689,14 @@ mod tests {
 
     fn resolved(text: &str) -> NodeConfig {
         resolve(&parse(text).expect("parses")).expect("valid")
+    }
+
+    #[test]
+    fn the_rebuild_rate_comes_from_storage_rebuild() {
+        assert_eq!(resolved("").rebuild_rate_bytes_per_s, 64 << 20);
+        let c = resolved("[storage.rebuild]\nrate = \"128MiB\"\n");
+        assert_eq!(c.rebuild_rate_bytes_per_s, 128 << 20);
+        assert!(err("[storage.rebuild]\nspeed = 1\n").contains("speed"));
     }
 
     fn err(text: &str) -> String {

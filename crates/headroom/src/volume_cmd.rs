@@ -69,6 +69,17 @@ pub enum VolumeCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Compare the copies of every allocated extent of a replicated volume (64 KiB chunks)
+    /// and repair a chunk from the majority when there is one (3 copies); two copies that
+    /// disagree are reported only. Synchronous: one read of every copy.
+    Scrub {
+        name: String,
+        /// Print the API's JSON (`{"extents_checked", "mismatches", "repaired"}`).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Change a volume's QoS live (flags given replace those set; a preset replaces the class);
     /// without flags, print its current QoS.
     Qos {
@@ -227,6 +238,24 @@ pub fn run(command: VolumeCommand) -> Result<()> {
                 print_volume(&api.show(&name)?);
             }
         }
+        VolumeCommand::Scrub { name, json, api } => {
+            let report = api.client()?.scrub(&name)?;
+            if json {
+                return print_json(&report);
+            }
+            let n = |k: &str| {
+                report
+                    .get(k)
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0)
+            };
+            outln!(
+                "{name}: {} extents checked, {} chunks differed, {} repaired",
+                n("extents_checked"),
+                n("mismatches"),
+                n("repaired")
+            );
+        }
         VolumeCommand::Qos {
             name,
             qos,
@@ -377,6 +406,19 @@ fn print_volume(view: &VolumeView) {
         "replicas:    {} ({})",
         info.replicas, info.health
     ));
+    if let Some(r) = &view.rebuild {
+        line(format_args!(
+            "rebuild:     {} ({}/{} extents, {}/s){}",
+            r.state,
+            r.extents_done,
+            r.extents_total,
+            crate::output::human_bytes(r.bytes_per_s),
+            r.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ));
+    }
     line(format_args!("policy:      {}", view.policy));
     match &view.qos_class {
         None => line(format_args!(

@@ -392,3 +392,58 @@ fn a_device_added_to_the_running_pool_takes_writes_at_once_and_stays_after_a_res
     );
     server.stop();
 }
+
+#[test]
+fn the_rebuild_rate_is_set_live_and_out_of_range_rates_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_memory(&dir.path().join("mem"), "256MiB");
+    let rebuild = get(&server, "/v1/rebuild");
+    assert_eq!(rebuild["rate_bytes_per_s"], 64u64 << 20, "{rebuild}");
+    assert_eq!(rebuild["extents_remaining"], 0, "{rebuild}");
+    let agent = common::agent();
+    let put = |body: Value| {
+        agent
+            .put(format!("{}/v1/rebuild", server.api))
+            .header("authorization", common::bearer())
+            .send_json(body)
+            .unwrap()
+    };
+    for (body, status, kind) in [
+        (
+            serde_json::json!({"rate_bytes_per_s": 0}),
+            400,
+            "invalid_rate",
+        ),
+        (
+            serde_json::json!({"rate_bytes_per_s": 11u64 << 30}),
+            400,
+            "invalid_rate",
+        ),
+        (serde_json::json!({"rate": 1}), 422, "invalid_body"),
+    ] {
+        let mut response = put(body.clone());
+        assert_eq!(response.status().as_u16(), status, "{body}");
+        let error: Value = response.body_mut().read_json().unwrap();
+        assert_eq!(error["kind"], kind, "{body}: {error}");
+    }
+    assert_eq!(get(&server, "/v1/rebuild")["rate_bytes_per_s"], 64u64 << 20);
+    let mut response = put(serde_json::json!({"rate_bytes_per_s": 1u64 << 20}));
+    assert_eq!(response.status().as_u16(), 200);
+    let view: Value = response.body_mut().read_json().unwrap();
+    assert_eq!(view["rate_bytes_per_s"], 1u64 << 20, "{view}");
+    assert_eq!(get(&server, "/v1/rebuild")["rate_bytes_per_s"], 1u64 << 20);
+    // A 1-replica volume scrubs nothing; an unknown one is 404.
+    server.create_volume("one", "16MiB");
+    let scrub = |name: &str| {
+        agent
+            .post(format!("{}/v1/volumes/{name}/scrub", server.api))
+            .header("authorization", common::bearer())
+            .send_empty()
+            .unwrap()
+    };
+    let mut response = scrub("one");
+    assert_eq!(response.status().as_u16(), 200);
+    let report: Value = response.body_mut().read_json().unwrap();
+    assert_eq!(report["extents_checked"], 0, "{report}");
+    assert_eq!(scrub("nope").status().as_u16(), 404);
+}

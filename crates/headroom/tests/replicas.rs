@@ -2,7 +2,9 @@
 //! three device files, written and verified by fio over NBD, then the copies compared
 //! directly (the store opened on the stopped server's data directory); and `headroom device
 //! fail` in the middle of an fio verify run on a 2-replica volume: zero verify errors, the
-//! volume `degraded`, and the surviving copies equal.
+//! rebuild of the lost copies onto the third device at the rate it was given (`rebuilding`,
+//! then `healthy`), a scrub that finds the copies equal, and both copies equal and off the
+//! failed device after the restart.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
 
@@ -160,8 +162,12 @@ fn fio_verify_on_a_two_replica_volume_leaves_equal_copies() {
     );
 }
 
+/// The rebuild rate of the acceptance test: 32 MiB of lost copies take about 2 s, so the
+/// rebuild runs while fio does and its measured rate can be compared with this.
+const REBUILD_RATE_BYTES_PER_S: u64 = 16 << 20;
+
 #[test]
-fn a_device_failed_mid_fio_verify_costs_no_errors_and_leaves_the_volume_degraded() {
+fn a_device_failed_mid_fio_verify_costs_no_errors_and_is_rebuilt_at_its_rate() {
     if !have_tool("fio") {
         return;
     }
@@ -170,6 +176,13 @@ fn a_device_failed_mid_fio_verify_costs_no_errors_and_leaves_the_volume_degraded
     let data = dir.path().join("data");
     let server = start(&data);
     server.create_volume_with("r", "32MiB", &["--replicas", "2"]);
+    let out = server.cli(&["rebuild", "set", "--rate", "16MiB", "--json"]);
+    assert!(out.status.success(), "rebuild set: {}", text(&out));
+    let rebuild: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        rebuild["rate_bytes_per_s"], REBUILD_RATE_BYTES_PER_S,
+        "{rebuild}"
+    );
     // Write every block first so the run reads and rewrites data on all three devices.
     let out = fio(&server, "r", &["--rw=write", "--do_verify=0"])
         .output()
@@ -199,6 +212,9 @@ fn a_device_failed_mid_fio_verify_costs_no_errors_and_leaves_the_volume_degraded
     assert!(out.status.success(), "device fail: {}", text(&out));
     let device: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(device["failed"], true, "{device}");
+    // The rebuild starts at once and runs while fio does.
+    let view = show(&server, "r");
+    assert_ne!(view["health"], "healthy", "{view}");
 
     let out = run.wait_with_output().unwrap();
     assert!(out.status.success(), "fio failed: {}", text(&out));
@@ -206,8 +222,64 @@ fn a_device_failed_mid_fio_verify_costs_no_errors_and_leaves_the_volume_degraded
     assert_eq!(job["error"].as_u64(), Some(0), "{job}");
     let verified = job["read"]["total_ios"].as_u64().unwrap();
     assert!(verified > 0, "{job}");
-    let view = show(&server, "r");
-    assert_eq!(view["health"], "degraded", "{view}");
+
+    // The rebuild runs to full redundancy.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen_rebuilding = view["health"] == "rebuilding";
+    let view = loop {
+        let view = show(&server, "r");
+        seen_rebuilding |= view["health"] == "rebuilding";
+        if view["health"] == "healthy" {
+            break view;
+        }
+        assert!(Instant::now() < deadline, "rebuild never finished: {view}");
+        std::thread::sleep(Duration::from_millis(50)); // polling interval, not a synchronisation
+    };
+    assert!(seen_rebuilding, "never saw health rebuilding");
+    let progress = &view["rebuild"];
+    assert_eq!(progress["state"], "done", "{view}");
+    let total = progress["extents_total"].as_u64().unwrap();
+    assert!(total > 0, "{view}");
+    assert_eq!(progress["extents_done"].as_u64(), Some(total), "{view}");
+    // The rate followed the one it was given (paced per 2 MiB extent; ±25%).
+    let rate = progress["bytes_per_s"].as_u64().unwrap();
+    let given = REBUILD_RATE_BYTES_PER_S as f64;
+    assert!(
+        (rate as f64) < given * 1.25 && (rate as f64) > given * 0.5,
+        "rebuild at {rate} B/s, given {given}: {view}"
+    );
+    let out = server.cli(&["rebuild", "show", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let rebuild: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        rebuild["bytes_total"].as_u64(),
+        Some(total * E),
+        "{rebuild}"
+    );
+    assert_eq!(rebuild["extents_remaining"], 0, "{rebuild}");
+    let metrics = common::agent()
+        .get(format!("{}/metrics", server.api))
+        .header("authorization", common::bearer())
+        .call()
+        .expect("GET /metrics")
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        metrics.contains(&format!("headroom_rebuild_bytes_total {}", total * E)),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("headroom_rebuild_extents_remaining 0"),
+        "{metrics}"
+    );
+
+    // A scrub finds the copies equal.
+    let out = server.cli(&["volume", "scrub", "r", "--json"]);
+    assert!(out.status.success(), "scrub: {}", text(&out));
+    let scrub: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(scrub["extents_checked"], VOLUME_BYTES / E, "{scrub}");
+    assert_eq!(scrub["mismatches"], 0, "{scrub}");
     // Three copies need three healthy devices: 422 now.
     let out = server.cli(&[
         "volume",
@@ -220,16 +292,25 @@ fn a_device_failed_mid_fio_verify_costs_no_errors_and_leaves_the_volume_degraded
     ]);
     assert!(!out.status.success());
     assert!(text(&out).contains("replicas"), "{}", text(&out));
-    // A flush of the degraded volume succeeds, and so does the shutdown.
     server.stop();
 
-    // The copies on the healthy devices agree; the store reopens with device 0 failed.
-    let (compared, differing) = compare_copies(&data, "r", &[0]);
-    assert!(compared > 0);
+    // After the restart: every extent has both copies, none on device 0, and they agree.
+    let (compared, differing) = compare_copies(&data, "r", &[]);
+    assert_eq!(compared, VOLUME_BYTES / E);
     assert_eq!(differing, 0);
+    {
+        let store = Store::open(&StoreConfig::new(&data)).unwrap();
+        let v = store.open_volume("r").unwrap();
+        for extent in 0..VOLUME_BYTES / E {
+            for r in 0..2 {
+                assert_ne!(v.replica_location(r, extent).unwrap().device, 0);
+            }
+        }
+    }
     eprintln!(
         "device 0 failed mid fio verify on a 2-replica volume: 0 errors, {verified} verify \
-         reads, {compared} extents with both copies healthy compared equal ({:.1} s)",
+         reads; {total} extents rebuilt at {rate} B/s (given {REBUILD_RATE_BYTES_PER_S}); \
+         scrub 0 mismatches ({:.1} s)",
         started.elapsed().as_secs_f64()
     );
 }

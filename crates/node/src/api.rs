@@ -25,6 +25,7 @@ pub mod auth;
 pub mod body;
 pub mod node;
 pub mod openapi;
+mod repair;
 pub mod tenants;
 
 use std::sync::Arc;
@@ -120,6 +121,9 @@ pub struct VolumeView {
     /// done no I/O since the node started.
     #[serde(default)]
     pub audit: crate::metrics::AuditView,
+    /// The latest rebuild of its lost copies since the node started; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<crate::repair::RebuildProgress>,
 }
 
 /// The store's view of a volume, with the QoS record left out (it is shown parsed).
@@ -138,8 +142,9 @@ pub struct VolumeSummary {
     /// Copies of every extent, on distinct devices (1-3).
     #[serde(default = "one_replica")]
     pub replicas: u8,
-    /// `healthy`, or `degraded` while some of its extents are on a failed device (a
-    /// replicated volume then serves them from its other copies).
+    /// `healthy`, `degraded` while some of its extents are on a failed device (a replicated
+    /// volume then serves them from its other copies), or `rebuilding` while the node copies
+    /// them again onto healthy devices.
     #[serde(default = "healthy")]
     pub health: String,
 }
@@ -166,6 +171,7 @@ impl From<&VolumeInfo> for VolumeSummary {
             health: match info.health {
                 headroom_store::VolumeHealth::Healthy => "healthy",
                 headroom_store::VolumeHealth::Degraded => "degraded",
+                headroom_store::VolumeHealth::Rebuilding => "rebuilding",
             }
             .to_string(),
         }
@@ -176,6 +182,8 @@ impl From<&VolumeInfo> for VolumeSummary {
 #[derive(Clone, Debug)]
 pub struct ApiState {
     pub store: Arc<Store>,
+    /// The rebuild task (`/v1/rebuild`, a volume's `rebuild`); `None`: none runs.
+    pub rebuild: Option<Arc<crate::repair::Rebuilder>>,
     pub scheduler: Option<Arc<Scheduler<IoJob>>>,
     /// The NBD connections (`GET /v1/connections`).
     pub connections: Arc<Connections>,
@@ -339,6 +347,7 @@ fn routes() -> Router<ApiState> {
         .route("/openapi.json", get(openapi::serve_json))
         .merge(node::routes())
         .merge(tenants::routes())
+        .merge(repair::routes())
         .route("/v1/connections", get(connections))
         .route("/v1/volumes", get(list_volumes).post(create_volume))
         .route(
@@ -483,6 +492,7 @@ fn view(state: &ApiState, info: &VolumeInfo) -> VolumeView {
         .unwrap_or_default();
     VolumeView {
         audit,
+        rebuild: state.rebuild.as_ref().and_then(|r| r.progress(&info.name)),
         info: info.into(),
         policy: state
             .scheduler

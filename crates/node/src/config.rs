@@ -281,6 +281,9 @@ pub struct NodeConfig {
     pub api_token: Option<crate::api::ApiToken>,
     /// Most volume bytes per pool byte (`Store::set_overcommit_ratio`); `None`: no limit.
     pub overcommit_ratio: Option<f64>,
+    /// The rate the rebuild of lost copies starts at, bytes per second (`[storage.rebuild]
+    /// rate`; `PUT /v1/rebuild` changes it live).
+    pub rebuild_rate_bytes_per_s: u64,
     /// Where the settings came from, shown by `GET /v1/node` (informational).
     pub config_file: Option<PathBuf>,
     pub calibration_file: Option<PathBuf>,
@@ -347,6 +350,7 @@ impl NodeConfig {
             metrics: crate::metrics::MetricsConfig::default(),
             api_token: None,
             overcommit_ratio: None,
+            rebuild_rate_bytes_per_s: crate::repair::DEFAULT_REBUILD_RATE_BYTES_PER_S,
             config_file: None,
             calibration_file: None,
             arbitration: None,

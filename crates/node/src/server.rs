@@ -274,7 +274,10 @@ impl Node {
             crate::timeline::DEFAULT_SAMPLE_INTERVAL_MS,
         );
         let sampler_task = tokio::spawn(Arc::clone(&timeline).run(stop_rx.clone()));
+        let rebuild = crate::repair::Rebuilder::start(&store, config.rebuild_rate_bytes_per_s)
+            .map_err(NodeError::Workers)?;
         let api_state = crate::api::ApiState {
+            rebuild: Some(rebuild),
             store: Arc::clone(&store),
             scheduler: scheduler.clone(),
             connections,

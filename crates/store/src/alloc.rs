@@ -122,6 +122,19 @@ impl Allocator {
         Some(out)
     }
 
+    /// One new copy of an extent of `volume_id` whose other copies are on the devices in
+    /// `holding` (a rebuild's replacement of a lost copy): outside `avoid` and `holding`,
+    /// preferring a failure domain none of `holding` is in.
+    pub(crate) fn allocate_replacement(
+        &mut self,
+        volume_id: u64,
+        holding: u64,
+        avoid: u64,
+    ) -> Option<PhysExtent> {
+        self.allocate_avoiding(volume_id, avoid | self.same_domains(holding))
+            .or_else(|| self.allocate_avoiding(volume_id, avoid | holding))
+    }
+
     /// A device added to the running pool (the next id), all of its extents free.
     pub(crate) fn add_device(&mut self, extent_count: u32, domain: Option<String>) {
         self.free.push((0..extent_count).collect());

@@ -52,4 +52,7 @@ pub use stats::{
 };
 pub use store::{DeviceInfo, NewVolume, PoolInfo, Store, TenantInfo};
 pub use telemetry::{DeviceTelemetry, EWMA_ALPHA};
-pub use volume::{AioDone, AioRequest, Extent, PhysicalLocation, Volume, VolumeHealth, VolumeInfo};
+pub use volume::{
+    AioDone, AioRequest, Extent, PhysicalLocation, RebuildStep, ScrubReport, Volume, VolumeHealth,
+    VolumeInfo,
+};

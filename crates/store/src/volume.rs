@@ -36,7 +36,10 @@ use crate::sync::{lock, read};
 // Asynchronous data I/O on RADOS: a child module, so it sees this module's private parts.
 #[path = "volume_aio.rs"]
 mod aio;
+mod repair;
+
 pub use aio::{AioDone, AioRequest};
+pub use repair::{RebuildStep, ScrubReport};
 
 /// What the management API and CLI show about a volume.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -76,6 +79,9 @@ pub enum VolumeHealth {
     /// Some extents are on a failed device: a replicated volume serves them from the other
     /// copies (with less redundancy); a 1-replica volume may have lost them.
     Degraded,
+    /// Degraded, and a rebuild is copying the lost copies onto healthy devices
+    /// (`Volume::rebuild_extent`, driven by the node's rebuild task).
+    Rebuilding,
 }
 
 fn one_replica() -> u8 {
@@ -155,6 +161,9 @@ pub struct Volume {
     deleted: AtomicBool,
     /// Warnings about failed requests, rate-limited.
     errors: ErrorLog,
+    /// A rebuild of this volume's lost copies is running (set by its driver): a degraded
+    /// volume then reports `Rebuilding`.
+    rebuilding: AtomicBool,
     /// Asynchronous reads and writes in flight (volume_aio.rs); whoever takes `state`'s
     /// write lock waits for them, as it waits for synchronous I/O through the read lock.
     in_flight: Arc<aio::InFlight>,
@@ -325,6 +334,7 @@ impl Volume {
             }),
             allocated_extents: AtomicU64::new(allocated_extents),
             deleted: AtomicBool::new(false),
+            rebuilding: AtomicBool::new(false),
             errors: ErrorLog::default(),
             in_flight: Arc::default(),
         })
@@ -386,7 +396,8 @@ impl Volume {
         }
     }
 
-    /// `Degraded` while a failed device holds one of the volume's extents.
+    /// `Degraded` while a failed device holds one of the volume's extents (`Rebuilding` if a
+    /// rebuild runs meanwhile).
     pub fn health(&self) -> VolumeHealth {
         let failed = self.shared.failed_devices();
         if failed.is_empty() {
@@ -396,6 +407,7 @@ impl Volume {
             .allocator
             .first_device_holding(self.id, failed.0);
         match holder {
+            Some(_) if self.rebuilding.load(Ordering::Acquire) => VolumeHealth::Rebuilding,
             Some(_) => VolumeHealth::Degraded,
             None => VolumeHealth::Healthy,
         }

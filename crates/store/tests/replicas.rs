@@ -7,8 +7,8 @@
 #![allow(clippy::unwrap_used)]
 
 use headroom_store::{
-    DeviceOp, EXTENT_SIZE_BYTES, FaultConfig, FaultRule, FaultScope, NewVolume, Store, StoreConfig,
-    StoreError, Volume, VolumeHealth,
+    DeviceOp, EXTENT_SIZE_BYTES, FaultConfig, FaultRule, FaultScope, NewVolume, RebuildStep,
+    ScrubReport, Store, StoreConfig, StoreError, Volume, VolumeHealth,
 };
 use tempfile::TempDir;
 
@@ -505,4 +505,173 @@ fn fua_and_flush_sync_the_device_of_every_copy() {
     for r in 0..2 {
         assert_eq!(replica_bytes(&v, r, 16384, 4096), pattern(3, 4096));
     }
+}
+
+/// Rebuilds every lost copy of `v` (what the node's rebuild task does, unpaced).
+fn rebuild_all(v: &Volume) -> u64 {
+    let mut bytes = 0;
+    for extent in v.extents_to_rebuild() {
+        match v.rebuild_extent(extent).unwrap() {
+            RebuildStep::Rebuilt { bytes: b } => bytes += b,
+            RebuildStep::Complete => {}
+            other => panic!("extent {extent}: {other:?}"),
+        }
+    }
+    bytes
+}
+
+#[test]
+fn a_rebuild_under_concurrent_writes_restores_equal_copies_on_healthy_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, 3);
+    let extents = 8u64;
+    let failed;
+    let expected;
+    {
+        let store = Store::open(&cfg).unwrap();
+        let v = replicated(&store, "v", extents * E, 2);
+        let base = pattern(31, (extents * E) as usize);
+        v.write_at(0, &base, false).unwrap();
+        v.flush().unwrap();
+        failed = v.replica_location(1, 0).unwrap().device;
+        store.fail_device(failed).unwrap();
+        let todo = v.extents_to_rebuild();
+        assert!(!todo.is_empty(), "no extent had a copy on device {failed}");
+        assert_eq!(v.info().health, VolumeHealth::Degraded);
+        v.set_rebuilding(true);
+        assert_eq!(v.info().health, VolumeHealth::Rebuilding);
+        // A writer overwrites 4 KiB blocks all over the volume while the rebuild runs; it
+        // keeps the model of what the volume must read afterwards.
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let model = std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                let mut model = base.clone();
+                let mut i = 0u64;
+                let blocks = extents * E / 4096;
+                // At least 200 writes, and on until the rebuild is done.
+                while i < 200 || !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let block = (i * 7919) % blocks;
+                    let data = pattern(1000 + i, 4096);
+                    v.write_at(block * 4096, &data, false).unwrap();
+                    let at = (block * 4096) as usize;
+                    model[at..at + 4096].copy_from_slice(&data);
+                    i += 1;
+                }
+                model
+            });
+            let bytes = rebuild_all(&v);
+            assert_eq!(bytes, todo.len() as u64 * E);
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            writer.join().unwrap()
+        });
+        v.set_rebuilding(false);
+        assert!(v.extents_to_rebuild().is_empty());
+        assert_eq!(v.info().health, VolumeHealth::Healthy);
+        for extent in 0..extents {
+            let devices = copy_devices(&v, extent);
+            assert_eq!(devices.len(), 2);
+            assert!(
+                !devices.contains(&failed),
+                "extent {extent} still on {failed}"
+            );
+            assert_ne!(
+                devices[0], devices[1],
+                "extent {extent}: both copies on one device"
+            );
+        }
+        let len = (extents * E) as usize;
+        assert!(
+            replica_bytes(&v, 0, 0, len) == model,
+            "replica 0 differs from the model"
+        );
+        assert!(
+            replica_bytes(&v, 1, 0, len) == model,
+            "replica 1 differs from the model"
+        );
+        let report = v.scrub().unwrap();
+        assert_eq!(report.extents_checked, extents);
+        assert_eq!(report.mismatches, 0);
+        v.flush().unwrap();
+        expected = model;
+    }
+    // The swapped map entries are durable.
+    let store = Store::open(&cfg).unwrap();
+    let v = store.open_volume("v").unwrap();
+    assert_eq!(v.info().health, VolumeHealth::Healthy);
+    assert!(v.extents_to_rebuild().is_empty());
+    let len = expected.len();
+    assert!(replica_bytes(&v, 0, 0, len) == expected);
+    assert!(replica_bytes(&v, 1, 0, len) == expected);
+}
+
+#[test]
+fn a_rebuild_without_a_free_healthy_device_leaves_the_volume_degraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&config(&dir, 2)).unwrap();
+    let v = replicated(&store, "v", 4 * E, 2);
+    v.write_at(0, &pattern(41, E as usize), false).unwrap();
+    v.flush().unwrap();
+    store.fail_device(1).unwrap();
+    assert_eq!(v.extents_to_rebuild(), vec![0]);
+    assert_eq!(v.rebuild_extent(0).unwrap(), RebuildStep::NoPlacement);
+    assert_eq!(v.info().health, VolumeHealth::Degraded);
+    assert_eq!(read_vec(&v, 0, E as usize), pattern(41, E as usize));
+}
+
+/// Overwrites `data` at byte `offset` of replica `replica` of logical extent `extent` in its
+/// device file, behind the store's back (a silent corruption).
+fn corrupt_copy(dir: &TempDir, v: &Volume, replica: u8, extent: u64, offset: u64, data: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let loc = v.replica_location(replica, extent).unwrap();
+    let path = dir.path().join(format!("devices/dev-{}.img", loc.device));
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(data, loc.offset_bytes + offset).unwrap();
+}
+
+#[test]
+fn a_scrub_repairs_a_corrupted_copy_from_the_majority_and_reports_two_disagreeing_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&config(&dir, 3)).unwrap();
+    let v = replicated(&store, "three", 4 * E, 3);
+    let data = pattern(51, (2 * E) as usize);
+    v.write_at(0, &data, false).unwrap();
+    v.flush().unwrap();
+    assert_eq!(v.scrub().unwrap().mismatches, 0);
+    // Two chunks of replica 2 and one of replica 0 go bad.
+    corrupt_copy(&dir, &v, 2, 0, 4096, &[0xAB; 512]);
+    corrupt_copy(&dir, &v, 2, 1, 700 * 1024, &[0xCD; 4096]);
+    corrupt_copy(&dir, &v, 0, 1, 0, &[0xEF; 100]);
+    assert!(replica_bytes(&v, 2, 4096, 512) != data[4096..4608]);
+    let report = v.scrub().unwrap();
+    assert_eq!(report.extents_checked, 2);
+    assert_eq!(report.mismatches, 3);
+    assert_eq!(report.repaired, 3);
+    for r in 0..3 {
+        assert!(
+            replica_bytes(&v, r, 0, data.len()) == data,
+            "replica {r} not repaired"
+        );
+    }
+    assert_eq!(
+        v.scrub().unwrap(),
+        ScrubReport {
+            extents_checked: 2,
+            mismatches: 0,
+            repaired: 0
+        }
+    );
+
+    let two = replicated(&store, "two", 4 * E, 2);
+    two.write_at(0, &data[..E as usize], false).unwrap();
+    two.flush().unwrap();
+    corrupt_copy(&dir, &two, 1, 0, 8192, &[0x11; 4096]);
+    let report = two.scrub().unwrap();
+    assert_eq!(
+        report,
+        ScrubReport {
+            extents_checked: 1,
+            mismatches: 1,
+            repaired: 0
+        }
+    );
 }

@@ -242,6 +242,9 @@ pub(super) async fn fail_device(
 ) -> ApiResult<Json<DeviceView>> {
     let store = std::sync::Arc::clone(&state.store);
     let info = blocking(move || store.fail_device(id)).await?;
+    if let Some(rebuild) = &state.rebuild {
+        rebuild.wake(); // its lost copies are rebuilt from now
+    }
     let extent_size_bytes = state.store.pool_info().extent_size_bytes;
     Ok(Json(DeviceView::new(&info, extent_size_bytes)))
 }

@@ -59,6 +59,7 @@ pub(crate) async fn metrics(State(state): State<ApiState>) -> Response {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone(),
+        rebuild: state.rebuild.clone(),
     };
     // Reading 10,000 volumes' atomics takes milliseconds: off the runtime threads.
     let text = tokio::task::spawn_blocking(move || scrape.render()).await;
@@ -79,6 +80,7 @@ struct Scrape {
     scheduler: Option<Arc<Scheduler<IoJob>>>,
     store: Arc<Store>,
     arbitration: crate::arbitration::ArbitrationStatus,
+    rebuild: Option<Arc<crate::repair::Rebuilder>>,
 }
 
 impl Scrape {
@@ -428,6 +430,30 @@ impl Collector for Scrape {
             MetricType::Gauge,
         )?;
         gauge(m, gauge_u64(folded))?;
+
+        if let Some(rebuild) = &self.rebuild {
+            let m = encoder.encode_descriptor(
+                "headroom_rebuild_bytes",
+                "Bytes copied by rebuilds of lost copies since the node started",
+                None,
+                MetricType::Counter,
+            )?;
+            counter(m, rebuild.bytes_total())?;
+            let m = encoder.encode_descriptor(
+                "headroom_rebuild_extents_remaining",
+                "Lost copies (2 MiB extents) of replicated volumes still to rebuild",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(m, gauge_u64(rebuild.extents_remaining()))?;
+            let m = encoder.encode_descriptor(
+                "headroom_rebuild_rate_bytes_per_second",
+                "The rate the rebuild is paced at (PUT /v1/rebuild)",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(m, gauge_u64(rebuild.rate_bytes_per_s()))?;
+        }
 
         if let Some(scheduler) = &self.scheduler {
             let capacity = scheduler.capacity_per_second().dims();

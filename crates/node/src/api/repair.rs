@@ -1,0 +1,117 @@
+//! Repair over the API: the rebuild task's state and rate (`GET`/`PUT /v1/rebuild`) and a
+//! volume's scrub (`POST /v1/volumes/{name}/scrub`). A module of its own so the volume routes
+//! stay about volumes' configuration, and the rebuild's JSON types stay out of the store.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use headroom_store::ScrubReport;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{ApiError, ApiErrorBody, ApiResult, ApiState, blocking};
+use crate::repair::RebuildView;
+
+pub(super) fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/v1/rebuild", get(show_rebuild).put(set_rebuild))
+        .route("/v1/volumes/{name}/scrub", post(scrub_volume))
+}
+
+/// Body of `PUT /v1/rebuild`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetRebuild {
+    /// The rate the rebuild copies at, bytes per second (1 to 10 GiB/s).
+    pub rate_bytes_per_s: u64,
+}
+
+/// Highest rate `PUT /v1/rebuild` accepts: 10 GiB/s, beyond any device a node has.
+const MAX_REBUILD_RATE_BYTES_PER_S: u64 = 10 << 30;
+
+fn rebuilder(state: &ApiState) -> ApiResult<&std::sync::Arc<crate::repair::Rebuilder>> {
+    state.rebuild.as_ref().ok_or_else(|| {
+        ApiError::Request(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "this node runs no rebuild task".into(),
+        )
+    })
+}
+
+/// The rebuild task: its rate, bytes copied, extents remaining and each volume's progress.
+#[utoipa::path(get, path = "/v1/rebuild", tag = "node",
+    responses((status = 200, body = RebuildView),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
+pub(super) async fn show_rebuild(State(state): State<ApiState>) -> ApiResult<Json<RebuildView>> {
+    Ok(Json(rebuilder(&state)?.view()))
+}
+
+/// Changes the rebuild's rate live; a running copy follows from its next extent (2 MiB).
+#[utoipa::path(put, path = "/v1/rebuild", tag = "node", request_body = SetRebuild,
+    responses((status = 200, body = RebuildView),
+        (status = 400, description = "Rate out of range (`invalid_rate`)", body = ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
+pub(super) async fn set_rebuild(
+    State(state): State<ApiState>,
+    body: Result<Json<SetRebuild>, JsonRejection>,
+) -> ApiResult<Json<RebuildView>> {
+    let Json(body) = body?;
+    if !(1..=MAX_REBUILD_RATE_BYTES_PER_S).contains(&body.rate_bytes_per_s) {
+        return Err(ApiError::Request(
+            StatusCode::BAD_REQUEST,
+            "invalid_rate",
+            format!("rate_bytes_per_s must be 1 to {MAX_REBUILD_RATE_BYTES_PER_S}"),
+        ));
+    }
+    let rebuild = rebuilder(&state)?;
+    rebuild.set_rate(body.rate_bytes_per_s);
+    tracing::info!(
+        rate_bytes_per_s = body.rate_bytes_per_s,
+        "rebuild rate changed"
+    );
+    Ok(Json(rebuild.view()))
+}
+
+/// Compares the copies of every allocated extent of a replicated volume (64 KiB chunks) and
+/// repairs a chunk from the majority when there is one (3 copies); synchronous. A
+/// 1-replica volume checks nothing.
+#[utoipa::path(post, path = "/v1/volumes/{name}/scrub", tag = "volumes",
+    params(("name" = String, Path, description = "Volume name")),
+    responses((status = 200, body = ScrubView),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "No such volume", body = ApiErrorBody)))]
+pub(super) async fn scrub_volume(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ScrubView>> {
+    let volume = state.store.open_volume(&name)?;
+    let report = blocking(move || volume.scrub()).await?;
+    tracing::info!(volume = %name, ?report, "scrub done");
+    Ok(Json(report.into()))
+}
+
+/// Body of `POST /v1/volumes/{name}/scrub`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+pub struct ScrubView {
+    /// Allocated extents whose copies on healthy devices were compared.
+    pub extents_checked: u64,
+    /// 64 KiB chunks whose copies disagreed.
+    pub mismatches: u64,
+    /// Of those, chunks rewritten from the majority (3 copies; 2 disagreeing copies are
+    /// reported only).
+    pub repaired: u64,
+}
+
+impl From<ScrubReport> for ScrubView {
+    fn from(r: ScrubReport) -> Self {
+        ScrubView {
+            extents_checked: r.extents_checked,
+            mismatches: r.mismatches,
+            repaired: r.repaired,
+        }
+    }
+}

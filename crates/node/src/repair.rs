@@ -1,0 +1,276 @@
+//! The node's rebuild task: when a device fails, the lost copies of replicated volumes are
+//! copied again onto healthy devices (`Volume::rebuild_extent`, one 2 MiB extent at a time),
+//! at a rate the operator sets live (`PUT /v1/rebuild`), with its progress in the API, the
+//! CLI and the metrics. Why a module of its own: the store only knows how to repair one
+//! extent; deciding when to start, how fast to go and what to report is the node's.
+//!
+//! Pacing (first version): the task paces itself at `rate_bytes_per_s` (extents start no
+//! earlier than the rate allows since the last rate change); it is not yet a tenant of the
+//! QoS scheduler, so its bytes are not charged against the node's capacity. See
+//! docs/ARCHITECTURE.md (rebuild decision) for why and for the plan.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use headroom_store::{RebuildStep, Store, VolumeHealth};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// The rebuild rate a node starts with: 64 MiB/s (a 100 GiB copy set in about 27 minutes),
+/// well under a disk's sequential bandwidth so client I/O keeps most of the device.
+pub const DEFAULT_REBUILD_RATE_BYTES_PER_S: u64 = 64 << 20;
+
+/// How often the task looks for degraded volumes when nothing wakes it.
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A volume's rebuild, as `volume show` and `GET /v1/rebuild` show it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RebuildProgress {
+    pub volume: String,
+    /// `running`, `done`, `waiting` (no healthy device with a free extent outside the
+    /// extent's other copies: the volume stays degraded) or `lost` (some extent has no copy
+    /// left on a healthy device).
+    pub state: String,
+    pub extents_done: u64,
+    pub extents_total: u64,
+    /// Bytes copied per second since this rebuild started (or the rate last changed).
+    pub bytes_per_s: u64,
+    /// Why it is not running, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Body of `GET` and `PUT /v1/rebuild`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RebuildView {
+    /// The rate the rebuild is paced at, bytes per second.
+    pub rate_bytes_per_s: u64,
+    /// Bytes copied by rebuilds since the node started.
+    pub bytes_total: u64,
+    /// Lost copies (extents) still to rebuild, every volume.
+    pub extents_remaining: u64,
+    /// The latest rebuild of each volume that needed one since the node started.
+    pub volumes: Vec<RebuildProgress>,
+}
+
+/// The rebuild task's state, shared with the API.
+#[derive(Debug)]
+pub struct Rebuilder {
+    rate_bytes_per_s: AtomicU64,
+    bytes_total: AtomicU64,
+    extents_remaining: AtomicU64,
+    /// By volume name.
+    progress: Mutex<BTreeMap<String, RebuildProgress>>,
+    /// Bumped by `wake` (a device failed, the rate changed); the task waits on it.
+    generation: Mutex<u64>,
+    changed: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Rebuilder {
+    /// Starts the task on its own thread. It holds the store weakly and ends when the store
+    /// is gone (the node stopped).
+    pub fn start(store: &Arc<Store>, rate_bytes_per_s: u64) -> std::io::Result<Arc<Rebuilder>> {
+        let me = Arc::new(Rebuilder {
+            rate_bytes_per_s: AtomicU64::new(rate_bytes_per_s.max(1)),
+            bytes_total: AtomicU64::new(0),
+            extents_remaining: AtomicU64::new(0),
+            progress: Mutex::new(BTreeMap::new()),
+            generation: Mutex::new(0),
+            changed: Condvar::new(),
+        });
+        let task = Arc::clone(&me);
+        let store = Arc::downgrade(store);
+        std::thread::Builder::new()
+            .name("headroom-rebuild".into())
+            .spawn(move || task.run(&store))?;
+        Ok(me)
+    }
+
+    pub fn rate_bytes_per_s(&self) -> u64 {
+        self.rate_bytes_per_s.load(Ordering::Acquire)
+    }
+
+    /// Changes the rate live (at least 1 byte/s); the running copy follows from its next extent.
+    pub fn set_rate(&self, rate_bytes_per_s: u64) {
+        self.rate_bytes_per_s
+            .store(rate_bytes_per_s.max(1), Ordering::Release);
+        self.wake();
+    }
+
+    /// Makes the task look for work now (a device was failed).
+    pub fn wake(&self) {
+        *lock(&self.generation) += 1;
+        self.changed.notify_all();
+    }
+
+    pub fn bytes_total(&self) -> u64 {
+        self.bytes_total.load(Ordering::Relaxed)
+    }
+
+    pub fn extents_remaining(&self) -> u64 {
+        self.extents_remaining.load(Ordering::Relaxed)
+    }
+
+    /// The latest rebuild of volume `name`, if it needed one since the node started.
+    pub fn progress(&self, name: &str) -> Option<RebuildProgress> {
+        lock(&self.progress).get(name).cloned()
+    }
+
+    pub fn view(&self) -> RebuildView {
+        RebuildView {
+            rate_bytes_per_s: self.rate_bytes_per_s(),
+            bytes_total: self.bytes_total(),
+            extents_remaining: self.extents_remaining(),
+            volumes: lock(&self.progress).values().cloned().collect(),
+        }
+    }
+
+    /// Waits until `deadline` or a `wake`, whichever first.
+    fn wait_until(&self, deadline: Instant) {
+        let mut generation = lock(&self.generation);
+        let seen = *generation;
+        while *generation == seen {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            generation = self
+                .changed
+                .wait_timeout(generation, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn run(&self, store: &Weak<Store>) {
+        loop {
+            self.pass(store);
+            self.wait_until(Instant::now() + POLL_INTERVAL);
+            if store.strong_count() == 0 {
+                return;
+            }
+        }
+    }
+
+    /// One look at every replicated volume: rebuilds the lost copies of each degraded one.
+    /// The store (and a volume, which holds the store's state) is held only while one extent
+    /// is copied, never while waiting, so a node that stops is not kept from closing its
+    /// store cleanly by a slow rebuild.
+    fn pass(&self, weak: &Weak<Store>) {
+        let Some(store) = weak.upgrade() else { return };
+        let degraded: Vec<_> = store
+            .list_volumes()
+            .into_iter()
+            .filter(|v| v.replicas > 1 && v.health != VolumeHealth::Healthy)
+            .collect();
+        let mut remaining = 0u64;
+        for info in &degraded {
+            let Ok(volume) = store.open_volume(&info.name) else {
+                continue;
+            };
+            remaining += volume.extents_to_rebuild().len() as u64;
+        }
+        self.extents_remaining.store(remaining, Ordering::Relaxed);
+        drop(store);
+        for info in degraded {
+            let Some(store) = weak.upgrade() else { return };
+            let Ok(volume) = store.open_volume(&info.name) else {
+                continue;
+            };
+            let todo = volume.extents_to_rebuild();
+            if todo.is_empty() {
+                continue;
+            }
+            let mut progress = RebuildProgress {
+                volume: info.name.clone(),
+                state: "running".into(),
+                extents_total: todo.len() as u64,
+                ..RebuildProgress::default()
+            };
+            let previous = lock(&self.progress).insert(info.name.clone(), progress.clone());
+            let changed = previous.as_ref().is_none_or(|p| p.state != "waiting");
+            if changed {
+                tracing::info!(volume = %info.name, extents = todo.len(), "rebuild started");
+            }
+            volume.set_rebuilding(true);
+            drop((volume, store));
+            let mut rate = self.rate_bytes_per_s();
+            let mut origin = Instant::now();
+            let mut bytes_since_origin = 0u64;
+            for extent in todo {
+                // Pacing: the next extent starts when the bytes copied since the origin fit
+                // the rate; a rate change restarts the count.
+                loop {
+                    let now_rate = self.rate_bytes_per_s();
+                    if now_rate != rate {
+                        rate = now_rate;
+                        origin = Instant::now();
+                        bytes_since_origin = 0;
+                    }
+                    let due =
+                        origin + Duration::from_secs_f64(bytes_since_origin as f64 / rate as f64);
+                    if Instant::now() >= due {
+                        break;
+                    }
+                    self.wait_until(due);
+                }
+                let Some(store) = weak.upgrade() else { return };
+                let Ok(volume) = store.open_volume(&info.name) else {
+                    break; // deleted meanwhile
+                };
+                let step = volume.rebuild_extent(extent);
+                drop((volume, store));
+                match step {
+                    Ok(RebuildStep::Rebuilt { bytes }) => {
+                        bytes_since_origin += bytes;
+                        self.bytes_total.fetch_add(bytes, Ordering::Relaxed);
+                        progress.extents_done += 1;
+                    }
+                    Ok(RebuildStep::Complete) => progress.extents_done += 1,
+                    Ok(RebuildStep::NoPlacement) => {
+                        progress.state = "waiting".into();
+                        progress.reason = Some(
+                            "no healthy device with a free extent outside the extent's other \
+                             copies: add a device"
+                                .into(),
+                        );
+                        break;
+                    }
+                    Ok(RebuildStep::Lost) => {
+                        progress.state = "lost".into();
+                        progress.reason =
+                            Some(format!("extent {extent} has no copy on a healthy device"));
+                    }
+                    Err(e) => {
+                        tracing::warn!(volume = %info.name, extent, error = %e, "rebuild of an extent failed; retrying later");
+                        progress.state = "waiting".into();
+                        progress.reason = Some(format!("extent {extent}: {e}"));
+                        break;
+                    }
+                }
+                self.extents_remaining
+                    .store(remaining.saturating_sub(1), Ordering::Relaxed);
+                remaining = remaining.saturating_sub(1);
+                let elapsed_s = origin.elapsed().as_secs_f64();
+                if elapsed_s > 0.0 {
+                    progress.bytes_per_s = (bytes_since_origin as f64 / elapsed_s) as u64;
+                }
+                lock(&self.progress).insert(info.name.clone(), progress.clone());
+            }
+            if progress.state == "running" {
+                progress.state = "done".into();
+                tracing::info!(volume = %info.name, extents = progress.extents_done, "rebuild done");
+            }
+            if let Some(volume) = weak.upgrade().and_then(|s| s.open_volume(&info.name).ok()) {
+                volume.set_rebuilding(false);
+            }
+            lock(&self.progress).insert(info.name.clone(), progress);
+        }
+    }
+}
