@@ -4,23 +4,56 @@
 //! CLI and the metrics. Why a module of its own: the store only knows how to repair one
 //! extent; deciding when to start, how fast to go and what to report is the node's.
 //!
-//! Pacing (first version): the task paces itself at `rate_bytes_per_s` (extents start no
-//! earlier than the rate allows since the last rate change); it is not yet a tenant of the
-//! QoS scheduler, so its bytes are not charged against the node's capacity. See
-//! docs/ARCHITECTURE.md (rebuild decision) for why and for the plan.
+//! Pacing: with a QoS scheduler the rebuild is a tenant of it. It is registered as a volume
+//! of its own (key [`REBUILD_SCHEDULER_KEY`]) whose QoS is a fixed rate of
+//! `rate_bytes_per_s` (baseline = ceiling, no burst), and every extent copy waits for the
+//! policy to dispatch a grant of its size (`session::Grant`): the policy charges the copy
+//! against the node's capacity like any request, so the rebuild takes its share and no
+//! more, and a rate change is a QoS change of that volume, applied at once. Without a
+//! scheduler (`--policy off`) the task paces itself at the same rate. See
+//! docs/ARCHITECTURE.md (rebuild decision).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use headroom_qos::{IoRate, OpKind, VolumeQos};
 use headroom_store::{RebuildStep, Store, VolumeHealth};
+
+use crate::scheduler::{IoDesc, Scheduler, VolumeHandle};
+use crate::session::{Grant, IoJob, IoRuntime};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// The rebuild rate a node starts with: 64 MiB/s (a 100 GiB copy set in about 27 minutes),
 /// well under a disk's sequential bandwidth so client I/O keeps most of the device.
 pub const DEFAULT_REBUILD_RATE_BYTES_PER_S: u64 = 64 << 20;
+
+/// The rebuild's volume key in the scheduler (no store volume has it: store ids count up
+/// from 1).
+pub const REBUILD_SCHEDULER_KEY: u64 = u64::MAX;
+
+/// How long a copy waits for its grant before the task checks that the node still runs.
+const GRANT_WAIT: Duration = Duration::from_millis(200);
+
+/// The rebuild's seat in the QoS scheduler.
+#[derive(Debug)]
+pub struct SchedulerSeat {
+    pub io: Arc<IoRuntime>,
+    pub scheduler: Arc<Scheduler<IoJob>>,
+    handle: Arc<VolumeHandle>,
+}
+
+/// The scheduler QoS of a rebuild at `rate_bytes_per_s`: that many bytes per second, as
+/// baseline and ceiling, in extent-sized operations.
+pub fn rebuild_qos(rate_bytes_per_s: u64) -> VolumeQos {
+    let rate = rate_bytes_per_s.max(1);
+    VolumeQos::fixed(IoRate {
+        iops: rate.div_ceil(headroom_store::EXTENT_SIZE_BYTES).max(1),
+        bytes_per_s: rate,
+    })
+}
 
 /// How often the task looks for degraded volumes when nothing wakes it.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -63,6 +96,8 @@ pub struct Rebuilder {
     extents_remaining: AtomicU64,
     /// By volume name.
     progress: Mutex<BTreeMap<String, RebuildProgress>>,
+    /// `None`: no scheduler, the task paces itself.
+    seat: Option<SchedulerSeat>,
     /// Bumped by `wake` (a device failed, the rate changed); the task waits on it.
     generation: Mutex<u64>,
     changed: Condvar,
@@ -75,8 +110,23 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Rebuilder {
     /// Starts the task on its own thread. It holds the store weakly and ends when the store
     /// is gone (the node stopped).
-    pub fn start(store: &Arc<Store>, rate_bytes_per_s: u64) -> std::io::Result<Arc<Rebuilder>> {
+    /// With `scheduler`, every copy is a grant of the scheduler at the rebuild's own QoS.
+    pub fn start(
+        store: &Arc<Store>,
+        rate_bytes_per_s: u64,
+        scheduler: Option<(Arc<IoRuntime>, Arc<Scheduler<IoJob>>)>,
+    ) -> std::io::Result<Arc<Rebuilder>> {
+        let seat = scheduler.map(|(io, scheduler)| {
+            let handle =
+                scheduler.add_volume(REBUILD_SCHEDULER_KEY, &rebuild_qos(rate_bytes_per_s));
+            SchedulerSeat {
+                io,
+                scheduler,
+                handle,
+            }
+        });
         let me = Arc::new(Rebuilder {
+            seat,
             rate_bytes_per_s: AtomicU64::new(rate_bytes_per_s.max(1)),
             bytes_total: AtomicU64::new(0),
             extents_remaining: AtomicU64::new(0),
@@ -100,7 +150,16 @@ impl Rebuilder {
     pub fn set_rate(&self, rate_bytes_per_s: u64) {
         self.rate_bytes_per_s
             .store(rate_bytes_per_s.max(1), Ordering::Release);
+        if let Some(seat) = &self.seat {
+            seat.scheduler
+                .update_qos(&seat.handle, &rebuild_qos(rate_bytes_per_s));
+        }
         self.wake();
+    }
+
+    /// Whether the copies go through the QoS scheduler.
+    pub fn scheduled(&self) -> bool {
+        self.seat.is_some()
     }
 
     /// Makes the task look for work now (a device was failed).
@@ -204,9 +263,9 @@ impl Rebuilder {
             let mut origin = Instant::now();
             let mut bytes_since_origin = 0u64;
             for extent in todo {
-                // Pacing: the next extent starts when the bytes copied since the origin fit
-                // the rate; a rate change restarts the count.
-                loop {
+                // Pacing without a scheduler: the next extent starts when the bytes copied
+                // since the origin fit the rate; a rate change restarts the count.
+                while self.seat.is_none() {
                     let now_rate = self.rate_bytes_per_s();
                     if now_rate != rate {
                         rate = now_rate;
@@ -220,12 +279,43 @@ impl Rebuilder {
                     }
                     self.wait_until(due);
                 }
+                // With a scheduler: the copy waits for the policy's grant of its size.
+                let grant = match &self.seat {
+                    Some(seat) => {
+                        let pending = Grant::submit(
+                            &seat.io,
+                            &seat.scheduler,
+                            &seat.handle,
+                            IoDesc {
+                                op: OpKind::Write,
+                                offset_bytes: extent * headroom_store::EXTENT_SIZE_BYTES,
+                                len_bytes: headroom_store::EXTENT_SIZE_BYTES as u32,
+                            },
+                        );
+                        let ticket = loop {
+                            if let Some(ticket) = pending.wait(GRANT_WAIT) {
+                                break ticket;
+                            }
+                            if weak.strong_count() == 0 {
+                                return; // the node stopped; dropping `pending` gives it up
+                            }
+                        };
+                        Some((seat, ticket))
+                    }
+                    None => None,
+                };
                 let Some(store) = weak.upgrade() else { return };
                 let Ok(volume) = store.open_volume(&info.name) else {
+                    if let Some((seat, ticket)) = grant {
+                        Grant::complete(&seat.io, &seat.scheduler, ticket);
+                    }
                     break; // deleted meanwhile
                 };
                 let step = volume.rebuild_extent(extent);
                 drop((volume, store));
+                if let Some((seat, ticket)) = grant {
+                    Grant::complete(&seat.io, &seat.scheduler, ticket);
+                }
                 match step {
                     Ok(RebuildStep::Rebuilt { bytes }) => {
                         bytes_since_origin += bytes;

@@ -251,7 +251,7 @@ impl Node {
         let ctx = Arc::new(SessionContext {
             store: Arc::clone(&store),
             limits: config.limits.clone(),
-            io,
+            io: Arc::clone(&io),
             scheduler: scheduler.clone(),
             tls,
             tls_required: config.tls.as_ref().is_some_and(|tls| tls.required),
@@ -274,8 +274,12 @@ impl Node {
             crate::timeline::DEFAULT_SAMPLE_INTERVAL_MS,
         );
         let sampler_task = tokio::spawn(Arc::clone(&timeline).run(stop_rx.clone()));
-        let rebuild = crate::repair::Rebuilder::start(&store, config.rebuild_rate_bytes_per_s)
-            .map_err(NodeError::Workers)?;
+        let rebuild = crate::repair::Rebuilder::start(
+            &store,
+            config.rebuild_rate_bytes_per_s,
+            scheduler.clone().map(|s| (Arc::clone(&io), s)),
+        )
+        .map_err(NodeError::Workers)?;
         let api_state = crate::api::ApiState {
             rebuild: Some(rebuild),
             store: Arc::clone(&store),

@@ -1095,7 +1095,7 @@ where
                 let split =
                     SplitRequest::new(&request, pieces.len(), permits, Arc::clone(&path), tally);
                 for (index, piece) in pieces.into_iter().enumerate() {
-                    submit(IoJob {
+                    submit(IoJob::Client(ClientJob {
                         volume: Arc::clone(&volume),
                         request: piece,
                         write_payload: None,
@@ -1104,14 +1104,14 @@ where
                             split: Arc::clone(&split),
                             index,
                         },
-                    });
+                    }));
                 }
                 continue;
             }
             // With structured replies, a READ of a hole is answered by a hole chunk instead of
             // zeros (as qemu-nbd does), unless the client asked for one data chunk (DF).
             let sparse_read = negotiated.structured && !request.df;
-            submit(IoJob {
+            submit(IoJob::Client(ClientJob {
                 volume: Arc::clone(&volume),
                 request,
                 write_payload,
@@ -1121,7 +1121,7 @@ where
                     reply: Arc::clone(&path),
                     tally,
                 },
-            });
+            }));
         }
     };
     let result = tokio::select! {
@@ -1321,9 +1321,166 @@ impl Answer {
     }
 }
 
+/// What the scheduler runs: a client's request, or a grant for the node's own work (the
+/// rebuild of lost copies), which is charged and paced by the same policy as a tenant of its
+/// own, so that it takes its share of the node and no more.
+#[derive(Debug)]
+pub enum IoJob {
+    Client(ClientJob),
+    Grant(Grant),
+}
+
+impl IoJob {
+    /// The request as the scheduler sees it.
+    fn desc(&self) -> IoDesc {
+        match self {
+            IoJob::Client(job) => job.desc(),
+            IoJob::Grant(grant) => grant.desc,
+        }
+    }
+}
+
+/// Node-internal work that waits for the scheduler: submitted with
+/// [`Grant::submit`], dispatched by the policy like a request (the runner then hands the
+/// ticket over instead of running anything), done by the submitter, and completed with
+/// [`Grant::complete`], which is when the policy learns the work is over.
+#[derive(Debug)]
+pub struct Grant {
+    desc: IoDesc,
+    slot: Arc<GrantSlot>,
+}
+
+/// Where a dispatched grant's ticket waits for its submitter.
+#[derive(Debug, Default)]
+pub struct GrantSlot {
+    state: Mutex<GrantState>,
+    dispatched: std::sync::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GrantState {
+    ticket: Option<Ticket>,
+    /// The submitter stopped waiting: a later dispatch completes the grant at once.
+    abandoned: bool,
+}
+
+impl Grant {
+    /// Submits `desc` for `handle` (a volume key the caller registered with
+    /// `Scheduler::add_volume`); [`PendingGrant::wait`] then blocks until the policy
+    /// dispatches it. Dropping the pending grant before that gives it up: it is completed as
+    /// soon as it is dispatched, so the scheduler's books stay right.
+    pub fn submit(
+        io: &Arc<IoRuntime>,
+        scheduler: &Arc<Scheduler<IoJob>>,
+        handle: &Arc<VolumeHandle>,
+        desc: IoDesc,
+    ) -> PendingGrant {
+        let slot = Arc::new(GrantSlot::default());
+        let mut ready = Vec::new();
+        scheduler.submit(
+            handle,
+            desc,
+            IoJob::Grant(Grant {
+                desc,
+                slot: Arc::clone(&slot),
+            }),
+            &mut ready,
+        );
+        if !ready.is_empty() {
+            run_ready(io, Some(scheduler), ready);
+        }
+        PendingGrant {
+            slot,
+            io: Arc::clone(io),
+            scheduler: Arc::clone(scheduler),
+        }
+    }
+
+    /// The work a dispatched grant admitted is done: the policy is told, and whatever that
+    /// releases runs.
+    pub fn complete(io: &Arc<IoRuntime>, scheduler: &Arc<Scheduler<IoJob>>, ticket: Ticket) {
+        let mut released = Vec::new();
+        scheduler.complete_at(ticket, io.clock.now_ns(), &mut released);
+        if !released.is_empty() {
+            run_ready(io, Some(scheduler), released);
+        }
+    }
+
+    /// The runner's side: hands the ticket to the waiting submitter, or completes it at once
+    /// when nobody waits any more. Returns what that completion released.
+    fn dispatched(
+        self,
+        io: &IoRuntime,
+        scheduler: Option<&Arc<Scheduler<IoJob>>>,
+        admission: Admission,
+    ) -> Option<Vec<Ready<IoJob>>> {
+        let Scheduled(ticket) = admission else {
+            return None;
+        };
+        let mut state = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !state.abandoned {
+            state.ticket = Some(ticket);
+            drop(state);
+            self.slot.dispatched.notify_all();
+            return None;
+        }
+        drop(state);
+        let scheduler = scheduler?;
+        let mut released = Vec::new();
+        scheduler.complete_at(ticket, io.clock.now_ns(), &mut released);
+        Some(released)
+    }
+}
+
+/// A submitted grant whose submitter waits for its dispatch ([`Grant::submit`]).
+#[derive(Debug)]
+pub struct PendingGrant {
+    slot: Arc<GrantSlot>,
+    io: Arc<IoRuntime>,
+    scheduler: Arc<Scheduler<IoJob>>,
+}
+
+impl PendingGrant {
+    /// The ticket once the policy dispatched the grant, or `None` after `timeout` (call
+    /// again to keep waiting).
+    pub fn wait(&self, timeout: Duration) -> Option<Ticket> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut state = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(t) = state.ticket.take() {
+                return Some(t);
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            state = self
+                .slot
+                .dispatched
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for PendingGrant {
+    fn drop(&mut self) {
+        // Under the lock, so a dispatch either came before (its ticket is here) or sees this
+        // and completes the grant itself.
+        let mut state = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.abandoned = true;
+        let ticket = state.ticket.take();
+        drop(state);
+        if let Some(ticket) = ticket {
+            Grant::complete(&self.io, &self.scheduler, ticket);
+        }
+    }
+}
+
 /// One validated request (or piece of one) with everything needed to run it and answer it.
 #[derive(Debug)]
-pub struct IoJob {
+pub struct ClientJob {
     volume: Arc<Volume>,
     request: nbd::ValidRequest,
     write_payload: Option<PooledBuffer>,
@@ -1332,7 +1489,7 @@ pub struct IoJob {
     answer: Answer,
 }
 
-impl IoJob {
+impl ClientJob {
     /// The request as the scheduler sees it. Every request is charged, reads of holes too.
     fn desc(&self) -> IoDesc {
         let (op, len_bytes) = match self.request.command {
@@ -1428,6 +1585,10 @@ fn run_job(
     job: IoJob,
     admission: Admission,
 ) -> Option<Vec<Ready<IoJob>>> {
+    let job = match job {
+        IoJob::Client(job) => job,
+        IoJob::Grant(grant) => return grant.dispatched(io, scheduler, admission),
+    };
     // `None`: it went to the cluster asynchronously and is answered from its completion.
     let (job, admission) = start_async(io, scheduler, job, admission)?;
     if !job.runs_on_executor(io) {
@@ -1465,9 +1626,9 @@ fn run_job(
 fn start_async(
     io: &Arc<IoRuntime>,
     scheduler: Option<&Arc<Scheduler<IoJob>>>,
-    job: IoJob,
+    job: ClientJob,
     admission: Admission,
-) -> Option<(IoJob, Admission)> {
+) -> Option<(ClientJob, Admission)> {
     let write = match job.request.command {
         nbd::Command::Read => false,
         nbd::Command::Write if !job.request.fua => true,
@@ -1484,7 +1645,7 @@ fn start_async(
         Ok(Some(request)) => Ok(request),
         Err(err) => Err(err),
     };
-    let IoJob {
+    let ClientJob {
         request: nbd_request,
         write_payload,
         answer,
@@ -1575,12 +1736,12 @@ fn start_async(
 fn execute_and_finish(
     io: &Arc<IoRuntime>,
     scheduler: Option<&Arc<Scheduler<IoJob>>>,
-    job: IoJob,
+    job: ClientJob,
     admission: Admission,
 ) -> Option<Vec<Ready<IoJob>>> {
     let desc = job.desc();
     let sequential = admission.sequential();
-    let IoJob {
+    let ClientJob {
         volume,
         request,
         write_payload,
@@ -2134,6 +2295,54 @@ mod tests {
         expect[d0] += 1;
         expect[d1] += 1;
         assert_eq!(booked(&devices), expect);
+    }
+
+    #[test]
+    fn a_grant_waits_for_the_policy_and_its_completion_is_charged_to_its_volume() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let io = Arc::new(IoRuntime {
+            executor: None,
+            inline_max_bytes: 0,
+            buffers: Arc::new(BufferPool::new(1 << 20)),
+            emulation: Emulation::Off,
+            clock: Clock::new(),
+            runtime: runtime.handle().clone(),
+            reads: ReadRouter::new(ReadRouting::Primary),
+        });
+        let runner = Arc::new(IoRunner(Arc::clone(&io)));
+        let scheduler =
+            Scheduler::start(&crate::config::QosConfig::default(), io.clock, runner, None).unwrap();
+        let qos = crate::repair::rebuild_qos(64 << 20);
+        let handle = scheduler.add_volume(crate::repair::REBUILD_SCHEDULER_KEY, &qos);
+        let desc = IoDesc {
+            op: OpKind::Write,
+            offset_bytes: 0,
+            len_bytes: E as u32,
+        };
+        // Dispatched (within its rate), handed to the submitter, completed by it.
+        let pending = Grant::submit(&io, &scheduler, &handle, desc);
+        let ticket = pending.wait(Duration::from_secs(10)).expect("dispatched");
+        assert_eq!(handle.counters.snapshot().ios.iter().sum::<u64>(), 0);
+        Grant::complete(&io, &scheduler, ticket);
+        let stats = handle.counters.snapshot();
+        assert_eq!(stats.ios.iter().sum::<u64>(), 1);
+        assert_eq!(stats.bytes.iter().sum::<u64>(), E);
+        drop(pending);
+        // A grant given up before it is taken is still completed (its dispatch does it).
+        let pending = Grant::submit(&io, &scheduler, &handle, desc);
+        drop(pending);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while handle.counters.snapshot().ios.iter().sum::<u64>() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the abandoned grant never completed"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(handle.counters.snapshot().bytes.iter().sum::<u64>(), 2 * E);
+        scheduler.stop();
     }
 
     #[test]
