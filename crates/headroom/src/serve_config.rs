@@ -350,6 +350,8 @@ pub struct StorageSection {
 pub struct RebuildSection {
     /// Bytes per second the rebuild starts at (`PUT /v1/rebuild` changes it live).
     pub rate: Option<Size>,
+    /// Read and write errors after which a device is failed for good (0: never).
+    pub fail_device_after_errors: Option<u64>,
 }
 
 /// `[storage.emulated]`: [`EmulatedDeviceSpec`].
@@ -707,6 +709,9 @@ impl ConfigFile {
             rebuild: match (s.rebuild, l.rebuild) {
                 (Some(s), Some(l)) => Some(RebuildSection {
                     rate: s.rate.or(l.rate),
+                    fail_device_after_errors: s
+                        .fail_device_after_errors
+                        .or(l.fail_device_after_errors),
                 }),
                 (s, l) => s.or(l),
             },
@@ -1228,6 +1233,9 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         .and_then(|e| e.curve.as_ref())
         .map(VopSection::curve);
     config.overcommit_ratio = st.overcommit_ratio;
+    if let Some(errors) = st.rebuild.and_then(|r| r.fail_device_after_errors) {
+        config.fail_device_after_errors = errors;
+    }
     if let Some(rate) = st.rebuild.and_then(|r| r.rate) {
         config.rebuild_rate_bytes_per_s = rate.0.max(1);
     }
@@ -1696,6 +1704,9 @@ mod tests {
         assert_eq!(resolved("").rebuild_rate_bytes_per_s, 64 << 20);
         let c = resolved("[storage.rebuild]\nrate = \"128MiB\"\n");
         assert_eq!(c.rebuild_rate_bytes_per_s, 128 << 20);
+        assert_eq!(c.fail_device_after_errors, 16);
+        let c = resolved("[storage.rebuild]\nfail_device_after_errors = 0\n");
+        assert_eq!(c.fail_device_after_errors, 0);
         assert!(err("[storage.rebuild]\nspeed = 1\n").contains("speed"));
     }
 

@@ -284,6 +284,9 @@ pub struct NodeConfig {
     /// The rate the rebuild of lost copies starts at, bytes per second (`[storage.rebuild]
     /// rate`; `PUT /v1/rebuild` changes it live).
     pub rebuild_rate_bytes_per_s: u64,
+    /// Read and write errors after which a device is failed for good, as `headroom device
+    /// fail` would (`[storage.rebuild] fail_device_after_errors`; 0: never).
+    pub fail_device_after_errors: u64,
     /// Where the settings came from, shown by `GET /v1/node` (informational).
     pub config_file: Option<PathBuf>,
     pub calibration_file: Option<PathBuf>,
@@ -351,6 +354,7 @@ impl NodeConfig {
             api_token: None,
             overcommit_ratio: None,
             rebuild_rate_bytes_per_s: crate::repair::DEFAULT_REBUILD_RATE_BYTES_PER_S,
+            fail_device_after_errors: crate::repair::DEFAULT_FAIL_DEVICE_AFTER_ERRORS,
             config_file: None,
             calibration_file: None,
             arbitration: None,

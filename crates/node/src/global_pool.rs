@@ -27,6 +27,7 @@
 //! with `Policy::set_capacity`.
 
 use headroom_qos::CostVector;
+use headroom_qos::arbitration::proportional;
 use headroom_qos::cost::{DIMENSIONS, mul_div_floor};
 
 /// Part of the node kept as idle floors, over all workers together (permille).
@@ -127,31 +128,6 @@ fn split_dimension(capacity: u64, uses: &[DimensionUse]) -> Vec<u64> {
         shares[w] += left / k + u64::from((i as u64) < left % k);
     }
     shares
-}
-
-/// Splits `total` in proportion to `weights` (equal parts if every weight is 0); the parts add
-/// up to `total` exactly.
-fn proportional(total: u64, weights: &[u64]) -> Vec<u64> {
-    let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
-    let n = weights.len() as u128;
-    let mut parts: Vec<u64> = weights
-        .iter()
-        .map(|&w| {
-            (u128::from(total) * u128::from(w))
-                .checked_div(sum)
-                .unwrap_or(u128::from(total) / n) as u64
-        })
-        .collect();
-    let given: u128 = parts.iter().map(|&p| u128::from(p)).sum();
-    let mut rest = (u128::from(total) - given) as u64;
-    for part in parts.iter_mut() {
-        if rest == 0 {
-            break;
-        }
-        *part += 1;
-        rest -= 1;
-    }
-    parts
 }
 
 #[cfg(test)]

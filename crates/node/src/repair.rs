@@ -34,6 +34,10 @@ pub const DEFAULT_REBUILD_RATE_BYTES_PER_S: u64 = 64 << 20;
 /// from 1).
 pub const REBUILD_SCHEDULER_KEY: u64 = u64::MAX;
 
+/// Read and write errors after which the task fails a device (`[storage.rebuild]
+/// fail_device_after_errors`).
+pub const DEFAULT_FAIL_DEVICE_AFTER_ERRORS: u64 = 16;
+
 /// How long a copy waits for its grant before the task checks that the node still runs.
 const GRANT_WAIT: Duration = Duration::from_millis(200);
 
@@ -98,6 +102,8 @@ pub struct Rebuilder {
     progress: Mutex<BTreeMap<String, RebuildProgress>>,
     /// `None`: no scheduler, the task paces itself.
     seat: Option<SchedulerSeat>,
+    /// Read and write errors after which a device is failed (0: never).
+    fail_device_after_errors: u64,
     /// Bumped by `wake` (a device failed, the rate changed); the task waits on it.
     generation: Mutex<u64>,
     changed: Condvar,
@@ -114,6 +120,7 @@ impl Rebuilder {
     pub fn start(
         store: &Arc<Store>,
         rate_bytes_per_s: u64,
+        fail_device_after_errors: u64,
         scheduler: Option<(Arc<IoRuntime>, Arc<Scheduler<IoJob>>)>,
     ) -> std::io::Result<Arc<Rebuilder>> {
         let seat = scheduler.map(|(io, scheduler)| {
@@ -127,6 +134,7 @@ impl Rebuilder {
         });
         let me = Arc::new(Rebuilder {
             seat,
+            fail_device_after_errors,
             rate_bytes_per_s: AtomicU64::new(rate_bytes_per_s.max(1)),
             bytes_total: AtomicU64::new(0),
             extents_remaining: AtomicU64::new(0),
@@ -217,12 +225,44 @@ impl Rebuilder {
         }
     }
 
+    /// Fails, for good, every device whose reads and writes failed
+    /// `fail_device_after_errors` times or more (the device stats count them since the start).
+    fn fail_erring_devices(&self, store: &Store) {
+        let limit = self.fail_device_after_errors;
+        if limit == 0 {
+            return;
+        }
+        let failed: Vec<bool> = store.pool_info().devices.iter().map(|d| d.failed).collect();
+        let (read, write) = (
+            headroom_store::DeviceOp::Read as usize,
+            headroom_store::DeviceOp::Write as usize,
+        );
+        for (id, stats) in store.device_stats().iter().enumerate() {
+            let errors = stats.ops.get(read).map_or(0, |o| o.errors)
+                + stats.ops.get(write).map_or(0, |o| o.errors);
+            if errors < limit || failed.get(id).copied().unwrap_or(true) {
+                continue;
+            }
+            let Ok(id) = u32::try_from(id) else { continue };
+            match store.fail_device(id) {
+                Ok(_) => {
+                    tracing::warn!(device = id, errors, limit, "device failed after I/O errors");
+                    self.wake();
+                }
+                Err(e) => {
+                    tracing::debug!(device = id, error = %e, "could not fail an erring device")
+                }
+            }
+        }
+    }
+
     /// One look at every replicated volume: rebuilds the lost copies of each degraded one.
     /// The store (and a volume, which holds the store's state) is held only while one extent
     /// is copied, never while waiting, so a node that stops is not kept from closing its
     /// store cleanly by a slow rebuild.
     fn pass(&self, weak: &Weak<Store>) {
         let Some(store) = weak.upgrade() else { return };
+        self.fail_erring_devices(&store);
         let degraded: Vec<_> = store
             .list_volumes()
             .into_iter()
@@ -362,5 +402,65 @@ impl Rebuilder {
             }
             lock(&self.progress).insert(info.name.clone(), progress);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests panic on failure by design
+
+    use super::*;
+    use headroom_store::{FaultConfig, FaultRule, FaultScope, NewVolume};
+
+    #[test]
+    fn a_device_whose_reads_keep_failing_is_failed_for_good() {
+        let store = Arc::new(Store::open_memory(64 << 20).unwrap());
+        store
+            .create_volume_with(
+                "m",
+                16 << 20,
+                NewVolume {
+                    replicas: 2,
+                    ..NewVolume::default()
+                },
+            )
+            .unwrap();
+        let volume = store.open_volume("m").unwrap();
+        volume.write_at(0, &[9u8; 4096], false).unwrap();
+        let mut rule = FaultRule::new(FaultScope::Device(0));
+        rule.eio_read_permille = 1000;
+        store
+            .inject_faults(&FaultConfig {
+                seed: 1,
+                rules: vec![rule],
+            })
+            .unwrap();
+        // Every read tries device 0's copy first, fails there, and is served by the other.
+        let first = volume
+            .copies(0)
+            .iter()
+            .position(|c| c.is_some_and(|(l, _)| l.device == 0))
+            .unwrap();
+        let rebuilder = Rebuilder::start(&store, 1 << 20, 4, None).unwrap();
+        let mut buf = [0u8; 4096];
+        for read in 1..=4 {
+            rebuilder.fail_erring_devices(&store);
+            assert!(
+                !store.pool_info().devices[0].failed,
+                "failed after {read} errors"
+            );
+            volume
+                .read_at_from(0, &mut buf, u8::try_from(first).unwrap())
+                .unwrap();
+            assert_eq!(buf, [9u8; 4096]);
+        }
+        rebuilder.fail_erring_devices(&store);
+        let pool = store.pool_info();
+        assert!(pool.devices[0].failed && !pool.devices[1].failed);
+        assert_eq!(volume.info().health, VolumeHealth::Degraded);
+        // A limit of 0 never fails a device.
+        let never = Rebuilder::start(&store, 1 << 20, 0, None).unwrap();
+        never.fail_erring_devices(&store);
+        assert!(!store.pool_info().devices[1].failed);
     }
 }

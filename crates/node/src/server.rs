@@ -277,6 +277,7 @@ impl Node {
         let rebuild = crate::repair::Rebuilder::start(
             &store,
             config.rebuild_rate_bytes_per_s,
+            config.fail_device_after_errors,
             scheduler.clone().map(|s| (Arc::clone(&io), s)),
         )
         .map_err(NodeError::Workers)?;

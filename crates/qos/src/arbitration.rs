@@ -94,7 +94,7 @@ pub fn shares(capacity: u64, nodes: &[NodeDemand]) -> Vec<u64> {
 
 /// Splits `total` in proportion to `weights` (equal parts if every weight is 0); the parts add
 /// up to `total` exactly (the rounding remainder goes one unit each to the first parts).
-fn proportional(total: u64, weights: &[u64]) -> Vec<u64> {
+pub fn proportional(total: u64, weights: &[u64]) -> Vec<u64> {
     let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
     let n = weights.len() as u128;
     if n == 0 {
