@@ -521,17 +521,6 @@ latency_spike_ms = 20
     server.stop();
 }
 
-/// fio's JSON report from its stdout (the nbd engine prints lines before it).
-fn fio_job(out: &std::process::Output) -> Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let start = stdout
-        .find('{')
-        .unwrap_or_else(|| panic!("no JSON from fio: {}", text(out)));
-    let report: Value = serde_json::from_str(&stdout[start..])
-        .unwrap_or_else(|e| panic!("fio json: {e}: {}", text(out)));
-    report["jobs"][0].clone()
-}
-
 #[test]
 fn a_device_that_disappears_mid_run_fails_every_later_request_on_it_and_spares_the_rest() {
     if !have_tool("fio") {
@@ -621,7 +610,7 @@ disappear_after_ops = 3000
 
     let out = fio.wait_with_output().unwrap();
     assert!(out.status.success(), "fio on b failed: {}", text(&out));
-    let job = fio_job(&out);
+    let job = common::fio_job(&out);
     assert_eq!(job["error"].as_u64(), Some(0), "{job}");
     let fio_writes = job["write"]["total_ios"].as_u64().unwrap();
     let fio_verified = job["read"]["total_ios"].as_u64().unwrap();

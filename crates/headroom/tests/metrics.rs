@@ -64,13 +64,6 @@ fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-/// fio's report (`--output-format=json`; fio may print a line before it).
-fn fio_json(out: &std::process::Output) -> Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let start = stdout.find('{').expect("JSON in fio's output");
-    serde_json::from_str(&stdout[start..]).expect("fio JSON")
-}
-
 /// (I/Os, bytes) of reads and writes in fio's report, over all its jobs.
 fn fio_totals(report: &Value) -> [(u64, u64); 2] {
     let mut totals = [(0u64, 0u64); 2];
@@ -103,7 +96,7 @@ fn counts_match_fio(server: &Server, volume: &str) {
         "--iodepth=4",
         "--number_ios=200",
     ]));
-    let [(reads, read_bytes), (writes, write_bytes)] = fio_totals(&fio_json(&out));
+    let [(reads, read_bytes), (writes, write_bytes)] = fio_totals(&common::fio_report(&out));
     assert!(reads > 0 && writes > 0, "fio did nothing: {reads} {writes}");
     let (body, _) = scrape(server);
     let samples = parse(&body);

@@ -30,17 +30,6 @@ fn show(server: &Server, name: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// fio's JSON report of its one job (the nbd engine prints lines before the JSON).
-fn fio_job(out: &std::process::Output) -> Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let start = stdout
-        .find('{')
-        .unwrap_or_else(|| panic!("no JSON from fio: {}", text(out)));
-    let report: Value = serde_json::from_str(&stdout[start..])
-        .unwrap_or_else(|e| panic!("fio json: {e}: {}", text(out)));
-    report["jobs"][0].clone()
-}
-
 fn fio(server: &Server, volume: &str, extra: &[&str]) -> Command {
     let mut cmd = Command::new("fio");
     cmd.args([
@@ -143,7 +132,7 @@ fn fio_verify_on_a_two_replica_volume_leaves_equal_copies() {
         .output()
         .unwrap();
     assert!(out.status.success(), "fio failed: {}", text(&out));
-    let job = fio_job(&out);
+    let job = common::fio_job(&out);
     assert_eq!(job["error"].as_u64(), Some(0), "{job}");
     let writes = job["write"]["total_ios"].as_u64().unwrap();
     let verified = job["read"]["total_ios"].as_u64().unwrap();
@@ -218,7 +207,7 @@ fn a_device_failed_mid_fio_verify_costs_no_errors_and_is_rebuilt_at_its_rate() {
 
     let out = run.wait_with_output().unwrap();
     assert!(out.status.success(), "fio failed: {}", text(&out));
-    let job = fio_job(&out);
+    let job = common::fio_job(&out);
     assert_eq!(job["error"].as_u64(), Some(0), "{job}");
     let verified = job["read"]["total_ios"].as_u64().unwrap();
     assert!(verified > 0, "{job}");

@@ -243,6 +243,22 @@ fn signal(pid: u32, name: &str) {
         .status();
 }
 
+/// fio's whole JSON report (`--output-format=json`) from its stdout: the nbd engine may print
+/// lines before the JSON.
+pub fn fio_report(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let start = stdout
+        .find('{')
+        .unwrap_or_else(|| panic!("no JSON from fio: {}", text(out)));
+    serde_json::from_str(&stdout[start..])
+        .unwrap_or_else(|e| panic!("fio json: {e}: {}", text(out)))
+}
+
+/// The report of fio's first (or only) job.
+pub fn fio_job(out: &Output) -> serde_json::Value {
+    fio_report(out)["jobs"][0].clone()
+}
+
 /// stdout and stderr of a finished command, for assertion messages.
 pub fn text(out: &Output) -> String {
     format!(
