@@ -14,6 +14,9 @@
 // Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::pattern;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -36,18 +39,6 @@ const FLUSHED: [(u64, usize); 4] = [
 const FUA_OFFSET: u64 = 7 * E + 8192;
 /// Extents of `a` first written after the flush (never flushed).
 const UNFLUSHED: std::ops::Range<u64> = 10..16;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 fn config(dir: &Path) -> StoreConfig {
     StoreConfig {

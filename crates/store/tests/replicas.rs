@@ -6,6 +6,9 @@
 // Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::pattern;
 use headroom_store::{
     DeviceOp, EXTENT_SIZE_BYTES, FaultConfig, FaultRule, FaultScope, NewVolume, RebuildStep,
     ScrubReport, Store, StoreConfig, StoreError, Volume, VolumeHealth,
@@ -14,18 +17,6 @@ use tempfile::TempDir;
 
 const E: u64 = EXTENT_SIZE_BYTES;
 const MIB: u64 = 1 << 20;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 fn config(dir: &TempDir, devices: u32) -> StoreConfig {
     StoreConfig {

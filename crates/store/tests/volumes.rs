@@ -5,6 +5,9 @@
 // Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::pattern;
 use std::sync::Arc;
 
 use headroom_store::{
@@ -14,19 +17,6 @@ use tempfile::TempDir;
 
 const E: u64 = EXTENT_SIZE_BYTES;
 const MIB: u64 = 1 << 20;
-
-/// Deterministic pseudo-random bytes (xorshift), different per seed.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 struct Fixture {
     store: Store,
