@@ -176,6 +176,10 @@ struct ServeArgs {
     /// several per wake-up; adaptive, 0 = off [default: 10 with --memory, 0 with a data directory].
     #[arg(long)]
     coalesce_us: Option<u64>,
+    /// Threads that own the NBD connections (each connection lives on one, reader and writer
+    /// together); 0 = connections share the async runtime's threads [default: one per CPU].
+    #[arg(long)]
+    net_threads: Option<usize>,
     /// Maximum NBD connections at once [default: 256].
     #[arg(long)]
     max_connections: Option<usize>,
@@ -232,6 +236,7 @@ impl ServeArgs {
                 io_threads: self.io_threads,
                 inline_max_bytes: self.inline_max_bytes.map(|b| Size(u64::from(b))),
                 coalesce_us: self.coalesce_us,
+                net_threads: self.net_threads,
             },
             storage: StorageSection {
                 data_dir: self.data_dir.clone(),

@@ -304,6 +304,7 @@ pub struct ServerSection {
     pub io_threads: Option<usize>,
     pub inline_max_bytes: Option<Size>,
     pub coalesce_us: Option<u64>,
+    pub net_threads: Option<usize>,
 }
 
 /// `[storage]`: where the data lives, and an optional emulated device in front of it.
@@ -680,6 +681,7 @@ impl ConfigFile {
             io_threads: s.io_threads.or(l.io_threads),
             inline_max_bytes: s.inline_max_bytes.or(l.inline_max_bytes),
             coalesce_us: s.coalesce_us.or(l.coalesce_us),
+            net_threads: s.net_threads.or(l.net_threads),
         };
         let (s, l) = (self.storage, lower.storage);
         let storage = StorageSection {
@@ -835,6 +837,19 @@ impl ConfigFile {
                 format!(
                     "must be between 0 (off) and {}",
                     headroom_node::config::MAX_COALESCE_US
+                ),
+            ));
+        }
+
+        if let Some(n) = sv.net_threads
+            && n > headroom_node::net_threads::MAX_NET_THREADS
+        {
+            return Err(Invalid::new(
+                "server.net_threads",
+                n,
+                format!(
+                    "must be between 0 (connections on the shared runtime) and {}",
+                    headroom_node::net_threads::MAX_NET_THREADS
                 ),
             ));
         }
@@ -1208,6 +1223,9 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     }
     if let Some(us) = sv.coalesce_us {
         config.coalesce_us = Some(us);
+    }
+    if let Some(n) = sv.net_threads {
+        config.net_threads = Some(n);
     }
     // `check` made sure it fits.
     config.inline_max_bytes = sv
@@ -1772,6 +1790,7 @@ mod tests {
             io_threads = 3
             inline_max_bytes = "16KiB"
             coalesce_us = 35
+            net_threads = 3
             [storage]
             memory = "1GiB"
             [storage.emulated]
@@ -1828,6 +1847,8 @@ mod tests {
         assert_eq!(c.io_threads, 3);
         assert_eq!(c.inline_max_bytes, Some(16 << 10));
         assert_eq!(c.coalesce_us, Some(35));
+        assert_eq!(c.net_threads, Some(3));
+        assert_eq!(c.effective_net_threads(), 3);
         let e = c.emulated_device.expect("emulated device");
         assert_eq!(e.parallelism, 4);
         assert_eq!(e.write_interference_permille, 500);
@@ -2079,6 +2100,10 @@ mod tests {
             (
                 "[server]\ncoalesce_us = 5000",
                 "server.coalesce_us = 5000: must be between 0 (off) and 1000",
+            ),
+            (
+                "[server]\nnet_threads = 257",
+                "server.net_threads = 257: must be between 0 (connections on the shared runtime) and 256",
             ),
             (
                 "[server]\ninline_max_bytes = \"8GiB\"",

@@ -242,3 +242,25 @@ fn fio_randwrite_and_randrw_verify_over_two_connections() {
     fio_verify(&server, "fio", "randrw");
     server.stop();
 }
+
+/// The default puts every connection on a thread of its own (`[server] net_threads`, one per
+/// CPU); both other layouts keep the data intact: connections on the shared runtime (0), and
+/// fio's two connections sharing one connection thread (1).
+#[test]
+fn fio_verify_with_connections_on_the_shared_runtime_and_on_one_thread() {
+    if !have_tool("fio") {
+        return;
+    }
+    for (threads, rw, logged) in [
+        ("0", "randwrite", "connection threads: none"),
+        ("1", "randrw", "connection threads: 1 "),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start_with(&dir.path().join("data"), &["--net-threads", threads]);
+        server.create_volume("fio", "128MiB");
+        fio_verify(&server, "fio", rw);
+        let log = server.log();
+        assert!(log.contains(logged), "--net-threads {threads}: {log}");
+        server.stop();
+    }
+}

@@ -260,6 +260,11 @@ pub struct NodeConfig {
     /// several per wake-up (`node::coalesce`); 0: never. `None`: `DEFAULT_COALESCE_US` for
     /// the memory backend, 0 with a data directory (see `effective_coalesce_us`).
     pub coalesce_us: Option<u64>,
+    /// Threads that own the NBD connections, each a single-threaded runtime a connection
+    /// lives on from accept to close (`node::net_threads`); 0: connections share the
+    /// process's multi-thread runtime instead. `None`: one per CPU (see
+    /// `effective_net_threads`).
+    pub net_threads: Option<usize>,
     /// How I/O is scheduled (policy, capacity, workers, dispatch).
     pub qos: QosConfig,
     /// An emulated device in front of the backend: a known bottleneck for experiments.
@@ -317,6 +322,14 @@ impl NodeConfig {
         }
     }
 
+    /// The connection threads in force (see `net_threads`): one per CPU the process may run
+    /// on by default, capped at `net_threads::MAX_NET_THREADS`.
+    pub fn effective_net_threads(&self) -> usize {
+        self.net_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+            .min(crate::net_threads::MAX_NET_THREADS)
+    }
+
     /// The inline threshold in force (see `inline_max_bytes`), given whether every device
     /// of the opened store keeps its data in RAM (`Store::is_memory_resident`).
     pub fn effective_inline_max_bytes(&self, memory_resident: bool) -> u32 {
@@ -343,6 +356,7 @@ impl NodeConfig {
             limits: Limits::default(),
             io_threads: 2,
             coalesce_us: None,
+            net_threads: None,
             inline_max_bytes: None,
             qos: QosConfig::default(),
             emulated_device: None,

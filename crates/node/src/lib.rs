@@ -20,6 +20,7 @@ pub mod emulated;
 pub mod exec;
 pub mod global_pool;
 pub mod metrics;
+pub mod net_threads;
 pub mod repair;
 pub mod scheduler;
 pub mod server;

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use headroom_store::{RadosTarget, Store, StoreConfig, StoreError};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::admission::Connections;
+use crate::admission::{Admitted, Connections};
 use crate::budget::Budget;
 use crate::buffers::BufferPool;
 use crate::clock::Clock;
@@ -259,11 +259,23 @@ impl Node {
             metrics: Arc::clone(&metrics),
         });
         let buffers = Arc::clone(&ctx.io.buffers);
+        let net_threads = match config.effective_net_threads() {
+            0 => None,
+            n => Some(crate::net_threads::NetThreads::start(n).map_err(NodeError::Workers)?),
+        };
+        match &net_threads {
+            Some(t) => tracing::info!(
+                "connection threads: {} (each connection stays on one)",
+                t.len()
+            ),
+            None => tracing::info!("connection threads: none (connections share the runtime)"),
+        }
         let accept_task = tokio::spawn(accept_loop(
             nbd_listener,
             ctx,
             Arc::clone(&connections),
             stop_rx.clone(),
+            net_threads,
         ));
         let timeline = crate::timeline::Timeline::new(
             crate::timeline::Sources {
@@ -434,6 +446,8 @@ async fn accept_loop(
     ctx: Arc<SessionContext>,
     connections: Arc<Connections>,
     mut stop: watch::Receiver<bool>,
+    // Dropped when the loop ends: the threads then close their connections and end.
+    net_threads: Option<crate::net_threads::NetThreads>,
 ) {
     let mut backoff = AcceptBackoff::default();
     let mut refusals = Sampled::default();
@@ -479,22 +493,50 @@ async fn accept_loop(
             );
         }
         let ctx = Arc::clone(&ctx);
-        tokio::spawn(async move {
-            let shared = Arc::clone(admitted.shared());
-            let served = tokio::select! {
-                served = serve_connection(stream, ctx, &admitted) => served,
-                () = shared.evicted() => Err(SessionError::Evicted),
-            };
-            match served {
-                Ok(()) => {}
-                Err(SessionError::Evicted) => {
-                    tracing::debug!("session with {peer} ended: {}", SessionError::Evicted);
-                }
+        let Some(threads) = &net_threads else {
+            tokio::spawn(run_session(stream, peer, ctx, admitted));
+            continue;
+        };
+        // The socket moves to the chosen thread's reactor: deregistered here, registered there.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(err) => {
+                tracing::info!("session with {peer} ended: {err}");
+                continue;
+            }
+        };
+        let placed = threads.spawn(move || async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => run_session(stream, peer, ctx, admitted).await,
                 Err(err) => tracing::info!("session with {peer} ended: {err}"),
             }
-            drop(admitted);
         });
+        if placed.is_none() {
+            tracing::error!("no connection thread took {peer}: closed");
+        }
     }
+}
+
+/// One connection from admission to close, on whichever thread runs it.
+async fn run_session(
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<SessionContext>,
+    admitted: Admitted,
+) {
+    let shared = Arc::clone(admitted.shared());
+    let served = tokio::select! {
+        served = serve_connection(stream, ctx, &admitted) => served,
+        () = shared.evicted() => Err(SessionError::Evicted),
+    };
+    match served {
+        Ok(()) => {}
+        Err(SessionError::Evicted) => {
+            tracing::debug!("session with {peer} ended: {}", SessionError::Evicted);
+        }
+        Err(err) => tracing::info!("session with {peer} ended: {err}"),
+    }
+    drop(admitted);
 }
 
 /// Delays between failed `accept` calls: none for errors of one connection (it was reset or

@@ -1,0 +1,213 @@
+//! Network threads that own their connections: each NBD connection runs, start to end, on one
+//! thread of its own single-threaded runtime, picked at accept time.
+//!
+//! Why: a connection is two tasks, the reader (which parses requests and runs the small ones
+//! inline) and the writer (which sends the replies). On tokio's shared multi-thread runtime
+//! they land on different worker threads, so every batch of replies is a cross-thread wake-up
+//! (a futex and, on a VM, an inter-processor interrupt), and the worker that parks waits to be
+//! woken again by the other. On one thread the reader's wake of the writer is a push on a
+//! local queue and the writer runs when the reader yields, which is the shape of the cheapest
+//! server there is (`floor_server`, docs/results.md "The floor"). Measured on 4 KiB QD32 reads
+//! and writes of a RAM volume: 0.62–0.87× the CPU per I/O of the shared runtime and 1.15–1.58×
+//! its IOPS (docs/results.md, "Network threads that own their connections").
+//!
+//! Several connections spread over the threads: a new one goes to the thread with the fewest
+//! open connections (ties to the lowest index), as BurstCBS spreads volumes over its
+//! threads. There is no stealing: a thread busy with one heavy connection keeps it, which is
+//! the price of the locality; an operator with one busy client per core sets as many threads
+//! as cores. `[server] net_threads = 0` keeps the shared runtime (the layout before).
+//!
+//! Only the connections live here. Everything else (the API, the sampler, the accept loop,
+//! blocking work) stays on the process's runtime; a session's blocking work goes there
+//! through its `IoRuntime` handle as before. When the `NetThreads` is dropped the threads
+//! stop taking connections, drop the ones they have (as the end of the process would) and
+//! end; nobody joins them on an async thread.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::mpsc;
+
+/// A connection's work, built on its thread (so its socket registers with that thread's
+/// reactor) and spawned there.
+type Job = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// Most threads an operator may ask for.
+pub const MAX_NET_THREADS: usize = 256;
+
+struct NetThread {
+    jobs: mpsc::UnboundedSender<Job>,
+    /// Connections open on this thread.
+    open: Arc<AtomicUsize>,
+}
+
+/// The threads, and where each takes new connections.
+pub struct NetThreads {
+    threads: Vec<NetThread>,
+}
+
+impl std::fmt::Debug for NetThreads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetThreads")
+            .field("threads", &self.threads.len())
+            .field("open", &self.open_per_thread())
+            .finish()
+    }
+}
+
+/// Decrements its thread's count of open connections when the connection ends, however.
+struct OpenGuard(Arc<AtomicUsize>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl NetThreads {
+    /// Starts `count` threads (at least one, at most [`MAX_NET_THREADS`]), each running a
+    /// single-threaded runtime with the reply coalescing hooks of the process's runtime.
+    pub fn start(count: usize) -> std::io::Result<Self> {
+        let count = count.clamp(1, MAX_NET_THREADS);
+        let mut threads = Vec::with_capacity(count);
+        for index in 0..count {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .on_thread_park(crate::coalesce::on_worker_park)
+                .on_thread_unpark(crate::coalesce::on_worker_unpark)
+                .build()?;
+            let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
+            std::thread::Builder::new()
+                .name(format!("headroom-conn-{index}"))
+                .spawn(move || {
+                    crate::coalesce::on_worker_start();
+                    runtime.block_on(async move {
+                        while let Some(job) = rx.recv().await {
+                            tokio::spawn(job());
+                        }
+                    });
+                    // The runtime drops here, on its own thread, with the connections left.
+                })?;
+            threads.push(NetThread {
+                jobs,
+                open: Arc::new(AtomicUsize::new(0)),
+            });
+        }
+        Ok(NetThreads { threads })
+    }
+
+    /// How many threads there are.
+    pub fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Whether there are none (never, once started).
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty()
+    }
+
+    /// Open connections per thread, in thread order.
+    pub fn open_per_thread(&self) -> Vec<usize> {
+        self.threads
+            .iter()
+            .map(|t| t.open.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Runs a connection on the thread with the fewest open ones: `make` is called there and
+    /// its future spawned there. Returns the thread's index, or `None` if that thread has
+    /// ended (only a runtime that itself panicked does; the connection is then dropped).
+    pub fn spawn<F, Fut>(&self, make: F) -> Option<usize>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let index = (0..self.threads.len())
+            .min_by_key(|&i| (self.threads[i].open.load(Ordering::Relaxed), i))?;
+        let thread = &self.threads[index];
+        thread.open.fetch_add(1, Ordering::Relaxed);
+        let guard = OpenGuard(Arc::clone(&thread.open));
+        let job: Job = Box::new(move || {
+            Box::pin(async move {
+                let _guard = guard;
+                make().await;
+            })
+        });
+        // A refused job is dropped with its guard, which takes the count back.
+        thread.jobs.send(job).ok().map(|()| index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc as std_mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_connection_runs_start_to_end_on_one_thread() {
+        let threads = NetThreads::start(2).unwrap();
+        let (tx, rx) = std_mpsc::channel();
+        let placed = threads
+            .spawn(move || async move {
+                let before = std::thread::current().name().map(str::to_owned);
+                // A spawned task (the session's writer) and a timer stay on the same thread.
+                let inner =
+                    tokio::spawn(async { std::thread::current().name().map(str::to_owned) });
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let spawned = inner.await.unwrap();
+                let after = std::thread::current().name().map(str::to_owned);
+                tx.send((before, spawned, after)).unwrap();
+            })
+            .expect("a thread took it");
+        let (before, spawned, after) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let want = Some(format!("headroom-conn-{placed}"));
+        assert_eq!(before, want);
+        assert_eq!(spawned, want);
+        assert_eq!(after, want);
+    }
+
+    #[test]
+    fn new_connections_go_to_the_thread_with_the_fewest() {
+        let threads = NetThreads::start(3).unwrap();
+        let mut holds = Vec::new();
+        let mut placed = Vec::new();
+        for _ in 0..6 {
+            let (hold_tx, hold_rx) = tokio::sync::oneshot::channel::<()>();
+            holds.push(hold_tx);
+            let index = threads
+                .spawn(move || async move {
+                    let _ = hold_rx.await;
+                })
+                .expect("a thread took it");
+            placed.push(index);
+        }
+        // Counted at spawn time, so the spread does not depend on when the threads run.
+        assert_eq!(placed, vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(threads.open_per_thread(), vec![2, 2, 2]);
+        // Ending the connections of thread 1 makes it the emptiest.
+        drop(holds.remove(4));
+        drop(holds.remove(1));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while threads.open_per_thread() != vec![2, 0, 2] {
+            assert!(std::time::Instant::now() < deadline, "{threads:?}");
+            std::thread::yield_now();
+        }
+        let (hold_tx, hold_rx) = tokio::sync::oneshot::channel::<()>();
+        let index = threads
+            .spawn(move || async move {
+                let _ = hold_rx.await;
+            })
+            .expect("a thread took it");
+        assert_eq!(index, 1);
+        drop(hold_tx);
+        drop(holds);
+    }
+
+    #[test]
+    fn the_thread_count_is_bounded() {
+        assert_eq!(NetThreads::start(0).unwrap().len(), 1);
+    }
+}
