@@ -8,8 +8,9 @@
 //! woken again by the other. On one thread the reader's wake of the writer is a push on a
 //! local queue and the writer runs when the reader yields, which is the shape of the cheapest
 //! server there is (`floor_server`, docs/results.md "The floor"). Measured on 4 KiB QD32 reads
-//! and writes of a RAM volume: 0.62–0.87× the CPU per I/O of the shared runtime and 1.15–1.58×
-//! its IOPS (docs/results.md, "Network threads that own their connections").
+//! and writes of a RAM volume: 0.63–0.65× the CPU per I/O of the shared runtime and 1.48–1.54×
+//! its IOPS when waking another CPU is dear on the VM, no difference when it is cheap
+//! (docs/results.md, "Network threads that own their connections").
 //!
 //! Several connections spread over the threads: a new one goes to the thread with the fewest
 //! open connections (ties to the lowest index), as BurstCBS spreads volumes over its
