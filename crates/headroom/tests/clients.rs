@@ -251,9 +251,9 @@ fn fio_verify_with_connections_on_the_shared_runtime_and_on_one_thread() {
     if !have_tool("fio") {
         return;
     }
-    for (threads, rw, logged) in [
-        ("0", "randwrite", "connection threads: none"),
-        ("1", "randrw", "connection threads: 1 "),
+    for (threads, rw, logged, open_when_done) in [
+        ("0", "randwrite", "connection threads: none", vec![]),
+        ("1", "randrw", "connection threads: 1 ", vec![0]),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let server = Server::start_with(&dir.path().join("data"), &["--net-threads", threads]);
@@ -261,6 +261,31 @@ fn fio_verify_with_connections_on_the_shared_runtime_and_on_one_thread() {
         fio_verify(&server, "fio", rw);
         let log = server.log();
         assert!(log.contains(logged), "--net-threads {threads}: {log}");
+        // Every connection fio opened is counted back when it closes (the server sees the
+        // close after fio has exited: polled, with a deadline).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let mut response = common::agent()
+                .get(format!("{}/v1/connections", server.api))
+                .header("authorization", common::bearer())
+                .call()
+                .unwrap();
+            let view: Value = response.body_mut().read_json().unwrap();
+            let open: Vec<u64> = view["threads"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no threads in {view}"))
+                .iter()
+                .map(|n| n.as_u64().unwrap())
+                .collect();
+            if open == open_when_done {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "--net-threads {threads}: open per thread {open:?} 10 s after fio ended"
+            );
+            std::thread::yield_now();
+        }
         server.stop();
     }
 }

@@ -191,6 +191,9 @@ pub struct ApiState {
     pub budget: Arc<Budget>,
     /// Payload buffers (their idle bytes, `GET /v1/connections`).
     pub buffers: Arc<BufferPool>,
+    /// Open connections per connection thread (`GET /v1/connections`; empty: connections
+    /// share the runtime).
+    pub connection_threads: crate::net_threads::OpenConnections,
     /// The sampled history (`GET /v1/stats`, the dashboard, `headroom top`).
     pub timeline: Arc<crate::timeline::Timeline>,
     /// Per-volume statistics and the promise audit (`GET /metrics`, `audit` in a volume).
@@ -212,6 +215,9 @@ pub struct ConnectionsReport {
     pub memory: BudgetView,
     /// Bytes of idle payload buffers kept for reuse (outside the budget; at most 64 MiB).
     pub idle_buffer_bytes: usize,
+    /// Open connections on each connection thread, in thread order (`[server] net_threads`;
+    /// empty when connections share the runtime).
+    pub threads: Vec<usize>,
 }
 
 /// Error body.
@@ -437,6 +443,7 @@ async fn connections(State(state): State<ApiState>) -> Json<ConnectionsReport> {
         connections: state.connections.view(),
         memory: state.budget.view(),
         idle_buffer_bytes: state.buffers.idle_bytes(),
+        threads: state.connection_threads.per_thread(),
     })
 }
 

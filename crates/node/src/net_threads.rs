@@ -38,32 +38,39 @@ type Job = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 /// Most threads an operator may ask for.
 pub const MAX_NET_THREADS: usize = 256;
 
-struct NetThread {
-    jobs: mpsc::UnboundedSender<Job>,
-    /// Connections open on this thread.
-    open: Arc<AtomicUsize>,
+/// Open connections per thread, in thread order: shared with whoever reports them
+/// (`GET /v1/connections`).
+#[derive(Clone, Debug, Default)]
+pub struct OpenConnections(Arc<[AtomicUsize]>);
+
+impl OpenConnections {
+    /// The counts now, in thread order (empty: connections share the runtime).
+    pub fn per_thread(&self) -> Vec<usize> {
+        self.0.iter().map(|n| n.load(Ordering::Relaxed)).collect()
+    }
 }
 
 /// The threads, and where each takes new connections.
 pub struct NetThreads {
-    threads: Vec<NetThread>,
+    jobs: Vec<mpsc::UnboundedSender<Job>>,
+    open: OpenConnections,
 }
 
 impl std::fmt::Debug for NetThreads {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NetThreads")
-            .field("threads", &self.threads.len())
-            .field("open", &self.open_per_thread())
+            .field("threads", &self.jobs.len())
+            .field("open", &self.open.per_thread())
             .finish()
     }
 }
 
 /// Decrements its thread's count of open connections when the connection ends, however.
-struct OpenGuard(Arc<AtomicUsize>);
+struct OpenGuard(OpenConnections, usize);
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.0[self.1].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -72,7 +79,7 @@ impl NetThreads {
     /// single-threaded runtime with the reply coalescing hooks of the process's runtime.
     pub fn start(count: usize) -> std::io::Result<Self> {
         let count = count.clamp(1, MAX_NET_THREADS);
-        let mut threads = Vec::with_capacity(count);
+        let mut senders = Vec::with_capacity(count);
         for index in 0..count {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -91,30 +98,28 @@ impl NetThreads {
                     });
                     // The runtime drops here, on its own thread, with the connections left.
                 })?;
-            threads.push(NetThread {
-                jobs,
-                open: Arc::new(AtomicUsize::new(0)),
-            });
+            senders.push(jobs);
         }
-        Ok(NetThreads { threads })
+        let open = OpenConnections((0..count).map(|_| AtomicUsize::new(0)).collect());
+        Ok(NetThreads {
+            jobs: senders,
+            open,
+        })
     }
 
     /// How many threads there are.
     pub fn len(&self) -> usize {
-        self.threads.len()
+        self.jobs.len()
     }
 
     /// Whether there are none (never, once started).
     pub fn is_empty(&self) -> bool {
-        self.threads.is_empty()
+        self.jobs.is_empty()
     }
 
-    /// Open connections per thread, in thread order.
-    pub fn open_per_thread(&self) -> Vec<usize> {
-        self.threads
-            .iter()
-            .map(|t| t.open.load(Ordering::Relaxed))
-            .collect()
+    /// The open connections per thread, live, for reports.
+    pub fn open_connections(&self) -> OpenConnections {
+        self.open.clone()
     }
 
     /// Runs a connection on the thread with the fewest open ones: `make` is called there and
@@ -125,11 +130,10 @@ impl NetThreads {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let index = (0..self.threads.len())
-            .min_by_key(|&i| (self.threads[i].open.load(Ordering::Relaxed), i))?;
-        let thread = &self.threads[index];
-        thread.open.fetch_add(1, Ordering::Relaxed);
-        let guard = OpenGuard(Arc::clone(&thread.open));
+        let open = &self.open.0;
+        let index = (0..open.len()).min_by_key(|&i| (open[i].load(Ordering::Relaxed), i))?;
+        open[index].fetch_add(1, Ordering::Relaxed);
+        let guard = OpenGuard(self.open.clone(), index);
         let job: Job = Box::new(move || {
             Box::pin(async move {
                 let _guard = guard;
@@ -137,7 +141,7 @@ impl NetThreads {
             })
         });
         // A refused job is dropped with its guard, which takes the count back.
-        thread.jobs.send(job).ok().map(|()| index)
+        self.jobs[index].send(job).ok().map(|()| index)
     }
 }
 
@@ -187,12 +191,12 @@ mod tests {
         }
         // Counted at spawn time, so the spread does not depend on when the threads run.
         assert_eq!(placed, vec![0, 1, 2, 0, 1, 2]);
-        assert_eq!(threads.open_per_thread(), vec![2, 2, 2]);
+        assert_eq!(threads.open_connections().per_thread(), vec![2, 2, 2]);
         // Ending the connections of thread 1 makes it the emptiest.
         drop(holds.remove(4));
         drop(holds.remove(1));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while threads.open_per_thread() != vec![2, 0, 2] {
+        while threads.open_connections().per_thread() != vec![2, 0, 2] {
             assert!(std::time::Instant::now() < deadline, "{threads:?}");
             std::thread::yield_now();
         }

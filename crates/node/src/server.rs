@@ -263,6 +263,10 @@ impl Node {
             0 => None,
             n => Some(crate::net_threads::NetThreads::start(n).map_err(NodeError::Workers)?),
         };
+        let connection_threads = net_threads
+            .as_ref()
+            .map(crate::net_threads::NetThreads::open_connections)
+            .unwrap_or_default();
         match &net_threads {
             Some(t) => tracing::info!(
                 "connection threads: {} (each connection stays on one)",
@@ -300,6 +304,7 @@ impl Node {
             connections,
             budget,
             buffers,
+            connection_threads,
             timeline,
             metrics,
             token: api_token.clone(),

@@ -60,7 +60,8 @@ impl utoipa::PartialSchema for ConnectionsReport {
             .schema_type(utoipa::openapi::schema::Type::Object)
             .description(Some(
                 "NBD connections (limits, counters, one entry per connection), the payload \
-                 budget (`memory`) and `idle_buffer_bytes`",
+                 budget (`memory`), `idle_buffer_bytes` and the open connections per \
+                 connection thread (`threads`)",
             ))
             .into()
     }
