@@ -173,7 +173,8 @@ struct ServeArgs {
     #[arg(long, value_parser = parse_inline_bytes)]
     inline_max_bytes: Option<u32>,
     /// Microseconds a network thread about to sleep waits for more requests, to answer
-    /// several per wake-up; adaptive, 0 = off [default: 10 with --memory, 0 with a data directory].
+    /// several per wake-up; adaptive, 0 = off
+    /// [default: 10 with --memory or --rados-conf, 0 with device files].
     #[arg(long)]
     coalesce_us: Option<u64>,
     /// Threads that own the NBD connections (each connection lives on one, reader and writer

@@ -1767,7 +1767,7 @@ mod tests {
     }
 
     #[test]
-    fn coalescing_is_on_by_default_for_memory_only() {
+    fn coalescing_is_on_by_default_for_memory_and_off_for_files() {
         let memory = resolved("[storage]\nmemory = \"1GiB\"");
         assert_eq!(
             memory.effective_coalesce_us(),

@@ -258,7 +258,7 @@ pub struct NodeConfig {
     pub inline_max_bytes: Option<u32>,
     /// How long a network thread about to sleep first waits for more requests, so it answers
     /// several per wake-up (`node::coalesce`); 0: never. `None`: `DEFAULT_COALESCE_US` for
-    /// the memory backend, 0 with a data directory (see `effective_coalesce_us`).
+    /// the memory and RADOS backends, 0 with device files (see `effective_coalesce_us`).
     pub coalesce_us: Option<u64>,
     /// Threads that own the NBD connections, each a single-threaded runtime a connection
     /// lives on from accept to close (`node::net_threads`); 0: connections share the
@@ -300,7 +300,7 @@ pub struct NodeConfig {
     pub arbitration: Option<crate::arbitration::ArbitrationConfig>,
 }
 
-/// `NodeConfig::coalesce_us` by default for the memory backend: one or two request arrivals
+/// `NodeConfig::coalesce_us` by default for the memory and RADOS backends: one or two request arrivals
 /// at 150k requests/s. Of 10, 20, 30, 50 and 100 µs it gave the most IOPS at 4 KiB QD32 here,
 /// at the same CPU per I/O as 20-30 µs; longer waits lose IOPS (docs/results.md, "Data path
 /// speed").
@@ -309,16 +309,19 @@ pub const DEFAULT_COALESCE_US: u64 = 10;
 pub const MAX_COALESCE_US: u64 = 1000;
 
 impl NodeConfig {
-    /// The coalescing wait in force (see `coalesce_us`). Off by default with a data
-    /// directory: on files (measured on tmpfs, where it could help most) the batches it made
-    /// bought no CPU per I/O and cost 12-17 % of the IOPS, each request being a `pread` that
-    /// holds the whole batch's replies back; on the RAM backend it saves 13-14 % of the CPU
-    /// per I/O (docs/results.md, "Data path speed").
+    /// The coalescing wait in force (see `coalesce_us`). Off by default on device files: on
+    /// files (measured on tmpfs, where it could help most) the batches it made bought no CPU
+    /// per I/O and cost 12-17 % of the IOPS, each request being a `pread` that holds the
+    /// whole batch's replies back. On by default on RAM, where it saves 7-14 % of the CPU per
+    /// I/O, and on RADOS, where replies come back from librados' completion thread and the
+    /// wait lets one wake-up of the connection thread send several (1.04x the IOPS, 0.93-0.97x
+    /// the server's CPU per 4 KiB I/O over seven rounds; docs/results.md, "Headroom on RADOS
+    /// against RBD").
     pub fn effective_coalesce_us(&self) -> u64 {
         match (self.coalesce_us, &self.backend) {
             (Some(us), _) => us,
-            (None, StoreBackend::Memory { .. }) => DEFAULT_COALESCE_US,
-            (None, StoreBackend::Files { .. } | StoreBackend::Rados { .. }) => 0,
+            (None, StoreBackend::Memory { .. } | StoreBackend::Rados { .. }) => DEFAULT_COALESCE_US,
+            (None, StoreBackend::Files { .. }) => 0,
         }
     }
 
@@ -525,6 +528,33 @@ impl QosConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn coalescing_is_on_by_default_except_on_device_files() {
+        let rados = NodeConfig::new(StoreBackend::Rados {
+            data_dir: PathBuf::from("d"),
+            conf: PathBuf::from("ceph.conf"),
+            pool: "p".to_owned(),
+            capacity_bytes: 1 << 30,
+            namespace: None,
+            lease_ms: 3000,
+            lease_wait_ms: None,
+        });
+        assert_eq!(rados.effective_coalesce_us(), DEFAULT_COALESCE_US);
+        let memory = NodeConfig::new(StoreBackend::Memory {
+            capacity_bytes: 1 << 30,
+        });
+        assert_eq!(memory.effective_coalesce_us(), DEFAULT_COALESCE_US);
+        let mut files = NodeConfig::new(StoreBackend::Files {
+            data_dir: PathBuf::from("d"),
+            device_count: 1,
+            device_capacity_bytes: 1 << 30,
+            device_paths: Vec::new(),
+        });
+        assert_eq!(files.effective_coalesce_us(), 0);
+        files.coalesce_us = Some(7);
+        assert_eq!(files.effective_coalesce_us(), 7);
+    }
 
     fn broken(change: impl FnOnce(&mut Limits)) -> LimitsError {
         let mut limits = Limits::default();
