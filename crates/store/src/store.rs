@@ -1776,6 +1776,13 @@ fn rebuild(
             },
         );
     }
+    // A physical extent a map row names must exist and belong to nobody else yet.
+    let claim = |allocator: &mut Allocator, volume_id, phys: PhysExtent| {
+        devices
+            .get(phys.device as usize)
+            .is_some_and(|d| phys.index < d.extent_count)
+            && allocator.mark_used(volume_id, phys)
+    };
     for &(volume_id, extent, phys) in &loaded.extents {
         let vol = volumes
             .get_mut(&volume_id)
@@ -1785,10 +1792,7 @@ fn rebuild(
                 "volume {volume_id} maps extent {extent} past its end"
             ))
         })?;
-        let in_range = devices
-            .get(phys.device as usize)
-            .is_some_and(|d| phys.index < d.extent_count);
-        if !in_range || !allocator.mark_used(volume_id, phys) {
+        if !claim(&mut allocator, volume_id, phys) {
             return Err(corrupt(format!(
                 "volume {volume_id} extent {extent}: physical extent {phys:?} is invalid or mapped twice"
             )));
@@ -1810,10 +1814,7 @@ fn rebuild(
                      does not have"
                 ))
             })?;
-        let in_range = devices
-            .get(phys.device as usize)
-            .is_some_and(|d| phys.index < d.extent_count);
-        if !in_range || !allocator.mark_used(volume_id, phys) {
+        if !claim(&mut allocator, volume_id, phys) {
             return Err(corrupt(format!(
                 "volume {volume_id} extent {extent} replica {replica}: physical extent \
                  {phys:?} is invalid or mapped twice"
