@@ -66,6 +66,32 @@ pub fn split(node: CostVector, uses: &[WorkerUse]) -> Vec<CostVector> {
     shares.into_iter().map(CostVector::from_dims).collect()
 }
 
+/// The workers' shares for a new node capacity `node` (cross-node arbitration changes it at
+/// run time), in the proportions of their current `shares`, adding up to `node` in every
+/// dimension. A change is no time to re-split by use: the period since the last rebalancing
+/// may be a millisecond long, and a worker that happened to dispatch nothing in it would be
+/// cut to its idle floor until the next period, with its tenants' requests (sprayed over every
+/// worker) waiting behind a pacer at a few percent of the node. A dimension that was unlimited
+/// has no proportions to keep: its new capacity is split evenly; one that becomes unlimited is
+/// unlimited on every worker.
+pub fn rescale(node: CostVector, shares: &[CostVector]) -> Vec<CostVector> {
+    let mut out = vec![[0u64; DIMENSIONS]; shares.len()];
+    for (d, &capacity) in node.dims().iter().enumerate() {
+        let column: Vec<u64> = shares.iter().map(|s| s.dims()[d]).collect();
+        let split = if capacity == u64::MAX {
+            vec![u64::MAX; shares.len()]
+        } else if column.contains(&u64::MAX) {
+            proportional(capacity, &vec![1; shares.len()])
+        } else {
+            proportional(capacity, &column)
+        };
+        for (w, value) in split.into_iter().enumerate() {
+            out[w][d] = value;
+        }
+    }
+    out.into_iter().map(CostVector::from_dims).collect()
+}
+
 /// One worker's use of one dimension.
 #[derive(Clone, Copy, Debug)]
 struct DimensionUse {
@@ -229,7 +255,46 @@ mod tests {
         assert_eq!(device.iter().sum::<u64>(), NODE);
     }
 
+    #[test]
+    fn a_new_capacity_keeps_the_workers_proportions() {
+        // A worker serving three quarters of the node keeps three quarters of the new
+        // capacity, not what a millisecond of use since the last rebalancing would say.
+        let shares = [device(750), device(250)];
+        let half = rescale(CostVector::new(u64::MAX, u64::MAX, u64::MAX, 500), &shares);
+        assert_eq!(device_shares(&half), vec![375, 125]);
+        assert!(half.iter().all(|s| s.dims()[..3] == [u64::MAX; 3]));
+        // Unlimited before: no proportions, an even split; unlimited after: unlimited.
+        let was_unlimited = [CostVector::MAX, CostVector::MAX, CostVector::MAX];
+        assert_eq!(
+            device_shares(&rescale(device(1_000), &was_unlimited)),
+            vec![334, 333, 333]
+        );
+        assert_eq!(
+            device_shares(&rescale(CostVector::MAX, &shares)),
+            vec![u64::MAX; 2]
+        );
+    }
+
     proptest! {
+        /// A rescaled split adds up to the new capacity and keeps the order of the shares.
+        #[test]
+        fn rescaled_shares_add_up(
+            capacity in 1u64..=10_000_000_000,
+            old in prop::collection::vec(0u64..=10_000_000_000, 1..8),
+        ) {
+            let shares: Vec<CostVector> = old.iter().map(|&v| device(v)).collect();
+            let device_new = device_shares(&rescale(device(capacity), &shares));
+            prop_assert_eq!(device_new.iter().map(|&d| u128::from(d)).sum::<u128>(), u128::from(capacity));
+            for i in 0..old.len() {
+                for j in 0..old.len() {
+                    if old[i] > old[j] {
+                        // The rounding remainder (at most one unit each) may go to either.
+                        prop_assert!(device_new[i] + 1 >= device_new[j]);
+                    }
+                }
+            }
+        }
+
         /// The shares of each dimension add up to the node's capacity (unlimited stays
         /// unlimited), and a worker gets its baseline use (grown by a quarter) whenever the
         /// node can cover every worker's.

@@ -814,9 +814,10 @@ impl<J: Send + 'static> Scheduler<J> {
     }
 
     /// Changes the node's capacity at run time (cross-node arbitration gives the node its
-    /// share of a shared backend every epoch). With the global pool the workers' shares are
-    /// re-split at once from what they did since the last rebalancing; without it each worker
-    /// gets `1/N`. Whatever the new capacity lets run is started.
+    /// share of a shared backend every epoch). With the global pool each worker's share is
+    /// scaled to the new capacity in its current proportion (`global_pool::rescale`; the next
+    /// rebalancing period re-splits by use, as always); without it each worker gets `1/N`.
+    /// Whatever the new capacity lets run is started.
     pub fn set_capacity_per_second(&self, capacity: CostVector) {
         {
             let mut current = lock(&self.capacity_per_second);
@@ -830,8 +831,17 @@ impl<J: Send + 'static> Scheduler<J> {
         match &self.pool {
             Some(pool) => {
                 *lock(&pool.node) = capacity;
-                let last = pool.last_ns.swap(now, Ordering::Relaxed);
-                self.rebalance(now, now.saturating_sub(last), &mut ready);
+                let shares = global_pool::rescale(capacity, &self.worker_shares());
+                for (w, share) in shares.into_iter().enumerate() {
+                    let mut state = lock(&self.workers[w].state);
+                    if state.share == share {
+                        continue;
+                    }
+                    state.share = share;
+                    state.policy.set_capacity(now, NodeCapacity::new(share));
+                    self.drain(w, &mut state, now, &mut ready);
+                }
+                self.gate.admit(&mut ready, 0);
             }
             None => {
                 let n = self.workers.len() as u64;
