@@ -794,7 +794,12 @@ impl<J: Send + 'static> Scheduler<J> {
             })
             .collect();
         let node = *lock(&pool.node);
-        let shares = global_pool::split(node, &uses);
+        self.apply_shares(now, global_pool::split(node, &uses), ready);
+    }
+
+    /// Gives worker `w` the share `shares[w]` (those whose share changed), and appends what
+    /// the new shares let run to `ready`, through the burst gate.
+    fn apply_shares(&self, now: u64, shares: Vec<CostVector>, ready: &mut Vec<Ready<J>>) {
         let from = ready.len();
         for (w, share) in shares.into_iter().enumerate() {
             let mut state = lock(&self.workers[w].state);
@@ -832,16 +837,7 @@ impl<J: Send + 'static> Scheduler<J> {
             Some(pool) => {
                 *lock(&pool.node) = capacity;
                 let shares = global_pool::rescale(capacity, &self.worker_shares());
-                for (w, share) in shares.into_iter().enumerate() {
-                    let mut state = lock(&self.workers[w].state);
-                    if state.share == share {
-                        continue;
-                    }
-                    state.share = share;
-                    state.policy.set_capacity(now, NodeCapacity::new(share));
-                    self.drain(w, &mut state, now, &mut ready);
-                }
-                self.gate.admit(&mut ready, 0);
+                self.apply_shares(now, shares, &mut ready);
             }
             None => {
                 let n = self.workers.len() as u64;
