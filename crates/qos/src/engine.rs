@@ -494,8 +494,7 @@ impl<R: Rules> Engine<R> {
                     let Some(req) = e.core.queue.pop_front() else {
                         continue;
                     };
-                    self.pacer
-                        .take(now, &req.cost, protected && phase == Phase::Baseline);
+                    self.pacer.take(now, &req.cost);
                     self.rules.charge(
                         &Ctx {
                             now_ns: now,

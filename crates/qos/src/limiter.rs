@@ -246,27 +246,23 @@ fn reconfigure_one(slot: &mut Option<TokenBucket>, now_ns: u64, spec: Option<&Cr
 /// Requests are not preemptible, so one large burst request (a 1 MiB read on a 50 MB/s link
 /// holds egress for 21 ms) would delay every baseline request that becomes ready while it runs,
 /// and a volume whose ceiling equals its baseline could never catch up: its guarantee would
-/// silently shrink. So a *baseline* request does not wait behind the debt of the last *burst*
-/// request admitted (it is interleaved with it, as a NIC interleaves streams); it still pays
-/// for itself, so burst traffic waits longer. The cost: over any interval the pacer admits at
-/// most `capacity × T` plus one burst request and one baseline request.
-///
-/// For the same reason a baseline request may always run inside the debt of one request (the
-/// largest admitted), burst or not: a pacer that spaced baseline requests exactly at the
-/// capacity made two that arrive together wait for each other, which costs nothing at a large
-/// capacity but a whole request's time at a small one. A node whose share of a shared pool is
-/// 750 IOPS over two workers, for 600 IOPS of tenants within their baselines, held one request
-/// in ten back by more than 3 ms that way (the pool answers in 1.2 ms; docs/results.md, "A pool
-/// with a capacity of its own"). The bound stays one request and one baseline request over
-/// `capacity × T`; burst requests still wait for the debt to be paid.
+/// silently shrink. And a pacer that spaced baseline requests exactly at the capacity made two
+/// that arrive together wait for each other: nothing at a node's full capacity, but a whole
+/// request's time at a small one (a node given 750 IOPS of a shared pool over two workers, for
+/// 600 IOPS of tenants within their baselines, held one read in ten back by more than 3 ms
+/// that way, where the pool answers in 1.2 ms; docs/results.md, "A pool with a capacity of
+/// its own"). So a *baseline* request may run inside a debt of one request, the largest
+/// admitted (the depth's own unit): it is interleaved with the request before it, burst or
+/// not, as a NIC interleaves streams, and still pays for itself, so burst traffic waits
+/// longer. The cost: over any interval the pacer admits at most `capacity × T` plus what it
+/// saved up plus one (largest) request and one baseline request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pacer {
     dims: [TokenBucket; 4],
-    /// Cost of the last burst request admitted: the debt a baseline request may run inside.
-    allowance: [u64; 4],
     /// How much unused capacity the pacer may save up, ns, at least one request (below).
     depth_ns: u64,
-    /// The largest cost admitted so far, per dimension: the smallest depth of each bucket.
+    /// The largest cost admitted so far, per dimension: the smallest depth of each bucket, and
+    /// the debt a baseline request may run inside.
     largest: [u64; 4],
 }
 
@@ -283,7 +279,6 @@ impl Pacer {
         Pacer {
             dims: d
                 .map(|rate| TokenBucket::new_limiter(now_ns, rate, pacer_depth(rate, depth_ns), 0)),
-            allowance: [0; 4],
             depth_ns,
             largest: [0; 4],
         }
@@ -311,8 +306,8 @@ impl Pacer {
 
     /// Per dimension the request needs (index in [`CostVector::dims`] order), the earliest time
     /// `>= now_ns` it may pass there: when the dimension is not in debt (a deep bucket does
-    /// not wait for a unit above zero), a `baseline` request when the debt is within the last
-    /// burst request's allowance or the largest request admitted, whichever is more.
+    /// not wait for a unit above zero), a `baseline` request when the debt is within the
+    /// largest request admitted.
     fn dim_ready_at(
         &self,
         now_ns: u64,
@@ -322,18 +317,17 @@ impl Pacer {
         self.dims
             .iter()
             .zip(cost.dims())
-            .zip(self.allowance)
             .zip(self.largest)
             .enumerate()
-            .filter(|(_, (((_, units), _), _))| *units > 0)
-            .map(move |(i, (((bucket, _), allowance), largest))| {
-                let allowance = if baseline { allowance.max(largest) } else { 0 };
+            .filter(|(_, ((_, units), _))| *units > 0)
+            .map(move |(i, ((bucket, _), largest))| {
+                let allowance = if baseline { largest } else { 0 };
                 (i, bucket.ready_with_allowance_at(now_ns, allowance))
             })
     }
 
     /// Earliest time `>= now_ns` at which a request of `cost` may pass; `baseline` requests may
-    /// run inside the debt of the last burst request.
+    /// run inside the debt of one (the largest) request.
     pub fn ready_at(&self, now_ns: u64, cost: &CostVector, baseline: bool) -> u64 {
         self.dim_ready_at(now_ns, cost, baseline)
             .fold(now_ns, |t, (_, ready)| t.max(ready))
@@ -354,7 +348,7 @@ impl Pacer {
     }
 
     /// Charges a request.
-    pub fn take(&mut self, now_ns: u64, cost: &CostVector, baseline: bool) {
+    pub fn take(&mut self, now_ns: u64, cost: &CostVector) {
         for ((bucket, units), largest) in self
             .dims
             .iter_mut()
@@ -371,9 +365,6 @@ impl Pacer {
                 }
                 bucket.take(now_ns, units);
             }
-        }
-        if !baseline {
-            self.allowance = cost.dims();
         }
     }
 }
@@ -430,7 +421,7 @@ mod tests {
         // 100 units of debt at 1,000/s is 100 ms; after 50 ms at half the rate the remaining
         // 50 units take 100 ms.
         let mut p = Pacer::new(0, cap);
-        p.take(0, &cost, false);
+        p.take(0, &cost);
         let same = p.clone();
         p.set_rate(50_000_000, cap);
         assert_eq!(p, same, "the same rate changes nothing");
@@ -450,10 +441,10 @@ mod tests {
             20_000_000,
             CostVector::new(500, u64::MAX, u64::MAX, u64::MAX),
         );
-        p.take(20_000_000, &CostVector::new(5, 0, 0, 0), false);
+        p.take(20_000_000, &CostVector::new(5, 0, 0, 0));
         assert!(!p.idle_at(20_000_000));
         let mut q = Pacer::with_depth(0, cap, 10_000_000);
-        q.take(0, &CostVector::new(10, 0, 0, 0), false);
+        q.take(0, &CostVector::new(10, 0, 0, 0));
         q.set_rate(0, CostVector::new(2_000, u64::MAX, u64::MAX, u64::MAX));
         // 10 units in debt: 10 units at 2,000/s, 5 ms.
         assert_eq!(
@@ -471,7 +462,7 @@ mod tests {
         let cost = CostVector::new(100, 0, 0, 0);
         let mut p = Pacer::new(0, cap);
         assert_eq!(p.ready_at(0, &cost, true), 0);
-        p.take(0, &cost, true);
+        p.take(0, &cost);
         assert_eq!(
             p.ready_at(0, &cost, true),
             0,
@@ -482,7 +473,7 @@ mod tests {
             100_000_000,
             "a burst request does not"
         );
-        p.take(0, &cost, true);
+        p.take(0, &cost);
         assert_eq!(
             p.ready_at(0, &cost, true),
             100_000_000,
@@ -490,7 +481,7 @@ mod tests {
         );
         assert_eq!(p.ready_at(0, &cost, false), 200_000_000);
         // Over any interval: capacity x T plus one request plus the one admitted last.
-        p.take(100_000_000, &cost, true);
+        p.take(100_000_000, &cost);
         assert_eq!(p.ready_at(100_000_000, &cost, true), 200_000_000);
     }
 
@@ -570,7 +561,7 @@ mod tests {
             if now >= NS_PER_S {
                 break;
             }
-            p.take(now, &cost, false);
+            p.take(now, &cost);
             n += 1;
         }
         // 1,000 cpu-ns per second of 300-ns requests: 4 requests start in the first second
@@ -588,7 +579,7 @@ mod tests {
             let mut now = 0;
             while now < NS_PER_S {
                 while p.ready_at(now, &cost, false) <= now {
-                    p.take(now, &cost, false);
+                    p.take(now, &cost);
                     n += 1;
                 }
                 now += 5_000_000;
@@ -612,11 +603,11 @@ mod tests {
         let mut p = Pacer::new(0, CostVector::new(1_000, u64::MAX, u64::MAX, u64::MAX));
         let big = CostVector::new(500, 0, 0, 0);
         let small = CostVector::new(100, 0, 0, 0);
-        p.take(0, &big, false);
+        p.take(0, &big);
         // Burst traffic waits for the debt (0.5 s); baseline traffic does not.
         assert_eq!(p.ready_at(0, &small, false), 500_000_000);
         assert_eq!(p.ready_at(0, &small, true), 0);
-        p.take(0, &small, true);
+        p.take(0, &small);
         // Baseline requests still pay: the next one waits for its own debt, burst ones longer.
         assert_eq!(p.ready_at(0, &small, true), 100_000_000);
         assert_eq!(p.ready_at(0, &small, false), 600_000_000);

@@ -289,7 +289,7 @@ impl Tracker {
 
         // Capacity per window (aligned windows; the largest capacity in effect during the
         // window), plus what the pacer saved up (one request, or its depth: see `Pacer`), one
-        // burst and one baseline request, plus one nanosecond of capacity (rounding).
+        // (largest) request and one baseline request, plus one nanosecond of capacity (rounding).
         self.roll_window(now_ns);
         let w = self.window_idx;
         self.cost_in_window += req.cost;

@@ -1028,7 +1028,7 @@ fn a_bursters_own_baseline_does_not_spend_its_neighbours_pacer_allowance() {
     // victim well within its baseline (97 small requests a second, so that its arrivals do not
     // line up with the burster's requests). The burster's baseline
     // requests are baseline too; were they to run inside the node pacer's allowance (the
-    // debt of the last burst request), each would leave the pacer a whole large request in
+    // debt of one, the largest, request), each would leave the pacer a whole large request in
     // debt beyond it, and the victim's next request would wait for that debt to be repaid.
     // The server's parameters: a node pacer that may run 1 ms ahead.
     let params = PolicyParams {

@@ -343,7 +343,7 @@ impl MClock {
             .p_start
             .saturating_add(u128::from(charge.units) * P_SCALE / w);
         let ceiling = v.lim_rate();
-        self.pacer.take(now_ns, &req.cost, phase == Phase::Baseline);
+        self.pacer.take(now_ns, &req.cost);
         v.core.stats.record(phase, charge.bytes);
         self.tracker
             .on_dispatch(now_ns, idx, &v.core, &req, charge, ceiling);

@@ -510,7 +510,7 @@ impl Rules for BurstRules {
         // are charged to it: the bursting volumes together stay out of the reserve, which is
         // what keeps the node's queues short for the volumes within their baseline.
         if phase != Phase::Baseline || bursting {
-            self.burst_pacer.take(now_ns, &cost, false);
+            self.burst_pacer.take(now_ns, &cost);
         }
         let st = self.slot(idx);
         st.observe(charge, &cost);
