@@ -352,7 +352,7 @@ impl<J: Send + 'static> Scheduler<J> {
             gate: BurstGate::new(config, device_parallelism),
             pool: (config.global_pool && count > 1).then(|| GlobalPool {
                 node: Mutex::new(config.capacity.per_second),
-                period_ns: config.params.window_ns.max(1),
+                period_ns: config.params.window_ns.max(global_pool::MIN_PERIOD_NS),
                 last_ns: AtomicU64::new(clock.now_ns()),
             }),
             capacity_per_second: Mutex::new(config.capacity.per_second),
@@ -1329,6 +1329,22 @@ mod tests {
         assert_eq!(released.iter().map(|r| r.job).collect::<Vec<_>>(), vec![2]);
         assert_eq!(waiting(&s), 2);
         s.stop();
+    }
+
+    #[test]
+    fn the_global_pool_rebalances_no_faster_than_its_shortest_period() {
+        // A 1 ms policy window still rebalances every 10 ms; a longer window sets the period.
+        for (window_ns, period_ns) in [(1_000_000, 10_000_000), (50_000_000, 50_000_000)] {
+            let mut config = QosConfig {
+                policy: PolicyChoice::Policy(PolicyKind::Burst),
+                workers: 2,
+                ..QosConfig::default()
+            };
+            config.params.window_ns = window_ns;
+            let collect = Arc::new(Collect::default());
+            let s = Scheduler::start(&config, Clock::new(), collect, None).expect("scheduler");
+            assert_eq!(s.pool.as_ref().map(|p| p.period_ns), Some(period_ns));
+        }
     }
 
     #[test]
