@@ -96,6 +96,32 @@ enum Kind {
     Create,
     Resize,
     Delete,
+    /// `POST /v1/devices`: a new device file joins the pool.
+    DeviceAdd,
+    /// `POST /v1/volumes/{name}/scrub` of a replicated volume (its copies must agree).
+    Scrub,
+}
+
+/// How a cycle ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum End {
+    /// SIGKILL at a random moment.
+    Kill,
+    /// SIGTERM at a random moment: the server must flush and exit 0, after which every
+    /// acknowledged write is durable.
+    Term,
+    /// SIGTERM, then SIGKILL 0-20 ms later (a kill during the clean shutdown).
+    TermThenKill,
+}
+
+/// What a run drives: the file backend (replicated volumes, device adds, scrubs) or RADOS
+/// (one copy, Ceph keeps the replicas; the pool has one device).
+struct Setup {
+    server_args: Vec<String>,
+    /// Every other volume has two replicas.
+    replicated: bool,
+    /// Device adds and scrubs are part of the mix.
+    device_ops: bool,
 }
 
 struct Op {
@@ -184,6 +210,19 @@ struct Stats {
     volumes_checked: u64,
     /// What became of management calls cut by the kill.
     outcomes: BTreeMap<&'static str, u64>,
+    /// How the cycles ended (by the signal sent) and how the server left (exit 0 or killed).
+    ends: BTreeMap<&'static str, u64>,
+    /// Servers killed while starting (recovery after the previous crash), and of those how
+    /// many before they printed their addresses (still recovering or starting).
+    early_kills: u64,
+    early_kills_before_ready: u64,
+    /// Of those, kills after the startup punch was logged (in the replica resync, the open
+    /// commit or the node's start).
+    early_kills_after_punch: u64,
+    /// Scrubs that compared copies (every one found them equal).
+    scrubs: u64,
+    /// Acknowledged, unflushed writes that a clean shutdown made durable (checked as such).
+    writes_durable_by_shutdown: u64,
 }
 
 struct Harness {
@@ -207,7 +246,16 @@ struct Harness {
     /// What each tag was, for failure messages.
     log: HashMap<u64, String>,
     stats: Stats,
+    replicated: bool,
+    device_ops: bool,
+    /// Devices the pool has for sure (acknowledged adds included), and adds cut by a crash
+    /// whose outcome a restart has not shown yet.
+    devices: u64,
+    devices_maybe: u64,
 }
+
+/// Most devices the harness grows the pool to (device files of 1 GiB, sparse).
+const MAX_DEVICES: u64 = 10;
 
 struct Api {
     base: String,
@@ -267,8 +315,12 @@ impl Api {
 }
 
 impl Harness {
-    fn new(seed: u64) -> Harness {
+    fn new(seed: u64, setup: &Setup) -> Harness {
         Harness {
+            replicated: setup.replicated,
+            device_ops: setup.device_ops,
+            devices: if setup.device_ops { 2 } else { 1 },
+            devices_maybe: 0,
             rng: Rng::new(seed),
             seed,
             cycle: 0,
@@ -376,6 +428,8 @@ impl Harness {
                         }
                     }
                     Kind::Flush => self.flush(v),
+                    Kind::DeviceAdd => self.add_device(api),
+                    Kind::Scrub => self.scrub(v, api, server),
                     Kind::Trim => self.discard(v, NBD_CMD_TRIM),
                     Kind::WriteZeroes => self.discard(v, NBD_CMD_WRITE_ZEROES),
                     _ => self.write(v),
@@ -387,15 +441,66 @@ impl Harness {
         if inflight >= WINDOW || (inflight > 0 && roll < 35) {
             return self.receive(v);
         }
-        match self.rng.range(0, 99) {
-            0..=61 => self.write(v),
-            62..=73 => self.flush(v),
-            74..=84 => self.discard(v, NBD_CMD_TRIM),
-            85..=96 => self.discard(v, NBD_CMD_WRITE_ZEROES),
-            97 => self.create(api, server),
-            98 => self.resize(v, api, server),
-            _ => self.delete(v, api),
+        match self.rng.range(0, 999) {
+            0..=619 => self.write(v),
+            620..=739 => self.flush(v),
+            740..=849 => self.discard(v, NBD_CMD_TRIM),
+            850..=964 => self.discard(v, NBD_CMD_WRITE_ZEROES),
+            965..=974 => self.create(api, server),
+            975..=984 => self.resize(v, api, server),
+            985..=994 => self.delete(v, api),
+            995..=996 if self.device_ops => self.add_device(api),
+            997..=999 if self.device_ops => self.scrub(v, api, server),
+            _ => self.write(v),
         }
+    }
+
+    /// Adds a device file to the pool (at most `MAX_DEVICES`).
+    fn add_device(&mut self, api: &Api) -> Result<(), Broken> {
+        if self.devices + self.devices_maybe >= MAX_DEVICES {
+            return Ok(());
+        }
+        self.mgmt_inflight = Some(Kind::DeviceAdd);
+        self.devices_maybe += 1;
+        *self.stats.sent.entry(Kind::DeviceAdd).or_default() += 1;
+        self.arm(Kind::DeviceAdd);
+        api.call(
+            "POST",
+            "/v1/devices",
+            Some(json!({"size_bytes": 1u64 << 30})),
+        )?;
+        self.mgmt_inflight = None;
+        self.devices_maybe -= 1;
+        self.devices += 1;
+        *self.stats.acked.entry(Kind::DeviceAdd).or_default() += 1;
+        Ok(())
+    }
+
+    /// Scrubs volume `v` if it is replicated: its copies must agree (every write reaches
+    /// both before its reply, and each unclean start resynchronised them).
+    fn scrub(&mut self, v: usize, api: &Api, server: &Server) -> Result<(), Broken> {
+        if self.vols[v].uid % 2 == 1 || !self.replicated {
+            return Ok(());
+        }
+        let name = self.vols[v].name.clone();
+        self.mgmt_inflight = Some(Kind::Scrub);
+        *self.stats.sent.entry(Kind::Scrub).or_default() += 1;
+        self.arm(Kind::Scrub);
+        let report = api.call(
+            "POST",
+            &format!("/v1/volumes/{name}/scrub"),
+            Some(json!({})),
+        )?;
+        self.mgmt_inflight = None;
+        *self.stats.acked.entry(Kind::Scrub).or_default() += 1;
+        if report["mismatches"].as_u64() != Some(0) {
+            self.fail(
+                server,
+                &format!("scrub of {name} found copies that differ: {report}"),
+            );
+        }
+        self.stats.scrubs += 1;
+        Ok(())
     }
 
     fn receive(&mut self, v: usize) -> Result<(), Broken> {
@@ -658,7 +763,7 @@ impl Harness {
         *self.stats.sent.entry(Kind::Create).or_default() += 1;
         self.arm(Kind::Create);
         // Every other volume is replicated (a copy on each of the two devices).
-        let replicas = 1 + uid % 2;
+        let replicas = if self.replicated { 1 + uid % 2 } else { 1 };
         api.call(
             "POST",
             "/v1/volumes",
@@ -755,6 +860,24 @@ impl Harness {
         Ok(())
     }
 
+    /// The server flushed and exited 0 after SIGTERM: every write it acknowledged is durable
+    /// (`Node::shutdown` flushes after the connections are closed); what was in flight stays
+    /// "possible", as after a kill.
+    fn stopped_cleanly(&mut self) {
+        for vol in &mut self.vols {
+            // Acknowledged since the last FLUSH was sent, and those an unanswered FLUSH covers.
+            let mut acked = std::mem::take(&mut vol.acked_unflushed);
+            for op in vol.inflight.values().filter(|op| op.kind == Kind::Flush) {
+                acked.extend_from_slice(&op.covers);
+            }
+            self.stats.writes_durable_by_shutdown += acked.len() as u64;
+            for (first, count, tag) in acked {
+                vol.make_durable(first, count, tag);
+            }
+        }
+        self.crashed();
+    }
+
     /// The kill landed: what was in flight stays "possible", nothing more becomes durable.
     fn crashed(&mut self) {
         let mut during = BTreeSet::new();
@@ -794,8 +917,39 @@ impl Harness {
         }
     }
 
+    /// After a restart: the pool has every device whose add was acknowledged, and an add cut
+    /// by a crash either happened or not.
+    fn verify_devices(&mut self, server: &Server, api: &Api) {
+        let listed = match api.call("GET", "/v1/devices", None) {
+            Ok(list) => list,
+            Err(Broken(e)) => self.fail(server, &format!("restarted server's API: {e}")),
+        };
+        let n = listed.as_array().expect("device list is an array").len() as u64;
+        if n < self.devices || n > self.devices + self.devices_maybe {
+            let msg = format!(
+                "the pool has {n} devices, expected {} to {}",
+                self.devices,
+                self.devices + self.devices_maybe
+            );
+            self.fail(server, &msg);
+        }
+        if self.devices_maybe > 0 {
+            let outcome = if n > self.devices {
+                "unacknowledged device add done"
+            } else {
+                "unacknowledged device add undone"
+            };
+            *self.stats.outcomes.entry(outcome).or_default() += 1;
+        }
+        self.devices = n;
+        self.devices_maybe = 0;
+    }
+
     /// After a restart: the volume list, sizes and every block.
     fn verify(&mut self, server: &Server, api: &Api) {
+        if self.device_ops {
+            self.verify_devices(server, api);
+        }
         let listed = match api.call("GET", "/v1/volumes", None) {
             Ok(list) => list,
             Err(Broken(e)) => self.fail(server, &format!("restarted server's API: {e}")),
@@ -1040,28 +1194,142 @@ fn compare_replicas(data_dir: &std::path::Path) -> (usize, u64) {
     (volumes, compared)
 }
 
+/// Starts the server and SIGKILLs it `delay` later without waiting for it to be ready: a
+/// kill during the recovery that follows a crash (startup punch, replica resync, the open
+/// commit). Returns whether it had printed its addresses (finished starting) by then, and
+/// whether its log shows the startup punch done (the kill then landed in or after recovery).
+fn start_and_kill(data_dir: &std::path::Path, args: &[String], delay: Duration) -> (bool, bool) {
+    let log_path = data_dir.with_extension("log");
+    let log_before = std::fs::metadata(&log_path).map_or(0, |m| m.len());
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data_dir.with_extension("log"))
+        .expect("open log");
+    let mut child = std::process::Command::new(common::BIN)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .args(args)
+        .env("HEADROOM_TOKEN", common::TEST_TOKEN)
+        .env("HEADROOM_LOG", "debug")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::from(log))
+        .spawn()
+        .expect("spawn headroom serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let ready = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let ready = Arc::clone(&ready);
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stdout).lines() {
+                match line {
+                    Ok(line) if line.starts_with("nbd://") => ready.store(true, Ordering::SeqCst),
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+        })
+    };
+    // The random moment of the kill (like the killer thread's delay), not a synchronisation.
+    std::thread::sleep(delay);
+    let was_ready = ready.load(Ordering::SeqCst);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = reader.join();
+    let log = std::fs::read(&log_path).unwrap_or_default();
+    let tail = String::from_utf8_lossy(log.get(log_before as usize..).unwrap_or_default());
+    (was_ready, tail.contains("punched all free extents"))
+}
+
+fn file_setup() -> Setup {
+    Setup {
+        server_args: SERVER_ARGS.iter().map(|s| s.to_string()).collect(),
+        replicated: true,
+        device_ops: true,
+    }
+}
+
+/// Share of cycles that end with SIGTERM instead of SIGKILL, and of those, the share whose
+/// SIGTERM is followed by a SIGKILL during the shutdown.
+const TERM_PERCENT: u64 = 15;
+const TERM_THEN_KILL_PERCENT: u64 = 40;
+/// Share of restarts preceded by 1-3 servers killed while starting (during recovery).
+const EARLY_KILL_PERCENT: u64 = 30;
+/// Range of the delay between spawning such a server and killing it.
+const EARLY_KILL_MS: (u64, u64) = (0, 60);
+
 #[test]
 fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
     let cycles = env_u64("HEADROOM_CRASH_CYCLES").unwrap_or(100);
+    run(&file_setup(), cycles, "crash consistency");
+}
+
+/// The same harness against a Headroom whose store is a Ceph RADOS pool (the test cluster
+/// `scripts/test` starts): one copy per extent (Ceph keeps the replicas), no device adds or
+/// scrubs (the pool is one device); each restart waits for the killed node's lease to expire
+/// (1 s here). `HEADROOM_CRASH_RADOS_CYCLES` (default 12) sets the cycles.
+#[test]
+fn rados_acknowledged_durable_data_survives_sigkill_at_random_moments() {
+    let Some(conf) = std::env::var_os("HEADROOM_TEST_CEPH_CONF") else {
+        let why = "no Ceph cluster: set HEADROOM_TEST_CEPH_CONF (scripts/test starts one with \
+                   scripts/ceph-test-cluster)";
+        if std::env::var_os("HEADROOM_REQUIRE_TOOLS").is_some() {
+            panic!("the RADOS crash loop must run here (HEADROOM_REQUIRE_TOOLS is set): {why}");
+        }
+        eprintln!("SKIPPED: {why}");
+        return;
+    };
+    if !headroom_store::RADOS_SUPPORTED {
+        let why = "this test build has no RADOS backend (build with --features headroom/rados)";
+        if std::env::var_os("HEADROOM_REQUIRE_TOOLS").is_some() {
+            panic!("the RADOS crash loop must run here (HEADROOM_REQUIRE_TOOLS is set): {why}");
+        }
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let pool = std::env::var("HEADROOM_TEST_CEPH_POOL").unwrap_or_else(|_| "headroom".into());
+    let setup = Setup {
+        server_args: vec![
+            "--rados-conf".into(),
+            conf.to_str().expect("UTF-8 ceph.conf path").into(),
+            "--rados-pool".into(),
+            pool,
+            "--device-size".into(),
+            "1GiB".into(),
+            "--rados-lease-ms".into(),
+            "1000".into(),
+        ],
+        replicated: false,
+        device_ops: false,
+    };
+    let cycles = env_u64("HEADROOM_CRASH_RADOS_CYCLES").unwrap_or(12);
+    run(&setup, cycles, "RADOS crash consistency");
+}
+
+fn run(setup: &Setup, cycles: u64, what: &str) {
     let seed = env_u64("HEADROOM_CRASH_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
     });
     say(&format!(
-        "crash consistency: {cycles} cycles, seed {seed} (replay: HEADROOM_CRASH_SEED={seed})"
+        "{what}: {cycles} cycles, seed {seed} (replay: HEADROOM_CRASH_SEED={seed})"
     ));
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("data");
-    let mut h = Harness::new(seed);
+    let mut h = Harness::new(seed, setup);
     let current_cycle = Arc::new(AtomicU64::new(0));
     let _note = FailureNote {
         seed,
         cycle: Arc::clone(&current_cycle),
     };
+    let args: Vec<&str> = setup.server_args.iter().map(String::as_str).collect();
 
-    let mut server = Server::start_with(&data_dir, SERVER_ARGS);
+    let mut server = Server::start_with(&data_dir, &args);
     {
         let api = Api::new(&server.api);
         for _ in 0..3 {
@@ -1075,7 +1343,7 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
         current_cycle.store(cycle, Ordering::SeqCst);
         if cycle > 0 && cycle % 100 == 0 {
             say(&format!(
-                "crash consistency: {cycle} cycles done in {:.1} s",
+                "{what}: {cycle} cycles done in {:.1} s",
                 started.elapsed().as_secs_f64()
             ));
         }
@@ -1089,22 +1357,46 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
         }
         let killed = Arc::new(AtomicBool::new(false));
         let delay = Duration::from_millis(h.rng.range(KILL_DELAY_MS.0, KILL_DELAY_MS.1));
+        let end = if h.rng.chance(TERM_PERCENT) {
+            if h.rng.chance(TERM_THEN_KILL_PERCENT) {
+                End::TermThenKill
+            } else {
+                End::Term
+            }
+        } else {
+            End::Kill
+        };
+        let kill_after_term = Duration::from_micros(h.rng.range(0, 20_000));
         let (fuse, lit) = mpsc::channel::<Duration>();
         // Half the cycles aim the kill at one kind of request (so that the rare, short ones,
         // management commits above all, are hit too); the others kill on the timer alone.
         h.target = None;
         h.fuse = None;
         if h.rng.chance(TARGETED_PERCENT) {
-            const TARGETS: [Kind; 7] = [
-                Kind::Create,
-                Kind::Resize,
-                Kind::Delete,
-                Kind::Flush,
-                Kind::AllocatingWrite,
-                Kind::FuaWrite,
-                Kind::Trim,
-            ];
-            h.target = Some(TARGETS[h.rng.range(0, TARGETS.len() as u64 - 1) as usize]);
+            let targets: &[Kind] = if setup.device_ops {
+                &[
+                    Kind::Create,
+                    Kind::Resize,
+                    Kind::Delete,
+                    Kind::Flush,
+                    Kind::AllocatingWrite,
+                    Kind::FuaWrite,
+                    Kind::Trim,
+                    Kind::DeviceAdd,
+                    Kind::Scrub,
+                ]
+            } else {
+                &[
+                    Kind::Create,
+                    Kind::Resize,
+                    Kind::Delete,
+                    Kind::Flush,
+                    Kind::AllocatingWrite,
+                    Kind::FuaWrite,
+                    Kind::Trim,
+                ]
+            };
+            h.target = Some(targets[h.rng.range(0, targets.len() as u64 - 1) as usize]);
             h.steps_before_target = h.rng.range(0, 300);
             h.fuse = Some(fuse);
         }
@@ -1116,9 +1408,20 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
                     std::thread::sleep(short);
                 }
                 killed.store(true, Ordering::SeqCst);
-                let _ = std::process::Command::new("kill")
-                    .args(["-KILL", &pid.to_string()])
-                    .status();
+                let signal = |name: &str| {
+                    let _ = std::process::Command::new("kill")
+                        .args([name, &pid.to_string()])
+                        .status();
+                };
+                match end {
+                    End::Kill => signal("-KILL"),
+                    End::Term => signal("-TERM"),
+                    End::TermThenKill => {
+                        signal("-TERM");
+                        std::thread::sleep(kill_after_term);
+                        signal("-KILL");
+                    }
+                }
             })
         };
         let broken = loop {
@@ -1133,10 +1436,51 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
                 &format!("connection broke before the kill: {broken}"),
             );
         }
-        h.crashed();
-        server.kill9();
+        let clean = match end {
+            End::Kill => {
+                server.kill9();
+                false
+            }
+            End::Term | End::TermThenKill => {
+                let status = server.stop_any();
+                if end == End::Term && !status.success() {
+                    panic!(
+                        "{what} FAILED at cycle {cycle} (seed {seed}): the server exited with \
+                         {status} after SIGTERM"
+                    );
+                }
+                status.success()
+            }
+        };
+        let outcome = match (end, clean) {
+            (End::Kill, _) => "SIGKILL",
+            (End::Term, _) => "SIGTERM, exit 0",
+            (End::TermThenKill, true) => "SIGTERM then SIGKILL, exited 0 first",
+            (End::TermThenKill, false) => "SIGTERM then SIGKILL, killed in the shutdown",
+        };
+        *h.stats.ends.entry(outcome).or_default() += 1;
+        if clean {
+            h.stopped_cleanly();
+        } else {
+            h.crashed();
+        }
 
-        server = Server::start_with(&data_dir, SERVER_ARGS);
+        // Sometimes the next start is killed too, while it recovers from this one.
+        if h.rng.chance(EARLY_KILL_PERCENT) {
+            for _ in 0..h.rng.range(1, 3) {
+                let delay = Duration::from_millis(h.rng.range(EARLY_KILL_MS.0, EARLY_KILL_MS.1));
+                let (was_ready, punched) = start_and_kill(&data_dir, &setup.server_args, delay);
+                h.stats.early_kills += 1;
+                if !was_ready {
+                    h.stats.early_kills_before_ready += 1;
+                    if punched {
+                        h.stats.early_kills_after_punch += 1;
+                    }
+                }
+            }
+        }
+
+        server = Server::start_with(&data_dir, &args);
         let api = Api::new(&server.api);
         h.verify(&server, &api);
     }
@@ -1146,7 +1490,11 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
         }
     }
     server.stop();
-    let (replicated, extents_compared) = compare_replicas(&data_dir);
+    let (replicated, extents_compared) = if setup.replicated {
+        compare_replicas(&data_dir)
+    } else {
+        (0, 0)
+    };
 
     let elapsed = started.elapsed();
     let s = &h.stats;
@@ -1156,8 +1504,14 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let fmt_str = |m: &BTreeMap<&'static str, u64>| {
+        m.iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     say(&format!(
-        "crash consistency: {cycles} kill/restart cycles in {:.1} s (seed {seed}); \
+        "{what}: {cycles} kill/restart cycles in {:.1} s (seed {seed}); \
          {} blocks checked ({} with durable data, {} with more than one allowed version) \
          in {} volume checks",
         elapsed.as_secs_f64(),
@@ -1167,9 +1521,23 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
         s.volumes_checked
     ));
     say(&format!(
-        "  replicated volumes at the end: {replicated}, {extents_compared} extents whose two \
-         copies compared equal"
+        "  how cycles ended: {}; {} acknowledged unflushed writes made durable by clean \
+         shutdowns",
+        fmt_str(&s.ends),
+        s.writes_durable_by_shutdown
     ));
+    say(&format!(
+        "  servers killed while starting: {} ({} before they were ready, {} of those after \
+         the startup punch of the recovery)",
+        s.early_kills, s.early_kills_before_ready, s.early_kills_after_punch
+    ));
+    if setup.replicated {
+        say(&format!(
+            "  replicated volumes at the end: {replicated}, {extents_compared} extents whose \
+             two copies compared equal; {} scrubs found the copies equal; pool of {} devices",
+            s.scrubs, h.devices
+        ));
+    }
     say(&format!("  requests sent: {}", fmt(&s.sent)));
     say(&format!("  acknowledged:  {}", fmt(&s.acked)));
     say(&format!(
@@ -1178,11 +1546,7 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
     ));
     say(&format!(
         "  management calls cut by the kill, after the restart: {}",
-        s.outcomes
-            .iter()
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        fmt_str(&s.outcomes)
     ));
     assert!(
         cycles == 0 || (s.blocks_checked > 0 && s.volumes_checked >= cycles),
