@@ -100,6 +100,9 @@ enum Kind {
     DeviceAdd,
     /// `POST /v1/volumes/{name}/scrub` of a replicated volume (its copies must agree).
     Scrub,
+    /// `POST /v1/devices/{id}/fail`: the operator fails a device (at most one per run); the
+    /// rebuild task then copies the replicated volumes' lost copies elsewhere.
+    DeviceFail,
 }
 
 /// How a cycle ends.
@@ -223,6 +226,9 @@ struct Stats {
     scrubs: u64,
     /// Acknowledged, unflushed writes that a clean shutdown made durable (checked as such).
     writes_durable_by_shutdown: u64,
+    /// FLUSH and FUA requests of 1-replica volumes refused with EIO because a device they
+    /// have an extent on was failed.
+    durability_refused: u64,
 }
 
 struct Harness {
@@ -252,10 +258,16 @@ struct Harness {
     /// whose outcome a restart has not shown yet.
     devices: u64,
     devices_maybe: u64,
+    /// The device the operator failed (acknowledged, or seen failed after a restart), and
+    /// one whose fail was cut by a crash.
+    failed_device: Option<u64>,
+    fail_maybe: Option<u64>,
 }
 
 /// Most devices the harness grows the pool to (device files of 1 GiB, sparse).
 const MAX_DEVICES: u64 = 10;
+/// The errno of a FLUSH or FUA request whose data sits on a failed device.
+const EIO: u32 = 5;
 
 struct Api {
     base: String,
@@ -321,6 +333,8 @@ impl Harness {
             device_ops: setup.device_ops,
             devices: if setup.device_ops { 2 } else { 1 },
             devices_maybe: 0,
+            failed_device: None,
+            fail_maybe: None,
             rng: Rng::new(seed),
             seed,
             cycle: 0,
@@ -430,6 +444,7 @@ impl Harness {
                     Kind::Flush => self.flush(v),
                     Kind::DeviceAdd => self.add_device(api),
                     Kind::Scrub => self.scrub(v, api, server),
+                    Kind::DeviceFail => self.fail_device(api),
                     Kind::Trim => self.discard(v, NBD_CMD_TRIM),
                     Kind::WriteZeroes => self.discard(v, NBD_CMD_WRITE_ZEROES),
                     _ => self.write(v),
@@ -450,7 +465,8 @@ impl Harness {
             975..=984 => self.resize(v, api, server),
             985..=994 => self.delete(v, api),
             995..=996 if self.device_ops => self.add_device(api),
-            997..=999 if self.device_ops => self.scrub(v, api, server),
+            997..=998 if self.device_ops => self.scrub(v, api, server),
+            999 if self.device_ops => self.fail_device(api),
             _ => self.write(v),
         }
     }
@@ -476,10 +492,29 @@ impl Harness {
         Ok(())
     }
 
+    /// Fails a device through the API, once per run and only with at least three devices (so
+    /// two healthy ones remain for new copies and for the rebuild's).
+    fn fail_device(&mut self, api: &Api) -> Result<(), Broken> {
+        if self.failed_device.is_some() || self.fail_maybe.is_some() || self.devices < 3 {
+            return Ok(());
+        }
+        let id = self.rng.range(0, self.devices - 1);
+        self.mgmt_inflight = Some(Kind::DeviceFail);
+        self.fail_maybe = Some(id);
+        *self.stats.sent.entry(Kind::DeviceFail).or_default() += 1;
+        self.arm(Kind::DeviceFail);
+        api.call("POST", &format!("/v1/devices/{id}/fail"), Some(json!({})))?;
+        self.mgmt_inflight = None;
+        self.fail_maybe = None;
+        self.failed_device = Some(id);
+        *self.stats.acked.entry(Kind::DeviceFail).or_default() += 1;
+        Ok(())
+    }
+
     /// Scrubs volume `v` if it is replicated: its copies must agree (every write reaches
     /// both before its reply, and each unclean start resynchronised them).
     fn scrub(&mut self, v: usize, api: &Api, server: &Server) -> Result<(), Broken> {
-        if self.vols[v].uid % 2 == 1 || !self.replicated {
+        if self.vols[v].uid % 2 == 0 || !self.replicated {
             return Ok(());
         }
         let name = self.vols[v].name.clone();
@@ -509,9 +544,15 @@ impl Harness {
         let Some(op) = vol.inflight.remove(&cookie) else {
             panic!("reply for unknown cookie {cookie} on {}", vol.name);
         };
-        assert_eq!(
-            error,
-            0,
+        // With a device failed, a 1-replica volume holding an extent there cannot promise
+        // durability any more: its FLUSH and FUA requests get EIO, and what they covered
+        // stays acknowledged, not durable.
+        let refused = error == EIO
+            && (op.kind == Kind::Flush || op.fua)
+            && self.failed_device.is_some()
+            && !(self.replicated && vol.uid % 2 == 1);
+        assert!(
+            error == 0 || refused,
             "server answered {} with errno {error}",
             self.log.get(&op.tag).map_or("a FLUSH", String::as_str)
         );
@@ -520,7 +561,14 @@ impl Harness {
                 *busy = false;
             }
         }
-        if op.kind == Kind::Flush {
+        if refused {
+            self.stats.durability_refused += 1;
+            if op.kind == Kind::Flush {
+                vol.acked_unflushed.extend(op.covers);
+            } else {
+                vol.acked_unflushed.push((op.first, op.count, op.tag));
+            }
+        } else if op.kind == Kind::Flush {
             for (first, count, tag) in op.covers {
                 vol.make_durable(first, count, tag);
             }
@@ -924,7 +972,37 @@ impl Harness {
             Ok(list) => list,
             Err(Broken(e)) => self.fail(server, &format!("restarted server's API: {e}")),
         };
-        let n = listed.as_array().expect("device list is an array").len() as u64;
+        let list = listed.as_array().expect("device list is an array");
+        let n = list.len() as u64;
+        let failed: Vec<u64> = list
+            .iter()
+            .filter(|d| d["failed"].as_bool() == Some(true))
+            .map(|d| d["id"].as_u64().expect("device id"))
+            .collect();
+        let allowed: Vec<u64> = self
+            .failed_device
+            .iter()
+            .chain(&self.fail_maybe)
+            .copied()
+            .collect();
+        if failed.iter().any(|id| !allowed.contains(id))
+            || self.failed_device.is_some_and(|id| !failed.contains(&id))
+        {
+            let msg = format!(
+                "failed devices {failed:?}; expected {:?}, maybe {:?}",
+                self.failed_device, self.fail_maybe
+            );
+            self.fail(server, &msg);
+        }
+        if let Some(id) = self.fail_maybe.take() {
+            let outcome = if failed.contains(&id) {
+                self.failed_device = Some(id);
+                "unacknowledged device fail done"
+            } else {
+                "unacknowledged device fail undone"
+            };
+            *self.stats.outcomes.entry(outcome).or_default() += 1;
+        }
         if n < self.devices || n > self.devices + self.devices_maybe {
             let msg = format!(
                 "the pool has {n} devices, expected {} to {}",
@@ -1161,6 +1239,8 @@ fn say(line: &str) {
 /// Opens the stopped server's store and compares the copies of every allocated extent of
 /// every replicated volume: (replicated volumes, extents compared). Panics on a difference.
 fn compare_replicas(data_dir: &std::path::Path) -> (usize, u64) {
+    // A copy on a failed device missed the writes since it failed (the rebuild replaces
+    // it): only extents whose copies are all on healthy devices must agree.
     let store = headroom_store::Store::open(&headroom_store::StoreConfig::new(data_dir))
         .expect("open the store after the run");
     let mut a = vec![0u8; EXTENT as usize];
@@ -1170,6 +1250,13 @@ fn compare_replicas(data_dir: &std::path::Path) -> (usize, u64) {
         volumes += 1;
         let v = store.open_volume(&info.name).expect("open volume");
         for extent in 0..info.size_bytes.div_ceil(EXTENT) {
+            if v.copies(extent)
+                .iter()
+                .flatten()
+                .any(|(_, healthy)| !healthy)
+            {
+                continue;
+            }
             if v.replica_location(0, extent).is_none() {
                 assert!(
                     v.replica_location(1, extent).is_none(),
@@ -1384,6 +1471,7 @@ fn run(setup: &Setup, cycles: u64, what: &str) {
                     Kind::Trim,
                     Kind::DeviceAdd,
                     Kind::Scrub,
+                    Kind::DeviceFail,
                 ]
             } else {
                 &[
@@ -1534,8 +1622,10 @@ fn run(setup: &Setup, cycles: u64, what: &str) {
     if setup.replicated {
         say(&format!(
             "  replicated volumes at the end: {replicated}, {extents_compared} extents whose \
-             two copies compared equal; {} scrubs found the copies equal; pool of {} devices",
-            s.scrubs, h.devices
+             two copies compared equal; {} scrubs found the copies equal; pool of {} devices, \
+             failed by the operator: {:?}; {} FLUSH/FUA of 1-replica volumes refused (EIO) \
+             for data on it",
+            s.scrubs, h.devices, h.failed_device, s.durability_refused
         ));
     }
     say(&format!("  requests sent: {}", fmt(&s.sent)));
