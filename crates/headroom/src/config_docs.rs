@@ -38,7 +38,7 @@ const TABLE_PATHS: &[(&str, &str)] = &[
     ("MetricsSection", "metrics"),
 ];
 
-/// Sections other branches of issue 12 add (`[api]`: authentication, `[metrics]`: series
+/// Sections the operations work added (`[api]`: authentication, `[metrics]`: series
 /// cardinality), documented ahead of the merge. While serve_config.rs has no such field, their
 /// examples are checked with that table left out and their keys are not required; once it
 /// has, they are checked like every other section.

@@ -1,4 +1,4 @@
-//! Crash consistency (issue 11, item 4): a writer drives the real `headroom serve` (file
+//! Crash consistency: a writer drives the real `headroom serve` (file
 //! backend) over NBD and the management API while the server is killed with SIGKILL at a
 //! random moment; the server is restarted on the same data directory and everything the writer
 //! was promised is checked.

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
-/// The metric names of the shared contract (docs/operations.md; the brief of issue 12). The
+/// The metric names of the shared contract (docs/operations.md). The
 /// metrics helper's tests check the server exposes them; this list must follow the brief.
 const METRICS: &[&str] = &[
     "headroom_volume_ops_total",

@@ -1,4 +1,4 @@
-//! Hostile clients (issue 11, item 7): connection floods, slow and stalled handshakes, clients
+//! Hostile clients: connection floods, slow and stalled handshakes, clients
 //! that never read their replies, thousands of requests in flight, and `accept` failures. Each
 //! test drives the real server with raw sockets (the bytes no polite client sends) and checks
 //! that other clients are still served, with real clients (nbdinfo, nbdcopy, fio) where one

@@ -1,4 +1,4 @@
-//! Requests without payload larger than the maximum block size (issue 11, item 3).
+//! Requests without payload larger than the maximum block size.
 //!
 //! Why: the 32 MiB maximum block size bounds what a READ or WRITE makes the server hold, but
 //! WRITE_ZEROES, TRIM and CACHE carry no payload, and real clients send them larger (nbdfuse

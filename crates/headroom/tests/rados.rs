@@ -393,7 +393,7 @@ fn replies_until_closed(client: &mut common::raw::Client) -> Vec<(u64, u32)> {
     out
 }
 
-/// Several nodes, one store (issue 15, item 3), with real processes on one cluster:
+/// Several nodes, one store, with real processes on one cluster:
 ///
 /// * failover: node A serves a volume and fio writes it (crc32c verify headers, final
 ///   FLUSH); node B, started on its own data directory with A's namespace, waits for A's
@@ -691,7 +691,7 @@ fn split_nodes(status: &Value) -> Vec<String> {
     ids
 }
 
-/// Cross-node arbitration (issue 15, item 4) with two real nodes on one pool: both report
+/// Cross-node arbitration with two real nodes on one pool: both report
 /// and appear in the split, exactly one is the arbiter, the shares add up to the pool's
 /// capacity; the arbiter is killed with SIGKILL and the other node becomes the arbiter within
 /// the lock's duration plus an epoch (plus the polling's slack), then has the whole capacity

@@ -1,4 +1,4 @@
-//! Tenants and read-only exports (issue 11, item 2) for clients without a TLS identity, in
+//! Tenants and read-only exports for clients without a TLS identity, in
 //! every build: a plaintext client sees, lists and opens only volumes without a tenant, and a
 //! tenant's volume is answered exactly like a missing one (byte for byte at the protocol level;
 //! the same exit status and error text from nbdinfo and qemu-img). Read-only volumes advertise

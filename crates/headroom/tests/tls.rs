@@ -1,9 +1,9 @@
-//! TLS on the NBD port (issue 11, item 1), driven by the real clients: qemu-img (GnuTLS, PSK
+//! TLS on the NBD port, driven by the real clients: qemu-img (GnuTLS, PSK
 //! and X.509 credentials objects) and libnbd's nbdinfo/nbdcopy (`nbds://` URIs). Credentials
 //! are generated here with the openssl CLI into a temporary directory. A build without the
 //! `tls` feature checks instead that the TLS flags fail with a clear message.
 //!
-//! Tenants (issue 11, item 2): the PSK identity or the client certificate's CN is the
+//! Tenants: the PSK identity or the client certificate's CN is the
 //! session's tenant; it lists and opens only its tenant's volumes, and anything else is
 //! answered as a missing volume is (the plaintext side is in `tenants.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design

@@ -1,4 +1,4 @@
-//! headroom-lab: the load generator of the lab (issue 14).
+//! headroom-lab: the load generator of the lab.
 //!
 //! Why a crate of its own: measuring Headroom's QoS needs load that is exactly known —
 //! how many I/Os of which kind were sent, when, and how long each took — from a generator

@@ -1,6 +1,6 @@
 //! The node's side of cross-node arbitration: every epoch, measure what this node's tenants
 //! want of the shared backend, report it, and pace the node at the share the arbiter gave it
-//! (issue 15, "bandwidth auction"; the exchange is `headroom_store::arbiter`, the split
+//! (Flint's "bandwidth auction"; the exchange is `headroom_store::arbiter`, the split
 //! `headroom_qos::arbitration`).
 //!
 //! Why: nodes sharing one RADOS pool each pace their tenants at their own capacity and cannot

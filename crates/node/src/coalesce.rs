@@ -4,7 +4,7 @@
 //! Under a deep queue from a single client (fio at QD32), requests reach the server one
 //! TCP segment at a time, as the client completes earlier ones. A server that answers each at
 //! once wakes once per request: one `epoll_wait`, one `recv`, one `send` and a sleep/wake pair
-//! each, which on this kind of VM cost more than the storage work (docs/results.md, issue 13).
+//! each, which on this kind of VM cost more than the storage work (docs/results.md).
 //! Waiting `coalesce_us` before parking lets the next few requests land in the socket; the
 //! thread then reads them in one `recv`, runs them, and the session's writer sends all their
 //! replies in one `send`. It is NIC interrupt moderation moved into the server, and it costs

@@ -2,7 +2,7 @@
 //!
 //! Why OpenSSL: qemu and libnbd (both GnuTLS) offer two kinds of credentials, X.509 and
 //! external pre-shared keys (`keys.psk`: `identity:hexkey` lines). rustls has no external PSK
-//! (rustls issue 174), so this module drives OpenSSL through the `openssl` crate, with
+//! (rustls does not implement it), so this module drives OpenSSL through the `openssl` crate, with
 //! `tokio-openssl` running the handshake and the records on the session's socket. It sits
 //! behind the `tls` cargo feature: a machine without libssl-dev still builds the server.
 //!

@@ -1,5 +1,5 @@
 //! Cross-node arbitration of a shared backend: how the arbiter splits the backend's capacity
-//! between the nodes that share it (issue 15, "bandwidth auction").
+//! between the nodes that share it (Flint's "bandwidth auction").
 //!
 //! Why: each node paces its own tenants at its own capacity, and the burst policy serves
 //! baselines first and bursts only on the node's spare capacity. But nodes that share one

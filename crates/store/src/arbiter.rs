@@ -1,6 +1,6 @@
 //! The exchange of cross-node arbitration through RADOS: nodes that share a pool report their
 //! demand each epoch, one of them (the arbiter) splits the backend's capacity, every node
-//! reads its share (issue 15, "bandwidth auction"; the split itself is
+//! reads its share (Flint's "bandwidth auction"; the split itself is
 //! `headroom_qos::arbitration`, the node side `headroom_node::arbitration`).
 //!
 //! Why RADOS: the nodes already share the cluster and nothing else; the pool is the one

@@ -1,5 +1,5 @@
 //! The exclusive lease a node holds on a RADOS store while it serves it, and the fencing of
-//! the previous holder (issue 15, "several nodes, one pool").
+//! the previous holder (several nodes, one pool).
 //!
 //! Why: every node that can reach the pool could open the store, but two nodes writing the
 //! same extents and metadata would corrupt both; so a node serves a RADOS store only while it

@@ -2,7 +2,7 @@
 //! of our own over librados' C API (`librados.so.2`, package `librados-dev` to link).
 //!
 //! Why RADOS: a Ceph cluster keeps the data replicated on many machines, so a volume no
-//! longer dies with one node's disks (issue 15). Why our own FFI: we need a dozen calls of a
+//! longer dies with one node's disks. Why our own FFI: we need a dozen calls of a
 //! C ABI that has been stable for a decade; the Rust bindings on crates.io are thin, lightly
 //! kept, and some panic in `Drop`. Declaring the calls ourselves costs no dependency and
 //! keeps every `unsafe` block in this one file.
