@@ -1729,7 +1729,8 @@ fn resync_replicas(devices: &[Device], volumes: &[LoadedVolume]) -> Result<(u64,
         }
     }
     if chunks > 0 {
-        for d in devices {
+        // Never a failed device: no copy there was compared or written, and its sync fails.
+        for d in devices.iter().filter(|d| !d.is_failed()) {
             d.sync_if_dirty()?;
         }
     }
