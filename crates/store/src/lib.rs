@@ -30,6 +30,8 @@ mod name;
 mod rados;
 #[cfg(feature = "rados")]
 mod rados_meta;
+#[doc(hidden)]
+pub mod sim_disk;
 mod stats;
 mod store;
 mod sync;
