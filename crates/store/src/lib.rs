@@ -25,6 +25,8 @@ mod layout;
 #[cfg(feature = "rados")]
 mod lease;
 mod meta;
+#[doc(hidden)]
+pub mod mutants;
 mod name;
 #[cfg(feature = "rados")]
 mod rados;

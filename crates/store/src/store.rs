@@ -165,12 +165,12 @@ impl Shared {
         retain_ops_on_failure: bool,
     ) -> Result<DeviceSet, StoreError> {
         let _serial = lock(&self.commit_lock);
-        let mut failed = DeviceSet::default();
-        for d in &self.devices {
-            if d.sync_if_dirty().is_err() {
-                failed.insert(d.id);
-            }
-        }
+        let sync_after = crate::mutants::active(crate::mutants::Mutant::SyncAfterCommit);
+        let mut failed = if sync_after {
+            DeviceSet::default()
+        } else {
+            self.sync_devices()
+        };
         let (batch, mut all_ops) = {
             let mut pool = lock(&self.pool);
             (
@@ -181,6 +181,9 @@ impl Shared {
         let retried_ops = all_ops.len();
         all_ops.extend_from_slice(ops);
         if batch.is_empty() && all_ops.is_empty() {
+            if sync_after {
+                failed = self.sync_devices();
+            }
             return Ok(failed);
         }
         let changes: Vec<ExtentChange> = batch
@@ -225,6 +228,9 @@ impl Shared {
             pool.pending_ops.extend(newer_ops);
             return Err(e);
         }
+        if sync_after {
+            failed = self.sync_devices();
+        }
         // The allocations are durable: clear their pending bits so FUA skips the commit.
         for c in &batch {
             if let Change::Alloc {
@@ -256,6 +262,21 @@ impl Shared {
             }
         }
         Ok(failed)
+    }
+
+    /// Step 1 of the commit: syncs every device written or punched since its last sync;
+    /// returns the failed ones.
+    fn sync_devices(&self) -> DeviceSet {
+        let mut failed = DeviceSet::default();
+        if crate::mutants::active(crate::mutants::Mutant::SkipDeviceSync) {
+            return failed;
+        }
+        for d in &self.devices {
+            if d.sync_if_dirty().is_err() {
+                failed.insert(d.id);
+            }
+        }
+        failed
     }
 
     /// A commit that promises the durability of everything: any failed device is an error,
