@@ -122,11 +122,15 @@ impl Power {
     }
 }
 
+/// One page of an image; shared between the durable and the current image until one of
+/// them writes it (copy on write), so a sync or a cut costs no copy of the disk.
+type Page = Arc<[u8; PAGE_BYTES as usize]>;
+
 /// A sparse byte image: 4 KiB pages, absent ones read as zeros.
 #[derive(Clone, Debug, Default)]
 struct Image {
     len: u64,
-    pages: BTreeMap<u64, Box<[u8]>>,
+    pages: BTreeMap<u64, Page>,
 }
 
 impl Image {
@@ -155,8 +159,8 @@ impl Image {
             let p = self
                 .pages
                 .entry(page)
-                .or_insert_with(|| vec![0u8; PAGE_BYTES as usize].into_boxed_slice());
-            p[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+                .or_insert_with(|| Arc::new([0u8; PAGE_BYTES as usize]));
+            Arc::make_mut(p)[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
             done += n;
         }
         self.len = self.len.max(off + data.len() as u64);
@@ -173,7 +177,7 @@ impl Image {
             if n == PAGE_BYTES {
                 self.pages.remove(&page);
             } else if let Some(p) = self.pages.get_mut(&page) {
-                p[in_page as usize..(in_page + n) as usize].fill(0);
+                Arc::make_mut(p)[in_page as usize..(in_page + n) as usize].fill(0);
             }
             pos += n;
         }
