@@ -54,6 +54,9 @@ enum Backend {
     Memory(MemoryDevice),
     #[cfg(feature = "rados")]
     Rados(std::sync::Arc<crate::rados::Pool>),
+    /// A disk of a simulated pool (`sim_disk.rs`, the power-cut test): writes are volatile
+    /// until a sync.
+    Sim(std::sync::Arc<crate::sim_disk::SimDisk>),
 }
 
 #[derive(Debug)]
@@ -225,6 +228,24 @@ impl Device {
         result
     }
 
+    /// A device on a disk of a simulated pool (`Store::open_simulated`).
+    pub(crate) fn simulated(
+        id: u32,
+        disk: std::sync::Arc<crate::sim_disk::SimDisk>,
+        extent_count: u32,
+    ) -> Device {
+        Device {
+            id,
+            label: disk.name().to_string(),
+            extent_count,
+            backend: Backend::Sim(disk),
+            dirty: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            faults: OnceLock::new(),
+            stats: DeviceCounters::default(),
+        }
+    }
+
     /// A device whose extents are RADOS objects.
     #[cfg(feature = "rados")]
     pub(crate) fn is_rados(&self) -> bool {
@@ -378,6 +399,11 @@ impl Device {
         matches!(self.backend, Backend::File(_))
     }
 
+    /// A disk of a simulated pool (it grows and fails like a file pool).
+    pub(crate) fn is_simulated(&self) -> bool {
+        matches!(self.backend, Backend::Sim(_))
+    }
+
     /// Whether its data lives in RAM: a RAM device, or a file on tmpfs or ramfs. No
     /// operation on it waits for a disk (memory pressure aside), so it may run on a network
     /// thread.
@@ -385,6 +411,7 @@ impl Device {
         match &self.backend {
             Backend::Memory(_) => true,
             Backend::File(f) => f.in_memory,
+            Backend::Sim(_) => true,
             // Every operation is a network round trip to the cluster.
             #[cfg(feature = "rados")]
             Backend::Rados(_) => false,
@@ -395,7 +422,7 @@ impl Device {
     /// filesystem that support punch-hole and zero-range), not writes of zeros.
     pub(crate) fn zeroes_fast(&self) -> bool {
         match &self.backend {
-            Backend::Memory(_) => true,
+            Backend::Memory(_) | Backend::Sim(_) => true,
             Backend::File(f) => {
                 f.punch_supported.load(Ordering::Relaxed)
                     && f.zero_range_supported.load(Ordering::Relaxed)
@@ -451,6 +478,7 @@ impl Device {
             Backend::Rados(p) => p
                 .read(self.object(ext).as_c_str(), off, buf)
                 .map_err(|e| self.context(pos, e)),
+            Backend::Sim(d) => d.read(pos, buf).map_err(|e| self.context(pos, e)),
         }
     }
 
@@ -479,6 +507,11 @@ impl Device {
                 self.mark_dirty();
                 Ok(())
             }
+            Backend::Sim(d) => {
+                d.write(pos, data).map_err(|e| self.context(pos, e))?;
+                self.mark_dirty();
+                Ok(())
+            }
             // Not marked dirty: an acknowledged RADOS write is already durable (rados.rs).
             #[cfg(feature = "rados")]
             Backend::Rados(p) => p
@@ -494,6 +527,7 @@ impl Device {
         match &self.backend {
             Backend::File(f) => f.zero_range(pos, len).map_err(|e| self.context(pos, e))?,
             Backend::Memory(m) => m.zero(ext, off, len, false)?,
+            Backend::Sim(d) => d.zero(pos, len).map_err(|e| self.context(pos, e))?,
             #[cfg(feature = "rados")]
             Backend::Rados(p) => p
                 .zero(self.object(ext).as_c_str(), off, len)
@@ -510,6 +544,7 @@ impl Device {
         match &self.backend {
             Backend::File(f) => f.punch(pos, len).map_err(|e| self.context(pos, e))?,
             Backend::Memory(m) => m.zero(ext, off, len, true)?,
+            Backend::Sim(d) => d.zero(pos, len).map_err(|e| self.context(pos, e))?,
             #[cfg(feature = "rados")]
             Backend::Rados(p) => {
                 let oid = self.object(ext);
@@ -543,6 +578,7 @@ impl Device {
                     *write(m.slot(ext)?) = None;
                 }
             }
+            Backend::Sim(d) => d.zero(pos, len).map_err(|e| self.context(pos, e))?,
             #[cfg(feature = "rados")]
             Backend::Rados(p) => p
                 .remove_many((first..first + count).map(|ext| self.object(ext)))
@@ -604,6 +640,7 @@ impl Device {
             .and_then(|()| match &self.backend {
                 Backend::File(f) => rustix::fs::fdatasync(&f.file).map_err(io::Error::from),
                 Backend::Memory(_) => Ok(()),
+                Backend::Sim(d) => d.sync(),
                 // A barrier with nothing to wait for: librados acknowledged each write only
                 // once every replica had it on stable storage, and each device operation
                 // returns only after its acknowledgement, so everything that completed
@@ -652,6 +689,7 @@ impl Device {
                 out(len, has_data);
             }
             Backend::File(f) => f.data_runs(start, len, out),
+            Backend::Sim(_) => out(len, true),
             // A missing object is a hole; an existing one is reported as data throughout.
             #[cfg(feature = "rados")]
             Backend::Rados(p) => {
@@ -673,6 +711,7 @@ impl Device {
             // The cluster's own accounting (`ceph df`) knows; we do not ask it.
             #[cfg(feature = "rados")]
             Backend::Rados(_) => None,
+            Backend::Sim(_) => None,
         }
     }
 }

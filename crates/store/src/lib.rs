@@ -25,11 +25,15 @@ mod layout;
 #[cfg(feature = "rados")]
 mod lease;
 mod meta;
+#[doc(hidden)]
+pub mod mutants;
 mod name;
 #[cfg(feature = "rados")]
 mod rados;
 #[cfg(feature = "rados")]
 mod rados_meta;
+#[doc(hidden)]
+pub mod sim_disk;
 mod stats;
 mod store;
 mod sync;

@@ -215,6 +215,22 @@ impl Meta {
         })
     }
 
+    /// Metadata in redb on a disk of a simulated pool (`sim_disk.rs`, the power-cut test):
+    /// the same database code as `meta.redb`, on storage that loses unsynced writes.
+    pub(crate) fn open_simulated(
+        disk: std::sync::Arc<crate::sim_disk::SimDisk>,
+    ) -> Result<Meta, StoreError> {
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_SIZE_BYTES)
+            .create_with_backend(crate::sim_disk::SimBackend(disk))
+            .map_err(redb_err)?;
+        Ok(Meta {
+            db,
+            #[cfg(feature = "rados")]
+            rados: None,
+        })
+    }
+
     /// Loads everything; `None` for a database that was never initialised.
     pub(crate) fn load(&self) -> Result<Option<Loaded>, StoreError> {
         #[cfg(feature = "rados")]

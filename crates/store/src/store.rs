@@ -165,12 +165,12 @@ impl Shared {
         retain_ops_on_failure: bool,
     ) -> Result<DeviceSet, StoreError> {
         let _serial = lock(&self.commit_lock);
-        let mut failed = DeviceSet::default();
-        for d in &self.devices {
-            if d.sync_if_dirty().is_err() {
-                failed.insert(d.id);
-            }
-        }
+        let sync_after = crate::mutants::active(crate::mutants::Mutant::SyncAfterCommit);
+        let mut failed = if sync_after {
+            DeviceSet::default()
+        } else {
+            self.sync_devices()
+        };
         let (batch, mut all_ops) = {
             let mut pool = lock(&self.pool);
             (
@@ -181,6 +181,9 @@ impl Shared {
         let retried_ops = all_ops.len();
         all_ops.extend_from_slice(ops);
         if batch.is_empty() && all_ops.is_empty() {
+            if sync_after {
+                failed = self.sync_devices();
+            }
             return Ok(failed);
         }
         let changes: Vec<ExtentChange> = batch
@@ -225,6 +228,9 @@ impl Shared {
             pool.pending_ops.extend(newer_ops);
             return Err(e);
         }
+        if sync_after {
+            failed = self.sync_devices();
+        }
         // The allocations are durable: clear their pending bits so FUA skips the commit.
         for c in &batch {
             if let Change::Alloc {
@@ -256,6 +262,21 @@ impl Shared {
             }
         }
         Ok(failed)
+    }
+
+    /// Step 1 of the commit: syncs every device written or punched since its last sync;
+    /// returns the failed ones.
+    fn sync_devices(&self) -> DeviceSet {
+        let mut failed = DeviceSet::default();
+        if crate::mutants::active(crate::mutants::Mutant::SkipDeviceSync) {
+            return failed;
+        }
+        for d in &self.devices {
+            if d.sync_if_dirty().is_err() {
+                failed.insert(d.id);
+            }
+        }
+        failed
     }
 
     /// A commit that promises the durability of everything: any failed device is an error,
@@ -367,6 +388,8 @@ pub struct Store {
     telemetry: Mutex<Vec<crate::telemetry::TelemetryState>>,
     /// The data directory of a file store (`None`: RAM), for devices added later.
     data_dir: Option<PathBuf>,
+    /// The disks of a simulated pool (`open_simulated`), for devices added later.
+    sim: Option<Arc<crate::sim_disk::SimPool>>,
     /// The lease of a store whose metadata is in RADOS, released when the store is dropped.
     #[cfg(feature = "rados")]
     lease: Option<crate::lease::Lease>,
@@ -593,6 +616,23 @@ fn extents_of(capacity_bytes: u64) -> Result<u32, StoreError> {
         .map_err(|_| StoreError::InvalidConfig("device larger than 8 PiB".into()))
 }
 
+/// Loads the metadata and checks the device ids; (loaded, fresh: never initialised).
+fn load_checked(meta: &Meta) -> Result<(crate::meta::Loaded, bool), StoreError> {
+    let stored = meta.load()?;
+    let fresh = stored.is_none();
+    let mut loaded = stored.unwrap_or_default();
+    if fresh {
+        loaded.next_volume_id = 1;
+    }
+    loaded.devices.sort_by_key(|(id, _)| *id);
+    for (i, (id, _)) in loaded.devices.iter().enumerate() {
+        if *id as usize != i {
+            return Err(corrupt(format!("device ids are not contiguous at {id}")));
+        }
+    }
+    Ok((loaded, fresh))
+}
+
 /// fsync a directory so that entries created in it survive a power loss.
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     std::fs::File::open(dir)?.sync_all()?;
@@ -638,18 +678,7 @@ impl Store {
         }
         std::fs::create_dir_all(&cfg.data_dir)?;
         let (meta, session) = open_meta(cfg)?;
-        let stored = meta.load()?;
-        let fresh = stored.is_none();
-        let mut loaded = stored.unwrap_or_default();
-        if fresh {
-            loaded.next_volume_id = 1;
-        }
-        loaded.devices.sort_by_key(|(id, _)| *id);
-        for (i, (id, _)) in loaded.devices.iter().enumerate() {
-            if *id as usize != i {
-                return Err(corrupt(format!("device ids are not contiguous at {id}")));
-            }
-        }
+        let (loaded, fresh) = load_checked(&meta)?;
 
         // Stored devices are authoritative; configured devices beyond them are added.
         let mut records: Vec<(DeviceRecord, bool)> = loaded
@@ -789,8 +818,30 @@ impl Store {
         if fresh {
             sync_dir(&cfg.data_dir)?;
         }
+        let mut store = Store::recover(meta, &loaded, fresh, &records, devices, new_device_ops)?;
+        store.data_dir = Some(cfg.data_dir.clone());
+        #[cfg(feature = "rados")]
+        {
+            store.lease = session.map(|s| s.lease);
+        }
+        #[cfg(not(feature = "rados"))]
+        let _ = session;
+        Ok(store)
+    }
 
-        let (mut allocator, volumes) = rebuild(&devices, &loaded)?;
+    /// Recovery, shared by every way to open a stored pool (`open`, `open_simulated`): checks
+    /// the loaded metadata and rebuilds the maps, punches all free space after an unclean
+    /// shutdown (and on new devices), resynchronises the replicas, and commits `clean = 0`
+    /// (with `new_device_ops`) before anything is served.
+    fn recover(
+        meta: Meta,
+        loaded: &crate::meta::Loaded,
+        fresh: bool,
+        records: &[(DeviceRecord, bool)],
+        devices: Vec<Device>,
+        new_device_ops: Vec<MetaOp>,
+    ) -> Result<Store, StoreError> {
+        let (mut allocator, volumes) = rebuild(&devices, loaded)?;
         let mut retired = DeviceSet::default();
         for (d, (rec, _)) in records.iter().enumerate() {
             allocator.set_failure_domain(d, rec.failure_domain.clone());
@@ -851,7 +902,7 @@ impl Store {
         }
         ops.push(MetaOp::SetClean(false));
         meta.commit(&[], &ops)?;
-        let mut store = Store::assemble(
+        Ok(Store::assemble(
             meta,
             retired.0,
             devices,
@@ -859,15 +910,107 @@ impl Store {
             volumes,
             loaded.next_volume_id,
             tenants,
-        );
-        store.data_dir = Some(cfg.data_dir.clone());
-        #[cfg(feature = "rados")]
-        {
-            store.lease = session.map(|s| s.lease);
+        ))
+    }
+
+    /// Opens (creating on first use) the store of a simulated pool (`sim_disk.rs`): the
+    /// power-cut test's way in. Devices are the pool's disks (`sim:<id>`), the metadata is
+    /// redb on its metadata disk, and opening runs the same load checks and recovery as
+    /// `open` (`load_checked`, `recover`). The pool grows (`add_device`) by new disks.
+    #[doc(hidden)]
+    pub fn open_simulated(pool: &Arc<crate::sim_disk::SimPool>) -> Result<Store, StoreError> {
+        let meta = Meta::open_simulated(pool.meta_disk())?;
+        let (loaded, fresh) = load_checked(&meta)?;
+        let mut records: Vec<(DeviceRecord, bool)> = loaded
+            .devices
+            .iter()
+            .map(|(_, r)| (r.clone(), false))
+            .collect();
+        if fresh {
+            for i in 0..pool.initial_devices() {
+                let rec = DeviceRecord {
+                    path: format!("sim:{i}"),
+                    relative: false,
+                    capacity_bytes: pool.device_bytes() - pool.device_bytes() % EXTENT_SIZE_BYTES,
+                    failure_domain: None,
+                    failed: false,
+                };
+                records.push((rec, true));
+            }
         }
-        #[cfg(not(feature = "rados"))]
-        let _ = session;
+        let mut devices = Vec::with_capacity(records.len());
+        let mut new_device_ops = Vec::new();
+        for (i, (rec, is_new)) in records.iter().enumerate() {
+            if rec.path != format!("sim:{i}") {
+                return Err(corrupt(format!(
+                    "device {i} of a simulated pool is {}",
+                    rec.path
+                )));
+            }
+            let extent_count = extents_of(rec.capacity_bytes)?;
+            devices.push(Device::simulated(
+                i as u32,
+                pool.disk(i, rec.capacity_bytes),
+                extent_count,
+            ));
+            if *is_new {
+                new_device_ops.push(MetaOp::PutDevice(i as u32, rec.clone()));
+            }
+        }
+        let mut store = Store::recover(meta, &loaded, fresh, &records, devices, new_device_ops)?;
+        store.sim = Some(Arc::clone(pool));
         Ok(store)
+    }
+
+    /// `add_device` on a simulated pool: the next disk of the pool joins, the same way a
+    /// file joins (punched, synced, recorded durably, then placed on).
+    fn add_simulated_device(
+        &self,
+        pool: &crate::sim_disk::SimPool,
+        capacity_bytes: u64,
+        failure_domain: Option<String>,
+    ) -> Result<DeviceInfo, StoreError> {
+        let id = self.shared.devices.len();
+        let invalid = |reason: String| StoreError::InvalidDevice {
+            path: format!("sim:{id}"),
+            reason,
+        };
+        if id >= MAX_DEVICES as usize {
+            return Err(invalid(format!(
+                "the pool has {MAX_DEVICES} devices, the most it may"
+            )));
+        }
+        let capacity = capacity_bytes - capacity_bytes % EXTENT_SIZE_BYTES;
+        if capacity < EXTENT_SIZE_BYTES {
+            return Err(invalid(format!(
+                "{capacity_bytes} bytes hold less than one {EXTENT_SIZE_BYTES}-byte extent"
+            )));
+        }
+        let rec = DeviceRecord {
+            path: format!("sim:{id}"),
+            relative: false,
+            capacity_bytes: capacity,
+            failure_domain: failure_domain.clone(),
+            failed: false,
+        };
+        let extent_count = extents_of(capacity)?;
+        let device = Device::simulated(id as u32, pool.disk(id, capacity), extent_count);
+        device.punch_extents(0, extent_count)?;
+        device.sync_if_dirty()?;
+        self.shared
+            .commit(&[MetaOp::PutDevice(id as u32, rec)], false)?;
+        self.shared
+            .devices
+            .push(device)
+            .map_err(|_| invalid("the device list changed underneath".into()))?;
+        lock(&self.shared.pool)
+            .allocator
+            .add_device(extent_count, failure_domain);
+        self.pool_info()
+            .devices
+            .into_iter()
+            .find(|d| d.id as usize == id)
+            .ok_or_else(|| invalid("the device vanished after it was added".into()))
     }
 
     /// Adds a device to the running pool: the file or block device at `path`, or with `None`
@@ -909,6 +1052,9 @@ impl Store {
             return Err(invalid(format!(
                 "failure domain {domain:?}: 1-128 characters, not blank, no NUL"
             )));
+        }
+        if let Some(pool) = &self.sim {
+            return self.add_simulated_device(pool, capacity_bytes, failure_domain);
         }
         let Some(data_dir) = &self.data_dir else {
             return Err(invalid("a RAM pool has a fixed size".into()));
@@ -1024,7 +1170,7 @@ impl Store {
         let Some(device) = self.shared.devices.get(id as usize) else {
             return Err(StoreError::DeviceNotFound(id));
         };
-        if !device.is_memory() && !device.is_file_backed() {
+        if !device.is_memory() && !device.is_file_backed() && !device.is_simulated() {
             return Err(invalid(
                 "a RADOS store has one device, whose failures Ceph handles".into(),
             ));
@@ -1132,6 +1278,7 @@ impl Store {
             overcommit_ratio: RwLock::new(None),
             telemetry: Mutex::new(Vec::new()),
             data_dir: None,
+            sim: None,
             #[cfg(feature = "rados")]
             lease: None,
         }
@@ -1244,7 +1391,7 @@ impl Store {
             .shared
             .devices
             .iter()
-            .any(|d| !d.is_memory() && !d.is_file_backed())
+            .any(|d| !d.is_memory() && !d.is_file_backed() && !d.is_simulated())
         {
             return Err(invalid(
                 "a RADOS store keeps one copy of each extent: Ceph replicates the pool \
