@@ -427,6 +427,8 @@ pub struct LimitsSection {
     pub max_connections: Option<usize>,
     /// Absent: `max_connections` (no cap per address).
     pub max_connections_per_ip: Option<usize>,
+    /// IPv6 clients sharing this prefix are one address for `max_connections_per_ip`.
+    pub ipv6_prefix_len: Option<u8>,
     pub max_inflight_requests: Option<usize>,
     /// Per connection.
     pub max_inflight_bytes: Option<Size>,
@@ -722,6 +724,7 @@ impl ConfigFile {
         let limits = LimitsSection {
             max_connections: s.max_connections.or(l.max_connections),
             max_connections_per_ip: s.max_connections_per_ip.or(l.max_connections_per_ip),
+            ipv6_prefix_len: s.ipv6_prefix_len.or(l.ipv6_prefix_len),
             max_inflight_requests: s.max_inflight_requests.or(l.max_inflight_requests),
             max_inflight_bytes: s.max_inflight_bytes.or(l.max_inflight_bytes),
             max_inflight_bytes_per_tenant: s
@@ -1458,6 +1461,7 @@ fn limits(li: &LimitsSection) -> Result<Limits, Invalid> {
     let limits = Limits {
         max_connections,
         max_connections_per_ip: li.max_connections_per_ip.unwrap_or(max_connections),
+        ipv6_prefix_len: li.ipv6_prefix_len.unwrap_or(d.ipv6_prefix_len),
         max_inflight_requests_per_conn: li
             .max_inflight_requests
             .unwrap_or(d.max_inflight_requests_per_conn),
@@ -2159,6 +2163,10 @@ mod tests {
             (
                 "[limits]\nmax_connections = 4\nmax_connections_per_ip = 5",
                 "limits.max_connections_per_ip = 5: must be between 1 and limits.max_connections (4)",
+            ),
+            (
+                "[limits]\nipv6_prefix_len = 0",
+                "limits.ipv6_prefix_len = 0: must be between 1 and 128",
             ),
             (
                 "[limits]\nmax_connections_per_ip = 0",

@@ -679,6 +679,10 @@ mod with_tls {
         let dir = tempfile::tempdir().unwrap();
         let keys = dir.path().join("keys.psk");
         std::fs::write(&keys, format!("bob:{KEY_BOB}\n")).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
         // The default limits (128 MiB per connection, 256 MiB per tenant, 1 GiB per node).
         let config = write_config(dir.path(), "");
         // Files, not RAM: bob's 16 GiB volume below holds data in every extent, mostly sparse

@@ -182,7 +182,11 @@ mod with_tls {
     fn psk_dir(root: &Path, name: &str, line: &str) -> PathBuf {
         let dir = root.join(name);
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("keys.psk"), format!("{line}\n")).unwrap();
+        let keys = dir.join("keys.psk");
+        std::fs::write(&keys, format!("{line}\n")).unwrap();
+        // The server refuses a key file others may read.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
         dir
     }
 

@@ -3,7 +3,7 @@
 //!
 //! Every accepted socket gets an entry here before its session starts, and loses it when the
 //! session ends. Two caps apply: `max_connections` in all and `max_connections_per_ip` from one
-//! client address. A connection is *negotiating* from accept until the option that enters
+//! client address — an IPv4 address, or an IPv6 /64 by default (`address_group`). A connection is *negotiating* from accept until the option that enters
 //! transmission (GO or EXPORT_NAME) is answered, then *transmitting*.
 //!
 //! When a new connection would pass a cap, the node makes room by evicting a negotiating
@@ -25,11 +25,15 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio::sync::{Notify, Semaphore};
 
+use crate::address_group::{DEFAULT_IPV6_PREFIX_LEN, address_group};
+
 /// The connections of a node.
 #[derive(Debug)]
 pub struct Connections {
     max_connections: usize,
     max_per_ip: usize,
+    /// IPv6 addresses sharing this many leading bits count as one client address.
+    ipv6_prefix_len: u8,
     state: Mutex<State>,
     accepted_total: AtomicU64,
     refused_total: AtomicU64,
@@ -47,6 +51,8 @@ struct State {
 #[derive(Debug)]
 struct Entry {
     peer: SocketAddr,
+    /// The client address it counts against (`address_group` of the peer's address).
+    group: IpAddr,
     accepted: Instant,
     /// Order of acceptance (ties in `accepted` are possible).
     seq: u64,
@@ -182,9 +188,19 @@ pub struct ConnectionsView {
 
 impl Connections {
     pub fn new(max_connections: usize, max_per_ip: usize) -> Arc<Connections> {
+        Connections::with_ipv6_prefix(max_connections, max_per_ip, DEFAULT_IPV6_PREFIX_LEN)
+    }
+
+    /// As `new`, with IPv6 clients grouped by their first `ipv6_prefix_len` bits (1-128).
+    pub fn with_ipv6_prefix(
+        max_connections: usize,
+        max_per_ip: usize,
+        ipv6_prefix_len: u8,
+    ) -> Arc<Connections> {
         Arc::new(Connections {
             max_connections: max_connections.max(1),
             max_per_ip: max_per_ip.clamp(1, max_connections.max(1)),
+            ipv6_prefix_len,
             state: Mutex::new(State::default()),
             accepted_total: AtomicU64::new(0),
             refused_total: AtomicU64::new(0),
@@ -204,7 +220,7 @@ impl Connections {
 
     /// Admits a connection from `peer`, evicting a negotiating one if a cap is reached.
     pub fn admit(self: &Arc<Self>, peer: SocketAddr) -> Result<Admitted, Refusal> {
-        let ip = peer.ip();
+        let ip = address_group(peer.ip(), self.ipv6_prefix_len);
         let mut state = self.lock();
         let mut evicted = None;
         let from_ip = state.per_ip.get(&ip).copied().unwrap_or(0);
@@ -238,6 +254,7 @@ impl Connections {
             id,
             Entry {
                 peer,
+                group: ip,
                 accepted: Instant::now(),
                 seq: id,
                 phase: Phase::Negotiating,
@@ -259,7 +276,7 @@ impl Connections {
         state
             .entries
             .iter()
-            .filter(|(_, e)| matches!(e.phase, Phase::Negotiating) && pick(e.peer.ip()))
+            .filter(|(_, e)| matches!(e.phase, Phase::Negotiating) && pick(e.group))
             .min_by_key(|(_, e)| e.seq)
             .map(|(&id, _)| id)
     }
@@ -269,7 +286,7 @@ impl Connections {
         let mut counts: HashMap<IpAddr, (usize, u64)> = HashMap::new();
         for entry in state.entries.values() {
             if matches!(entry.phase, Phase::Negotiating) {
-                let slot = counts.entry(entry.peer.ip()).or_insert((0, u64::MAX));
+                let slot = counts.entry(entry.group).or_insert((0, u64::MAX));
                 slot.0 += 1;
                 slot.1 = slot.1.min(entry.seq);
             }
@@ -285,7 +302,7 @@ impl Connections {
         let Some(entry) = state.entries.remove(&id) else {
             return SocketAddr::from(([0, 0, 0, 0], 0));
         };
-        Self::forget_ip(state, entry.peer.ip());
+        Self::forget_ip(state, entry.group);
         entry.shared.evicted.notify_one();
         entry.peer
     }
@@ -374,7 +391,7 @@ impl Drop for Admitted {
     fn drop(&mut self) {
         let mut state = self.table.lock();
         if let Some(entry) = state.entries.remove(&self.id) {
-            Connections::forget_ip(&mut state, entry.peer.ip());
+            Connections::forget_ip(&mut state, entry.group);
         }
     }
 }
@@ -438,6 +455,27 @@ mod tests {
         );
         assert!(table.admit(addr([10, 0, 0, 3], 1)).is_ok());
         drop(a1);
+    }
+
+    #[test]
+    fn one_ipv6_prefix_is_one_address_for_the_cap() {
+        let v6 = |s: &str| SocketAddr::new(s.parse().unwrap(), 1);
+        let table = Connections::new(10, 2);
+        let a = table.admit(v6("2001:db8:0:1::1")).unwrap();
+        let b = table.admit(v6("2001:db8:0:1:ffff::2")).unwrap();
+        assert!(a.enter_transmission("v", None) && b.enter_transmission("v", None));
+        // A third address of the same /64 is the same client: its two transmit, refused.
+        assert_eq!(
+            table.admit(v6("2001:db8:0:1:1234::3")).unwrap_err(),
+            Refusal::AddressFull(2)
+        );
+        // The next /64 is another client.
+        assert!(table.admit(v6("2001:db8:0:2::1")).is_ok());
+        // With /128 every address is its own client.
+        let exact = Connections::with_ipv6_prefix(10, 1, 128);
+        let c = exact.admit(v6("2001:db8:0:1::1")).unwrap();
+        assert!(c.enter_transmission("v", None));
+        assert!(exact.admit(v6("2001:db8:0:1::2")).is_ok());
     }
 
     #[tokio::test]

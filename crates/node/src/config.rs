@@ -57,6 +57,10 @@ pub struct Limits {
     /// Connections from one client address at once; at the limit a new one evicts that
     /// address's oldest connection still negotiating, or is closed.
     pub max_connections_per_ip: usize,
+    /// IPv6 clients whose addresses share this many leading bits are one client address for
+    /// `max_connections_per_ip` (1-128; 64 by default: a host normally holds a whole /64).
+    /// IPv4 clients count by address.
+    pub ipv6_prefix_len: u8,
     /// Requests read from one connection but not yet answered.
     pub max_inflight_requests_per_conn: usize,
     /// Payload bytes (write data read, read data not yet sent) held per connection.
@@ -80,6 +84,7 @@ impl Default for Limits {
         Limits {
             max_connections: 256,
             max_connections_per_ip: 256,
+            ipv6_prefix_len: crate::address_group::DEFAULT_IPV6_PREFIX_LEN,
             max_inflight_requests_per_conn: 256,
             max_inflight_bytes_per_conn: 128 << 20,
             max_inflight_bytes_per_tenant: 256 << 20,
@@ -155,6 +160,10 @@ impl Limits {
                 outer_value: max_connections,
             };
             return fail("max_connections_per_ip", per_ip, rule);
+        }
+        if !(1..=128).contains(&self.ipv6_prefix_len) {
+            let rule = LimitRule::Between { min: 1, max: 128 };
+            return fail("ipv6_prefix_len", u64::from(self.ipv6_prefix_len), rule);
         }
         let requests = count(self.max_inflight_requests_per_conn);
         if !(1..=MAX_INFLIGHT_REQUESTS_PER_CONN).contains(&requests) {

@@ -7,6 +7,7 @@
 //! new ones), requests in flight per connection, and payload bytes in flight per connection,
 //! per tenant and per node. A misbehaving client costs the others at most its tenant's budget.
 
+pub mod address_group;
 pub mod admission;
 pub mod api;
 pub mod arbitration;

@@ -247,7 +247,11 @@ impl Node {
             limits.max_inflight_bytes_per_tenant,
             limits.max_inflight_bytes_per_node,
         );
-        let connections = Connections::new(limits.max_connections, limits.max_connections_per_ip);
+        let connections = Connections::with_ipv6_prefix(
+            limits.max_connections,
+            limits.max_connections_per_ip,
+            limits.ipv6_prefix_len,
+        );
         let ctx = Arc::new(SessionContext {
             store: Arc::clone(&store),
             limits: config.limits.clone(),

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use openssl::ex_data::Index;
 use openssl::ssl::{
-    Ssl, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslRef, SslVerifyMode,
-    SslVersion,
+    Ssl, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslRef,
+    SslSessionCacheMode, SslVerifyMode, SslVersion,
 };
 use openssl::x509::X509Name;
 use tokio::net::TcpStream;
@@ -38,6 +38,10 @@ const TLS13_PSK_CIPHERSUITES: &str =
 
 /// Longest PSK OpenSSL accepts (`PSK_MAX_PSK_LEN`).
 const MAX_PSK_BYTES: usize = 512;
+/// Shortest PSK accepted: 128 bits. One captured handshake lets an attacker test guesses of
+/// the key offline, as fast as they can compute HMACs, so a short or human-chosen key falls;
+/// 16 random bytes do not (GnuTLS `psktool` makes 32).
+pub const MIN_PSK_BYTES: usize = 16;
 /// Longest PSK identity: the TLS limit is 2^16 - 1, GnuTLS and OpenSSL use far less.
 const MAX_IDENTITY_BYTES: usize = 1024;
 
@@ -57,6 +61,10 @@ pub enum TlsError {
     },
     #[error("{path} holds no keys")]
     NoKeys { path: PathBuf },
+    #[error(
+        "{path} is readable by others (mode {mode:o}): it holds every tenant's key; chmod 600 it"
+    )]
+    PskFileMode { path: PathBuf, mode: u32 },
     #[error("{path}: {source}")]
     Credentials {
         path: PathBuf,
@@ -120,11 +128,18 @@ impl TlsAcceptor {
         // "MUST support TLS version 1.2 ... MAY support older versions but SHOULD NOT do so
         // by default".
         builder.set_min_proto_version(Some(SslVersion::TLS1_2))?;
+        // No session resumption: a resumed session skips the PSK callback and the client
+        // certificate, so the session would not know its tenant (it would come back as the
+        // anonymous one). NBD sessions are long-lived; a full handshake per connection is cheap
+        // next to them. No TLS 1.2 tickets or session cache, no TLS 1.3 tickets.
         builder.set_options(
             SslOptions::NO_COMPRESSION
                 | SslOptions::CIPHER_SERVER_PREFERENCE
-                | SslOptions::NO_RENEGOTIATION,
+                | SslOptions::NO_RENEGOTIATION
+                | SslOptions::NO_TICKET,
         );
+        builder.set_session_cache_mode(SslSessionCacheMode::OFF);
+        builder.set_num_tickets(0)?;
         builder.set_cipher_list(TLS12_CIPHERS)?;
         if let Some(dir) = &config.cert_dir {
             load_certificates(&mut builder, dir)?;
@@ -249,10 +264,22 @@ fn psk_lookup(
 /// Reads a PSK file: `identity:hexkey` per line (qemu's `keys.psk`, GnuTLS `psktool`'s
 /// format); blank lines and lines starting with `#` are skipped.
 pub fn load_psk_file(path: &Path) -> Result<HashMap<Vec<u8>, Vec<u8>>, TlsError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TlsError::Read {
+    use std::os::unix::fs::PermissionsExt as _;
+    let read_error = |source| TlsError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let mode = std::fs::metadata(path)
+        .map_err(read_error)?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(TlsError::PskFileMode {
+            path: path.to_path_buf(),
+            mode: mode & 0o777,
+        });
+    }
+    let text = std::fs::read_to_string(path).map_err(read_error)?;
     let keys = parse_psk_file(&text).map_err(|(line, reason)| TlsError::PskFile {
         path: path.to_path_buf(),
         line,
@@ -286,8 +313,20 @@ pub fn parse_psk_file(text: &str) -> Result<HashMap<Vec<u8>, Vec<u8>>, (usize, S
         }
         let key =
             decode_hex(hex).ok_or((number, "key is not an even number of hex digits".into()))?;
-        if key.is_empty() || key.len() > MAX_PSK_BYTES {
-            return Err((number, format!("key must be 1 to {MAX_PSK_BYTES} bytes")));
+        if key.len() < MIN_PSK_BYTES {
+            return Err((
+                number,
+                format!(
+                    "the key of identity {identity:?} is {} bytes; at least {MIN_PSK_BYTES} \
+                     random bytes are required (a shorter key falls to an offline guessing \
+                     attack on one captured handshake): make one with `psktool -u {identity} \
+                     -p FILE` or `openssl rand -hex 32`",
+                    key.len()
+                ),
+            ));
+        }
+        if key.len() > MAX_PSK_BYTES {
+            return Err((number, format!("key must be at most {MAX_PSK_BYTES} bytes")));
         }
         if keys.insert(identity.as_bytes().to_vec(), key).is_some() {
             return Err((number, format!("identity {identity:?} appears twice")));
@@ -317,27 +356,157 @@ mod tests {
 
     #[test]
     fn psk_file_lines_parse() {
-        let keys = parse_psk_file("# comment\n\nalice:00ff10\nbob:ABCDEF0123\n").unwrap();
+        let alice = "00ff10".repeat(6);
+        let text = format!(
+            "# comment\n\nalice:{alice}\nbob:ABCDEF0123{}\n",
+            "00".repeat(11)
+        );
+        let keys = parse_psk_file(&text).unwrap();
         assert_eq!(keys.len(), 2);
-        assert_eq!(keys[b"alice".as_slice()], vec![0x00, 0xff, 0x10]);
-        assert_eq!(keys[b"bob".as_slice()], vec![0xab, 0xcd, 0xef, 0x01, 0x23]);
+        assert_eq!(keys[b"alice".as_slice()], [0x00, 0xff, 0x10].repeat(6));
+        assert_eq!(
+            keys[b"bob".as_slice()],
+            [vec![0xab, 0xcd, 0xef, 0x01, 0x23], vec![0; 11]].concat()
+        );
     }
 
     #[test]
     fn bad_psk_lines_name_their_line() {
+        let k = "00".repeat(MIN_PSK_BYTES);
         for (text, line) in [
-            ("alice", 1),
-            ("ok:00\n:00", 2),
-            ("alice:0g", 1),
-            ("alice:abc", 1),
-            ("alice:", 1),
-            ("a:00\na:01", 2),
+            ("alice".to_string(), 1),
+            (format!("ok:{k}\n:{k}"), 2),
+            ("alice:0g".to_string(), 1),
+            ("alice:abc".to_string(), 1),
+            ("alice:".to_string(), 1),
+            (format!("a:{k}\na:{k}"), 2),
         ] {
-            let err = parse_psk_file(text).unwrap_err();
+            let err = parse_psk_file(&text).unwrap_err();
             assert_eq!(err.0, line, "{text:?}: {}", err.1);
         }
         let long = format!("a:{}", "00".repeat(MAX_PSK_BYTES + 1));
         assert!(parse_psk_file(&long).is_err());
+    }
+
+    #[test]
+    fn keys_shorter_than_16_bytes_are_refused_naming_the_identity() {
+        let short = format!(
+            "ok:{}\nbob:{}\n",
+            "ab".repeat(MIN_PSK_BYTES),
+            "ab".repeat(15)
+        );
+        let (line, reason) = parse_psk_file(&short).unwrap_err();
+        assert_eq!(line, 2);
+        assert!(
+            reason.contains("\"bob\"") && reason.contains("15 bytes"),
+            "{reason}"
+        );
+        assert!(parse_psk_file(&format!("bob:{}", "ab".repeat(MIN_PSK_BYTES))).is_ok());
+    }
+
+    #[test]
+    fn a_psk_file_readable_by_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.psk");
+        std::fs::write(&path, format!("alice:{}\n", "ab".repeat(32))).unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o660] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = load_psk_file(&path).unwrap_err();
+            assert!(
+                matches!(err, TlsError::PskFileMode { .. })
+                    && err.to_string().contains("chmod 600"),
+                "{mode:o}: {err}"
+            );
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(load_psk_file(&path).unwrap().len(), 1);
+    }
+
+    /// A resumed TLS session would skip the PSK callback and come back without its tenant,
+    /// so the server hands out no session to resume: a client that asks for tickets (TLS 1.3)
+    /// and caches sessions (TLS 1.2) receives none, and every connection authenticates anew.
+    #[test]
+    fn the_server_offers_no_session_to_resume() {
+        use std::io::{Read as _, Write as _};
+        use std::os::unix::fs::PermissionsExt as _;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.psk");
+        let key = [0x5au8; 32];
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::write(&path, format!("alice:{hex}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let acceptor = Arc::new(
+            TlsAcceptor::new(&TlsConfig {
+                psk_file: Some(path),
+                ..TlsConfig::default()
+            })
+            .unwrap(),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for version in [SslVersion::TLS1_3, SslVersion::TLS1_2] {
+            let listener = runtime
+                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+                .unwrap();
+            let addr = listener.local_addr().unwrap();
+            let sessions = Arc::new(AtomicUsize::new(0));
+            let client = {
+                let sessions = Arc::clone(&sessions);
+                std::thread::spawn(move || {
+                    let mut b =
+                        openssl::ssl::SslConnector::builder(SslMethod::tls_client()).unwrap();
+                    b.set_min_proto_version(Some(version)).unwrap();
+                    b.set_max_proto_version(Some(version)).unwrap();
+                    b.set_verify(SslVerifyMode::NONE);
+                    b.set_cipher_list("ECDHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256")
+                        .unwrap();
+                    b.set_ciphersuites("TLS_AES_128_GCM_SHA256").unwrap();
+                    b.set_session_cache_mode(SslSessionCacheMode::CLIENT);
+                    b.set_new_session_callback(move |_, _| {
+                        sessions.fetch_add(1, Ordering::SeqCst);
+                    });
+                    b.set_psk_client_callback(move |_, _, identity, psk| {
+                        identity[..6].copy_from_slice(b"alice\0");
+                        psk[..key.len()].copy_from_slice(&key);
+                        Ok(key.len())
+                    });
+                    let connector = b.build();
+                    let tcp = std::net::TcpStream::connect(addr).unwrap();
+                    let mut config = connector.configure().unwrap();
+                    config.set_verify_hostname(false);
+                    config.set_use_server_name_indication(false);
+                    let mut tls = config.connect("headroom", tcp).unwrap();
+                    // TLS 1.3 tickets come after the handshake: read past them.
+                    let mut byte = [0u8; 1];
+                    tls.read_exact(&mut byte).unwrap();
+                    tls.write_all(&byte).unwrap();
+                })
+            };
+            let peer = runtime.block_on(async {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let (mut tls, peer) = acceptor.accept(tcp).await.unwrap();
+                use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+                tls.write_all(b"x").await.unwrap();
+                tls.flush().await.unwrap();
+                let mut byte = [0u8; 1];
+                tls.read_exact(&mut byte).await.unwrap();
+                peer
+            });
+            // (`session_reused` says nothing here: OpenSSL reports a TLS 1.3 external PSK
+            // handshake as a reuse.)
+            client.join().unwrap();
+            assert_eq!(peer, Peer::PskIdentity("alice".into()), "{version:?}");
+            assert_eq!(
+                sessions.load(Ordering::SeqCst),
+                0,
+                "{version:?}: the server handed the client a session it could resume"
+            );
+        }
     }
 
     #[test]
@@ -357,12 +526,12 @@ mod tests {
 
     #[test]
     fn lookup_copies_only_known_keys() {
-        let keys = parse_psk_file("alice:0102").unwrap();
-        let mut out = [0u8; 8];
-        assert_eq!(psk_lookup(&keys, Some(b"alice"), &mut out), 2);
-        assert_eq!(out[..2], [1, 2]);
+        let keys = parse_psk_file(&format!("alice:0102{}", "00".repeat(14))).unwrap();
+        let mut out = [0u8; 32];
+        assert_eq!(psk_lookup(&keys, Some(b"alice"), &mut out), 16);
+        assert_eq!(out[..3], [1, 2, 0]);
         assert_eq!(psk_lookup(&keys, Some(b"mallory"), &mut out), 0);
         assert_eq!(psk_lookup(&keys, None, &mut out), 0);
-        assert_eq!(psk_lookup(&keys, Some(b"alice"), &mut [0u8; 1]), 0);
+        assert_eq!(psk_lookup(&keys, Some(b"alice"), &mut [0u8; 15]), 0);
     }
 }
