@@ -59,7 +59,9 @@ const MAX_VOLUME_BYTES: u64 = 6 * MIB;
 /// The cut lands at one of the next this many operations of the simulated disks.
 const MAX_CUT_OPS: u64 = 150;
 /// Seeds of every CI run (regression seeds go here too).
-const FIXED_SEEDS: &[u64] = &[1, 2, 3, 4, 5, 6, 0x5eed, 0xdecade];
+/// 0xb84c2fdc3f8d107d: a fresh seed that failed a device holding the last healthy copy of a
+/// replicated extent (a driver fault: such a write has no copy to go to).
+const FIXED_SEEDS: &[u64] = &[1, 2, 3, 4, 5, 6, 0x5eed, 0xdecade, 0xb84c2fdc3f8d107d];
 /// Seeds drawn afresh each run (printed, so a failure can be replayed).
 const FRESH_SEEDS: usize = 2;
 const DEFAULT_CUTS: u64 = 2000;
@@ -593,6 +595,25 @@ impl Driver {
             let vol = store.open_volume(&v.name()).map_err(|e| e.to_string())?;
             for extent in 0..v.size.div_ceil(EXTENT_SIZE_BYTES) {
                 if vol.extent_location(extent).is_some_and(|p| p.device == id) {
+                    return Ok(());
+                }
+            }
+        }
+        // Nor one holding the last healthy copy of an extent of a replicated volume (the
+        // other copies' devices failed earlier): that extent would have no copy to write to.
+        for v in self.volumes.values().filter(|v| v.replicas > 1) {
+            let vol = store.open_volume(&v.name()).map_err(|e| e.to_string())?;
+            for extent in 0..v.size.div_ceil(EXTENT_SIZE_BYTES) {
+                let copies = vol.copies(extent);
+                let on_id = copies
+                    .iter()
+                    .flatten()
+                    .any(|(p, healthy)| *healthy && p.device == id);
+                let others_healthy = copies
+                    .iter()
+                    .flatten()
+                    .any(|(p, healthy)| *healthy && p.device != id);
+                if on_id && !others_healthy {
                     return Ok(());
                 }
             }
