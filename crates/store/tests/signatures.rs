@@ -177,3 +177,61 @@ fn the_size_caps_are_checked_before_anything_is_touched() {
         Err(StoreError::InvalidSize { .. })
     ));
 }
+
+#[test]
+fn a_pool_of_an_older_build_loads_unchanged_and_its_devices_are_not_checked() {
+    use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+    const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+    const DEVICES: TableDefinition<u32, &str> = TableDefinition::new("devices");
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dir.path().join("d0.img");
+    let data = dir.path().join("data");
+    drop(Store::open(&config(&data, &[&dev])).unwrap());
+    // Make it what a build before signatures wrote: no pool id, a device record without
+    // reserved_extents, and no signature on the device (its first bytes are data).
+    {
+        let db = redb::Database::open(data.join("meta.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            txn.open_table(META).unwrap().remove("pool_id").unwrap();
+            let mut devices = txn.open_table(DEVICES).unwrap();
+            let json = devices.get(0).unwrap().unwrap().value().to_string();
+            assert!(json.contains("\"reserved_extents\":1"), "{json}");
+            let old = json.replace(",\"reserved_extents\":1", "");
+            devices.insert(0, old.as_str()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let mut bytes = std::fs::read(&dev).unwrap();
+    bytes[..4096].fill(0x5a);
+    std::fs::write(&dev, &bytes).unwrap();
+    let store = Store::open(&config(&data, &[&dev])).unwrap();
+    let pool = store.pool_info();
+    assert!(!pool.devices[0].failed, "{pool:?}");
+    // All 8 extents are the volumes' (nothing reserved), extent 0 included.
+    assert_eq!(
+        (pool.devices[0].reserved_extents, pool.free_extents),
+        (0, 8)
+    );
+    fill_from_zero(&store);
+    drop(store);
+    // The pool got an id, recorded; the old device stays unsigned and is not checked.
+    let db = redb::Database::open(data.join("meta.redb")).unwrap();
+    let txn = db.begin_read().unwrap();
+    assert!(
+        txn.open_table(META)
+            .unwrap()
+            .get("pool_id")
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// One extent written: on a device without reserved extents it lands at offset 0.
+fn fill_from_zero(store: &Store) {
+    store.create_volume("old", E).unwrap();
+    let v = store.open_volume("old").unwrap();
+    v.write_at(0, &[1u8; 4096], false).unwrap();
+    assert_eq!(v.extent_location(0).unwrap().offset_bytes, 0);
+    v.flush().unwrap();
+}
