@@ -380,8 +380,12 @@ impl AdmissionContext<'_> {
         let probe = capacity.min(PROBE_LEN as u64) as usize;
         let mut head = vec![0u8; probe];
         file.read_exact_at(&mut head, 0).map_err(io_err)?;
+        // A signature of this pool naming one of its devices: that device under another
+        // name. (One naming a device id the pool does not have is left over from an add that
+        // failed before its commit: like any other signature, it needs `force`.)
         if let Ok(sig) = Signature::decode(&head)
             && sig.pool_id == self.pool_id
+            && (sig.device_id as usize) < self.existing.len()
         {
             return Err(refused(format!(
                 "{shown} carries the signature of device {} of this pool: it is in the pool \

@@ -235,3 +235,41 @@ fn fill_from_zero(store: &Store) {
     assert_eq!(v.extent_location(0).unwrap().offset_bytes, 0);
     v.flush().unwrap();
 }
+
+#[test]
+fn a_file_left_signed_by_a_failed_add_needs_force_and_a_pool_device_is_refused_even_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let store = Store::open(&StoreConfig {
+        device_count: 1,
+        device_capacity_bytes: 4 * E,
+        ..StoreConfig::new(&data)
+    })
+    .unwrap();
+    let dev0 = data.join("devices/dev-0.img");
+    let head = std::fs::read(&dev0).unwrap()[..64].to_vec();
+    // This pool's signature naming device 5, which the pool does not have (an add that
+    // failed after signing): a signature like any other, taken with force only.
+    let mut sig = head.clone();
+    sig[32..36].copy_from_slice(&5u32.to_le_bytes());
+    let crc = crc32c::crc32c(&sig[..60]);
+    sig[60..64].copy_from_slice(&crc.to_le_bytes());
+    let leftover = data.join("devices/leftover.img");
+    let mut bytes = vec![0u8; (4 * E) as usize];
+    bytes[..64].copy_from_slice(&sig);
+    std::fs::write(&leftover, &bytes).unwrap();
+    let err = store.add_device(Some(&leftover), 4 * E).unwrap_err();
+    assert!(err.to_string().contains("Headroom signature"), "{err}");
+    assert!(std::fs::read(&leftover).unwrap() == bytes);
+    store
+        .add_device_with(Some(&leftover), 4 * E, None, true)
+        .unwrap();
+    // Device 0 under another name (a hard link): refused even with force.
+    let alias = data.join("devices/alias.img");
+    std::fs::hard_link(&dev0, &alias).unwrap();
+    let err = store
+        .add_device_with(Some(&alias), 4 * E, None, true)
+        .unwrap_err();
+    assert!(err.to_string().contains("device 0 of this pool"), "{err}");
+    assert_eq!(&std::fs::read(&dev0).unwrap()[..64], &head[..]);
+}
