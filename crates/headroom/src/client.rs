@@ -244,8 +244,12 @@ impl Api {
         path: Option<&str>,
         size_bytes: Option<u64>,
         failure_domain: Option<&str>,
+        force: bool,
     ) -> Result<Value> {
         let mut body = serde_json::Map::new();
+        if force {
+            body.insert("force".into(), Value::from(true));
+        }
         if let Some(path) = path {
             body.insert("path".into(), Value::from(path));
         }

@@ -41,7 +41,9 @@ pub struct DeviceFailArgs {
 
 #[derive(Args, Debug)]
 pub struct DeviceAddArgs {
-    /// A file or block device on the server's machine; absent: a new sparse file
+    /// A regular file under one of the server's device directories (`[storage]
+    /// device_dirs`, default `DATA_DIR/devices/`; created there if it does not exist) or a
+    /// block device named in `[storage] block_devices`; absent: a new sparse file
     /// `devices/dev-N.img` in the server's data directory.
     path: Option<String>,
     /// Length of a file that is created or empty (an existing file keeps its length), e.g.
@@ -52,6 +54,10 @@ pub struct DeviceAddArgs {
     /// a replicated volume's extents go to distinct domains when the pool has enough.
     #[arg(long, value_name = "DOMAIN")]
     failure_domain: Option<String>,
+    /// Take a device that holds a filesystem, partition table or other signature, or any
+    /// data, destroying its contents (without it such a device is refused, untouched).
+    #[arg(long)]
+    force: bool,
     /// Print the API's JSON.
     #[arg(long)]
     json: bool,
@@ -83,6 +89,7 @@ pub fn run(command: DeviceCommand) -> Result<()> {
                 args.path.as_deref(),
                 args.size,
                 args.failure_domain.as_deref(),
+                args.force,
             )?;
             if args.json {
                 return print_json(&device);

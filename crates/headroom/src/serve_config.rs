@@ -318,6 +318,15 @@ pub struct StorageSection {
     pub devices: Option<u32>,
     pub device_size: Option<Size>,
     pub device_paths: Option<Vec<PathBuf>>,
+    /// Directories whose regular files `device add` may use or create (absent:
+    /// `DATA_DIR/devices/` only).
+    pub device_dirs: Option<Vec<PathBuf>>,
+    /// Block devices `device add` may use (absent: none).
+    pub block_devices: Option<Vec<PathBuf>>,
+    /// Largest device `device add` takes (absent: 64 TiB).
+    pub max_device_bytes: Option<Size>,
+    /// Largest volume that may be created or grown to (absent and at most: 64 TiB).
+    pub max_volume_bytes: Option<Size>,
     /// Which copy of a replicated volume serves a read (`headroom_qos::routing`).
     pub read_routing: Option<ReadRouting>,
     /// With `rados_pool`: keep the extents in that Ceph RADOS pool (feature `rados`).
@@ -693,6 +702,10 @@ impl ConfigFile {
             devices: s.devices.or(l.devices),
             device_size: s.device_size.or(l.device_size),
             device_paths: s.device_paths.or(l.device_paths),
+            device_dirs: s.device_dirs.or(l.device_dirs),
+            block_devices: s.block_devices.or(l.block_devices),
+            max_device_bytes: s.max_device_bytes.or(l.max_device_bytes),
+            max_volume_bytes: s.max_volume_bytes.or(l.max_volume_bytes),
             read_routing: s.read_routing.or(l.read_routing),
             rados_conf: s.rados_conf.or(l.rados_conf),
             rados_pool: s.rados_pool.or(l.rados_pool),
@@ -878,6 +891,44 @@ impl ConfigFile {
         }
         if let Some(0) = st.devices {
             return Err(Invalid::new("storage.devices", 0, "must be at least 1"));
+        }
+        for (key, paths) in [
+            ("storage.device_dirs", &st.device_dirs),
+            ("storage.block_devices", &st.block_devices),
+        ] {
+            for path in paths.iter().flatten() {
+                if !path.is_absolute() || path.to_str().is_none_or(|p| p.contains('\0')) {
+                    return Err(Invalid::new(
+                        key,
+                        path.display(),
+                        "each entry must be an absolute UTF-8 path",
+                    ));
+                }
+            }
+        }
+        let least_device = 2 * headroom_store::EXTENT_SIZE_BYTES;
+        if let Some(size) = st.max_device_bytes
+            && size.0 < least_device
+        {
+            return Err(Invalid::new(
+                "storage.max_device_bytes",
+                size,
+                format!("must be at least {least_device} (two extents, one for the signature)"),
+            ));
+        }
+        if let Some(size) = st.max_volume_bytes
+            && !(headroom_store::VOLUME_SIZE_ALIGN_BYTES..=headroom_store::MAX_VOLUME_SIZE_BYTES)
+                .contains(&size.0)
+        {
+            return Err(Invalid::new(
+                "storage.max_volume_bytes",
+                size,
+                format!(
+                    "must be between {} and {} (64 TiB)",
+                    headroom_store::VOLUME_SIZE_ALIGN_BYTES,
+                    headroom_store::MAX_VOLUME_SIZE_BYTES
+                ),
+            ));
         }
         if let Some(size) = st.device_size
             && size.0 == 0
@@ -1254,6 +1305,16 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         .and_then(|e| e.curve.as_ref())
         .map(VopSection::curve);
     config.overcommit_ratio = st.overcommit_ratio;
+    config.device_admission = headroom_store::AdmissionPolicy {
+        device_dirs: st.device_dirs.clone().unwrap_or_default(),
+        block_devices: st.block_devices.clone().unwrap_or_default(),
+        max_device_bytes: st
+            .max_device_bytes
+            .map_or(headroom_store::DEFAULT_MAX_DEVICE_BYTES, |s| s.0),
+        max_volume_bytes: st
+            .max_volume_bytes
+            .map_or(headroom_store::MAX_VOLUME_SIZE_BYTES, |s| s.0),
+    };
     if let Some(errors) = st.rebuild.and_then(|r| r.fail_device_after_errors) {
         config.fail_device_after_errors = errors;
     }
@@ -2359,6 +2420,39 @@ mod tests {
             got.contains(CALIBRATION_FILE) && got.contains("qos.workers = 0"),
             "{got}"
         );
+    }
+
+    #[test]
+    fn device_admission_keys_are_checked_and_reach_the_node() {
+        let path = Path::new("node.toml");
+        for (bad, key) in [
+            ("device_dirs = [\"relative/dir\"]\n", "storage.device_dirs"),
+            ("block_devices = [\"sdb\"]\n", "storage.block_devices"),
+            ("max_device_bytes = \"1MiB\"\n", "storage.max_device_bytes"),
+            ("max_volume_bytes = \"65TiB\"\n", "storage.max_volume_bytes"),
+            ("max_volume_bytes = 0\n", "storage.max_volume_bytes"),
+        ] {
+            let err = ConfigFile::parse(&format!("[storage]\n{bad}"), path)
+                .and_then(|layer| resolve(&layer).map(|_| ()).map_err(Into::into))
+                .map(|_| String::new())
+                .unwrap_or_else(|e| format!("{e:#}"));
+            assert!(err.contains(key), "{bad}: {err:?}");
+        }
+        let layer = ConfigFile::parse(
+            "[storage]\ndevice_dirs = [\"/srv/d\"]\nblock_devices = [\"/dev/loop9\"]\n\
+             max_device_bytes = \"1TiB\"\nmax_volume_bytes = \"2TiB\"\n",
+            path,
+        )
+        .unwrap();
+        let policy = resolve(&layer).unwrap().device_admission;
+        assert_eq!(policy.device_dirs, vec![PathBuf::from("/srv/d")]);
+        assert_eq!(policy.block_devices, vec![PathBuf::from("/dev/loop9")]);
+        assert_eq!(
+            (policy.max_device_bytes, policy.max_volume_bytes),
+            (1 << 40, 2 << 40)
+        );
+        let defaults = resolve(&ConfigFile::default()).unwrap().device_admission;
+        assert_eq!(defaults, headroom_store::AdmissionPolicy::default());
     }
 
     #[test]

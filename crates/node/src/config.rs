@@ -295,6 +295,9 @@ pub struct NodeConfig {
     pub api_token: Option<crate::api::ApiToken>,
     /// Most volume bytes per pool byte (`Store::set_overcommit_ratio`); `None`: no limit.
     pub overcommit_ratio: Option<f64>,
+    /// What `POST /v1/devices` may take (allowed directories, named block devices) and the
+    /// device and volume size caps (`Store::set_admission_policy`).
+    pub device_admission: headroom_store::AdmissionPolicy,
     /// The rate the rebuild of lost copies starts at, bytes per second (`[storage.rebuild]
     /// rate`; `PUT /v1/rebuild` changes it live).
     pub rebuild_rate_bytes_per_s: u64,
@@ -379,6 +382,7 @@ impl NodeConfig {
             metrics: crate::metrics::MetricsConfig::default(),
             api_token: None,
             overcommit_ratio: None,
+            device_admission: headroom_store::AdmissionPolicy::default(),
             rebuild_rate_bytes_per_s: crate::repair::DEFAULT_REBUILD_RATE_BYTES_PER_S,
             fail_device_after_errors: crate::repair::DEFAULT_FAIL_DEVICE_AFTER_ERRORS,
             config_file: None,

@@ -134,6 +134,7 @@ impl Node {
             }
         };
         store.set_overcommit_ratio(config.overcommit_ratio);
+        store.set_admission_policy(config.device_admission.clone());
         let store = Arc::new(store);
         let executor = if config.io_threads == 0 {
             None

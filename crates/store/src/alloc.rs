@@ -19,7 +19,14 @@
 //! load comes from `Store::observe_devices`, once per sampling interval; before any, and on
 //! RAM devices (whose operations are not timed), it is 0. Within a device the lowest free
 //! index is taken, which keeps used space dense and free space in long runs (cheap to punch
-//! at startup).
+//! at startup). Free space is kept as runs of free extents (first index and length) with a
+//! count per device, so the allocator's memory grows with how fragmented the free space is,
+//! not with the device's size: an 8 PiB device costs one run, not a set of four billion
+//! indexes built under the pool lock.
+//!
+//! Reserved extents (`reserve_prefix`: the first extent of a device signed by Headroom holds
+//! its superblock, see `signature.rs`) are never free: never handed out, never punched by
+//! the startup punch, and not counted in the device's total for the fullness term.
 //!
 //! Replicated volumes (`allocate_replicas`): the copies of one logical extent are placed
 //! one after the other by the same cost, each avoiding the devices already chosen for that
@@ -31,7 +38,7 @@
 //!
 //! This is plain state under the store's pool mutex: no I/O, no locking here.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::layout::PhysExtent;
 
@@ -42,11 +49,101 @@ pub(crate) const WEIGHT_FULLNESS: f64 = 1.0;
 /// Weight of a device's load (device time per second, capped at 1).
 pub(crate) const WEIGHT_LOAD: f64 = 1.5;
 
+/// One device's free extents as maximal runs (first index -> length) and their count: memory
+/// grows with the number of runs (fragmentation), not with the device's size.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct FreeRuns {
+    runs: BTreeMap<u32, u32>,
+    count: u64,
+}
+
+impl FreeRuns {
+    /// Extents `0..extent_count` free.
+    fn all(extent_count: u32) -> FreeRuns {
+        let mut runs = BTreeMap::new();
+        if extent_count > 0 {
+            runs.insert(0, extent_count);
+        }
+        FreeRuns {
+            runs,
+            count: u64::from(extent_count),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    fn len(&self) -> u64 {
+        self.count
+    }
+
+    /// Takes the lowest free index.
+    fn pop_first(&mut self) -> Option<u32> {
+        let (start, len) = self.runs.pop_first()?;
+        if len > 1 {
+            self.runs.insert(start + 1, len - 1);
+        }
+        self.count -= 1;
+        Some(start)
+    }
+
+    /// Takes `index` if it is free; false if it is not.
+    fn remove(&mut self, index: u32) -> bool {
+        let Some((&start, &len)) = self.runs.range(..=index).next_back() else {
+            return false;
+        };
+        let end = u64::from(start) + u64::from(len);
+        if u64::from(index) >= end {
+            return false;
+        }
+        self.runs.remove(&start);
+        if index > start {
+            self.runs.insert(start, index - start);
+        }
+        let after = (end - u64::from(index) - 1) as u32;
+        if after > 0 {
+            self.runs.insert(index + 1, after);
+        }
+        self.count -= 1;
+        true
+    }
+
+    /// Frees `index`, merging it with the runs on either side; false if it was free already.
+    fn insert(&mut self, index: u32) -> bool {
+        let mut start = index;
+        let mut len = 1u32;
+        if let Some((&s, &l)) = self.runs.range(..=index).next_back() {
+            let end = u64::from(s) + u64::from(l);
+            if u64::from(index) < end {
+                return false;
+            }
+            if end == u64::from(index) {
+                self.runs.remove(&s);
+                start = s;
+                len += l;
+            }
+        }
+        if let Some(next) = index.checked_add(1)
+            && let Some(l) = self.runs.remove(&next)
+        {
+            len += l;
+        }
+        self.runs.insert(start, len);
+        self.count += 1;
+        true
+    }
+
+    fn runs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.runs.iter().map(|(&s, &l)| (s, l))
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Allocator {
-    /// Free extent indexes per device.
-    free: Vec<BTreeSet<u32>>,
-    /// Extents per device, free or not.
+    /// Free extents per device, as runs.
+    free: Vec<FreeRuns>,
+    /// Extents per device, free or not (reserved extents excluded).
     totals: Vec<u32>,
     /// Extents per device of each volume (for the placement score).
     per_volume: HashMap<u64, Vec<u32>>,
@@ -60,7 +157,7 @@ impl Allocator {
     /// All extents of every device free; `extent_counts[d]` extents on device `d`.
     pub(crate) fn new(extent_counts: &[u32]) -> Allocator {
         Allocator {
-            free: extent_counts.iter().map(|&n| (0..n).collect()).collect(),
+            free: extent_counts.iter().map(|&n| FreeRuns::all(n)).collect(),
             totals: extent_counts.to_vec(),
             per_volume: HashMap::new(),
             load: vec![0.0; extent_counts.len()],
@@ -137,10 +234,27 @@ impl Allocator {
 
     /// A device added to the running pool (the next id), all of its extents free.
     pub(crate) fn add_device(&mut self, extent_count: u32, domain: Option<String>) {
-        self.free.push((0..extent_count).collect());
+        self.free.push(FreeRuns::all(extent_count));
         self.totals.push(extent_count);
         self.load.push(0.0);
         self.domains.push(domain);
+    }
+
+    /// Takes device `d`'s first `count` extents out of the free space for good (Headroom's own
+    /// structures: the signature); they are never allocated nor punched. Call before
+    /// `mark_used`. Returns false if one of them was not free.
+    pub(crate) fn reserve_prefix(&mut self, d: usize, count: u32) -> bool {
+        let Some(free) = self.free.get_mut(d) else {
+            return count == 0;
+        };
+        let mut all = true;
+        for index in 0..count {
+            all &= free.remove(index);
+        }
+        if let Some(total) = self.totals.get_mut(d) {
+            *total = total.saturating_sub(count);
+        }
+        all
     }
 
     /// Device `d`'s failure domain, if one was declared.
@@ -188,8 +302,8 @@ impl Allocator {
             f64::from(mine) / f64::from(mine_total)
         };
         let total = self.totals.get(d).copied().unwrap_or(0).max(1);
-        let used = total.saturating_sub(self.free[d].len() as u32);
-        let fullness = f64::from(used) / f64::from(total);
+        let used = u64::from(total).saturating_sub(self.free[d].len());
+        let fullness = used as f64 / f64::from(total);
         WEIGHT_VOLUME_SHARE * share + WEIGHT_FULLNESS * fullness + WEIGHT_LOAD * self.load[d]
     }
 
@@ -203,7 +317,7 @@ impl Allocator {
         let Some(free) = self.free.get_mut(phys.device as usize) else {
             return false;
         };
-        if !free.remove(&phys.index) {
+        if !free.remove(phys.index) {
             return false;
         }
         self.counts_mut(volume_id)[phys.device as usize] += 1;
@@ -270,24 +384,25 @@ impl Allocator {
             .map(|(d, _)| d)
     }
 
+    /// Device `device`'s extents less its reserved ones.
+    pub(crate) fn usable_extents(&self, device: usize) -> u64 {
+        self.totals.get(device).map_or(0, |&n| u64::from(n))
+    }
+
     pub(crate) fn free_extents(&self, device: usize) -> u64 {
-        self.free.get(device).map_or(0, |f| f.len() as u64)
+        self.free.get(device).map_or(0, FreeRuns::len)
     }
 
     pub(crate) fn total_free_extents(&self) -> u64 {
-        self.free.iter().map(|f| f.len() as u64).sum()
+        self.free.iter().map(FreeRuns::len).sum()
     }
 
     /// Free extents of `device` as maximal contiguous runs (first index, count).
     pub(crate) fn free_runs(&self, device: usize) -> Vec<(u32, u32)> {
-        let mut runs: Vec<(u32, u32)> = Vec::new();
-        for &i in self.free.get(device).into_iter().flatten() {
-            match runs.last_mut() {
-                Some((start, count)) if *start + *count == i => *count += 1,
-                _ => runs.push((i, 1)),
-            }
-        }
-        runs
+        self.free
+            .get(device)
+            .map(|f| f.runs().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -469,6 +584,91 @@ mod tests {
         let mut devices: Vec<u32> = got.iter().map(|p| p.device).collect();
         devices.sort_unstable();
         assert_eq!(devices, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn an_8_pib_class_device_costs_one_run() {
+        // u32::MAX extents of 2 MiB: 8 PiB. Building it, allocating from it, reserving its
+        // first extent and releasing in the middle touch a handful of runs, not 4 billion
+        // entries (this test would take minutes and tens of GiB with a set of indexes).
+        let mut a = Allocator::new(&[u32::MAX, 4]);
+        assert_eq!(a.free_runs(0), vec![(0, u32::MAX)]);
+        assert!(a.reserve_prefix(0, 1));
+        assert_eq!(a.free_runs(0), vec![(1, u32::MAX - 1)]);
+        assert_eq!(a.free_extents(0), u64::from(u32::MAX) - 1);
+        let p = a.allocate_avoiding(1, 0b10).unwrap();
+        assert_eq!((p.device, p.index), (0, 1));
+        assert!(a.mark_used(
+            1,
+            PhysExtent {
+                device: 0,
+                index: 1 << 31
+            }
+        ));
+        assert_eq!(
+            a.free_runs(0),
+            vec![
+                (2, (1 << 31) - 2),
+                ((1 << 31) + 1, u32::MAX - (1 << 31) - 1)
+            ]
+        );
+        a.release(PhysExtent {
+            device: 0,
+            index: 1 << 31,
+        });
+        a.release(p);
+        assert_eq!(a.free_runs(0), vec![(1, u32::MAX - 1)]);
+        assert!(a.free[0].runs.len() <= 1);
+    }
+
+    #[test]
+    fn reserved_extents_are_never_handed_out_nor_free() {
+        let mut a = Allocator::new(&[3, 3]);
+        assert!(a.reserve_prefix(0, 1));
+        assert!(a.reserve_prefix(1, 1));
+        assert_eq!(a.free_runs(0), vec![(1, 2)]);
+        let mut got: Vec<(u32, u32)> = (0..4)
+            .map(|_| a.allocate(1).map(|p| (p.device, p.index)).unwrap())
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![(0, 1), (0, 2), (1, 1), (1, 2)]);
+        assert!(a.allocate(1).is_none());
+        // Marking a reserved extent used (a map that points into the signature) is refused.
+        assert!(!a.mark_used(
+            2,
+            PhysExtent {
+                device: 0,
+                index: 0
+            }
+        ));
+    }
+
+    #[test]
+    fn runs_match_a_set_of_indexes() {
+        // The run bookkeeping against the obvious model, over a fixed pseudo-random sequence.
+        let mut runs = FreeRuns::all(64);
+        let mut set: std::collections::BTreeSet<u32> = (0..64).collect();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..4000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x % 70) as u32;
+            match x % 3 {
+                0 => assert_eq!(runs.remove(i), set.remove(&i)),
+                1 => assert_eq!(runs.insert(i), set.insert(i)),
+                _ => assert_eq!(runs.pop_first(), set.pop_first()),
+            }
+            assert_eq!(runs.len(), set.len() as u64);
+            let mut expect: Vec<(u32, u32)> = Vec::new();
+            for &i in &set {
+                match expect.last_mut() {
+                    Some((s, c)) if *s + *c == i => *c += 1,
+                    _ => expect.push((i, 1)),
+                }
+            }
+            assert_eq!(runs.runs().collect::<Vec<_>>(), expect);
+        }
     }
 
     #[test]

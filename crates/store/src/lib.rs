@@ -17,6 +17,7 @@ mod alloc;
 pub mod arbiter;
 mod config;
 mod device;
+mod device_admission;
 mod devices;
 mod error;
 mod extent_map;
@@ -32,6 +33,7 @@ mod name;
 mod rados;
 #[cfg(feature = "rados")]
 mod rados_meta;
+mod signature;
 #[doc(hidden)]
 pub mod sim_disk;
 mod stats;
@@ -43,6 +45,9 @@ mod volume;
 pub use config::{
     DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, DEFAULT_LEASE_MS, MAX_DEVICES,
     RADOS_SUPPORTED, RadosTarget, StoreConfig,
+};
+pub use device_admission::{
+    AdmissionPolicy, BLOCK_EDGE_BYTES, BLOCK_SAMPLE_BYTES, BLOCK_SAMPLES, DEFAULT_MAX_DEVICE_BYTES,
 };
 pub use error::{MetadataError, StoreError};
 pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENCY_SPIKE_MS};

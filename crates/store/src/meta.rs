@@ -7,7 +7,9 @@
 //! is the store's protocol (see `store.rs`).
 //!
 //! Tables:
-//! - `meta`: `&str -> u64` (`format_version`, `extent_size_bytes`, `next_volume_id`, `clean`)
+//! - `meta`: `&str -> u64` (`format_version`, `extent_size_bytes`, `next_volume_id`, `clean`,
+//!   `pool_id`: a random id written on the pool's device signatures, added at the first open
+//!   by a build that signs devices)
 //! - `devices`: `u32 -> JSON DeviceRecord`
 //! - `volumes`: `u64 -> JSON VolumeRecord` (the record carries the volume's QoS as an opaque
 //!   string: the store must not depend on the QoS crate, so the node layer owns its meaning)
@@ -59,6 +61,7 @@ pub(crate) const KEY_FORMAT: &str = "format_version";
 pub(crate) const KEY_EXTENT_SIZE: &str = "extent_size_bytes";
 pub(crate) const KEY_NEXT_VOLUME_ID: &str = "next_volume_id";
 pub(crate) const KEY_CLEAN: &str = "clean";
+pub(crate) const KEY_POOL_ID: &str = "pool_id";
 
 /// redb page cache; the hot path never reads redb, so it can stay small.
 const CACHE_SIZE_BYTES: usize = 32 << 20;
@@ -77,6 +80,15 @@ pub(crate) struct DeviceRecord {
     /// or allocated on again. Absent (false) in records of older builds.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub failed: bool,
+    /// Extents at the start of the device kept for Headroom's own structures (the signature,
+    /// `signature.rs`), never allocated. Absent (0) in records of older builds: such a device
+    /// is unsigned and loads as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved_extents: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +132,8 @@ pub(crate) struct Loaded {
     pub next_volume_id: u64,
     /// The previous process shut down after committing everything and punching all frees.
     pub clean: bool,
+    /// The pool's random id (`KEY_POOL_ID`); `None` before a build that signs devices.
+    pub pool_id: Option<u64>,
     pub devices: Vec<(u32, DeviceRecord)>,
     pub volumes: Vec<(u64, VolumeRecord)>,
     pub extents: Vec<(u64, u64, PhysExtent)>,
@@ -158,6 +172,8 @@ pub(crate) enum MetaOp {
     DeleteTenant(String),
     /// Sets `failed` in the record of device `id` (which must exist).
     FailDevice(u32),
+    /// Records the pool's id (`KEY_POOL_ID`).
+    SetPoolId(u64),
 }
 
 /// Where the metadata lives: redb (file and RAM stores, and RADOS stores of the first
@@ -265,6 +281,7 @@ impl Meta {
         let mut loaded = Loaded {
             next_volume_id: get(KEY_NEXT_VOLUME_ID)?.unwrap_or(1),
             clean: get(KEY_CLEAN)? == Some(1),
+            pool_id: get(KEY_POOL_ID)?,
             ..Loaded::default()
         };
         let devices = txn.open_table(DEVICES).map_err(redb_err)?;
@@ -415,6 +432,9 @@ impl Meta {
                         meta.insert(KEY_CLEAN, u64::from(*clean))
                             .map_err(redb_err)?;
                     }
+                    MetaOp::SetPoolId(id) => {
+                        meta.insert(KEY_POOL_ID, *id).map_err(redb_err)?;
+                    }
                     MetaOp::PutTenant(id, rec) => {
                         let json = serde_json::to_string(rec).map_err(json_err)?;
                         tenants
@@ -518,6 +538,7 @@ mod tests {
             capacity_bytes: 8 * EXTENT_SIZE_BYTES,
             failure_domain: None,
             failed: false,
+            reserved_extents: 0,
         };
         let vol = VolumeRecord {
             name: "v".into(),

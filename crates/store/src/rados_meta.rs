@@ -32,7 +32,8 @@ use crate::error::{MetadataError, StoreError};
 use crate::layout::{EXTENT_SIZE_BYTES, PhysExtent};
 use crate::meta::{
     DeviceRecord, ExtentChange, FORMAT_VERSION, KEY_CLEAN, KEY_EXTENT_SIZE, KEY_FORMAT,
-    KEY_NEXT_VOLUME_ID, Loaded, MetaOp, TenantRecord, VolumeRecord, json_err_pub as json_err,
+    KEY_NEXT_VOLUME_ID, KEY_POOL_ID, Loaded, MetaOp, TenantRecord, VolumeRecord,
+    json_err_pub as json_err,
 };
 use crate::rados::{OmapBatch, OmapEntries, Pool};
 
@@ -179,6 +180,7 @@ impl RadosMeta {
         }
         loaded.next_volume_id = meta.get(KEY_NEXT_VOLUME_ID).copied().unwrap_or(1);
         loaded.clean = meta.get(KEY_CLEAN) == Some(&1);
+        loaded.pool_id = meta.get(KEY_POOL_ID).copied();
         *self.lock() = loaded.volumes.iter().map(|(id, _)| *id).collect();
         Ok(Some(loaded))
     }
@@ -243,6 +245,7 @@ impl RadosMeta {
                 }
                 MetaOp::SetNextVolumeId(n) => p.set(m_key(KEY_NEXT_VOLUME_ID), num(*n)),
                 MetaOp::SetClean(clean) => p.set(m_key(KEY_CLEAN), num(u64::from(*clean))),
+                MetaOp::SetPoolId(id) => p.set(m_key(KEY_POOL_ID), num(*id)),
                 MetaOp::PutTenant(id, rec) => p.set(
                     format!("t.{id}").into_bytes(),
                     serde_json::to_vec(rec).map_err(json_err)?,
@@ -337,6 +340,7 @@ mod tests {
             capacity_bytes: 8 * EXTENT_SIZE_BYTES,
             failure_domain: None,
             failed: false,
+            reserved_extents: 0,
         };
         let vol = VolumeRecord {
             name: "v".into(),

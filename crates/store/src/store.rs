@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::alloc::Allocator;
 use crate::config::{MAX_DEVICES, StoreConfig};
 use crate::device::{Device, open_device_file};
+use crate::device_admission::{AdmissionContext, AdmissionError, AdmissionPolicy};
 use crate::devices::Devices;
 use crate::error::{MetadataError, StoreError};
 use crate::extent_map::ExtentMap;
@@ -33,6 +34,7 @@ use crate::layout::{
 };
 use crate::meta::{DeviceRecord, ExtentChange, Meta, MetaOp, TenantRecord, VolumeRecord};
 use crate::name::{validate_tenant_id, validate_volume_name};
+use crate::signature::{RESERVED_EXTENTS, SIGNATURE_LEN, Signature};
 use crate::sync::{lock, read, write};
 use crate::volume::{Volume, VolumeInfo};
 
@@ -343,7 +345,13 @@ pub struct DeviceInfo {
     /// File or block device path, or `memory:<id>`.
     pub path: String,
     pub capacity_bytes: u64,
+    /// Extents volumes may use (the device's extents less the reserved ones).
     pub extent_count: u64,
+    /// Extents at the device's start kept for Headroom's own structures (its signature):
+    /// never allocated, not in `extent_count`. Absent from the JSON when 0 (devices of older
+    /// builds, RAM and RADOS devices).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub reserved_extents: u64,
     pub free_extents: u64,
     /// Real space used (file blocks or RAM); `None` for block devices.
     pub physical_used_bytes: Option<u64>,
@@ -390,6 +398,10 @@ pub struct Store {
     data_dir: Option<PathBuf>,
     /// The disks of a simulated pool (`open_simulated`), for devices added later.
     sim: Option<Arc<crate::sim_disk::SimPool>>,
+    /// What `add_device` may take and the size caps (`set_admission_policy`).
+    admission: RwLock<AdmissionPolicy>,
+    /// The pool's random id, written on its device signatures (0: a RAM pool).
+    pool_id: u64,
     /// The lease of a store whose metadata is in RADOS, released when the store is dropped.
     #[cfg(feature = "rados")]
     lease: Option<crate::lease::Lease>,
@@ -417,6 +429,10 @@ impl fmt::Debug for Store {
     }
 }
 
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
 fn now_unix_s() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -427,7 +443,7 @@ fn corrupt(msg: String) -> StoreError {
     StoreError::Metadata(MetadataError::Corrupt(msg))
 }
 
-fn validate_size(size_bytes: u64) -> Result<(), StoreError> {
+fn validate_size(size_bytes: u64, max_bytes: u64) -> Result<(), StoreError> {
     let invalid = |reason| StoreError::InvalidSize { size_bytes, reason };
     if size_bytes == 0 {
         return Err(invalid("must be greater than zero"));
@@ -437,6 +453,11 @@ fn validate_size(size_bytes: u64) -> Result<(), StoreError> {
     }
     if size_bytes > MAX_VOLUME_SIZE_BYTES {
         return Err(invalid("larger than the 64 TiB maximum"));
+    }
+    if size_bytes > max_bytes {
+        return Err(invalid(
+            "larger than the node's largest volume ([storage] max_volume_bytes)",
+        ));
     }
     Ok(())
 }
@@ -679,6 +700,13 @@ impl Store {
         std::fs::create_dir_all(&cfg.data_dir)?;
         let (meta, session) = open_meta(cfg)?;
         let (loaded, fresh) = load_checked(&meta)?;
+        // The pool's id (written on its device signatures): new pools and pools of builds
+        // before signatures get a random one, recorded with this open's first commit.
+        let new_pool_id = match loaded.pool_id {
+            Some(_) => None,
+            None => Some(random_pool_id()?),
+        };
+        let pool_id = loaded.pool_id.or(new_pool_id).unwrap_or_default();
 
         // Stored devices are authoritative; configured devices beyond them are added.
         let mut records: Vec<(DeviceRecord, bool)> = loaded
@@ -721,6 +749,7 @@ impl Store {
                 capacity_bytes: 0,
                 failure_domain: None,
                 failed: false,
+                reserved_extents: 0,
             };
             records.push((rec, true));
         }
@@ -733,6 +762,8 @@ impl Store {
         let mut devices = Vec::with_capacity(records.len());
         let mut new_device_ops = Vec::new();
         let mut created_relative = false;
+        // Devices recorded as signed whose signature is missing or damaged (see below).
+        let mut unsigned = DeviceSet::default();
         for (i, (rec, is_new)) in records.iter_mut().enumerate() {
             if let Some((pool, namespace)) = parse_rados_record(&rec.path) {
                 let capacity = if *is_new {
@@ -788,13 +819,23 @@ impl Store {
                     ))
                 })?;
             if *is_new {
-                if capacity < EXTENT_SIZE_BYTES {
+                let least = u64::from(RESERVED_EXTENTS + 1) * EXTENT_SIZE_BYTES;
+                if capacity < least {
                     return Err(StoreError::InvalidConfig(format!(
-                        "device {} holds less than one {EXTENT_SIZE_BYTES}-byte extent",
+                        "device {} holds less than {least} bytes (two {EXTENT_SIZE_BYTES}-byte \
+                         extents, one of them reserved for its signature)",
                         path.display()
                     )));
                 }
                 rec.capacity_bytes = capacity - capacity % EXTENT_SIZE_BYTES;
+                rec.reserved_extents = RESERVED_EXTENTS;
+                // Signed (and synced) before the record that names it is committed.
+                write_signature(&file, pool_id, i as u32, rec).map_err(|e| {
+                    StoreError::Io(std::io::Error::new(
+                        e.kind(),
+                        format!("device {}: writing its signature: {e}", path.display()),
+                    ))
+                })?;
                 new_device_ops.push(MetaOp::PutDevice(i as u32, rec.clone()));
             } else if capacity < rec.capacity_bytes {
                 return Err(StoreError::InvalidConfig(format!(
@@ -802,6 +843,33 @@ impl Store {
                     path.display(),
                     rec.capacity_bytes
                 )));
+            } else if rec.reserved_extents > 0 {
+                match check_signature(&file, pool_id, i as u32) {
+                    SignatureCheck::Ours => {}
+                    SignatureCheck::Foreign(sig) => {
+                        return Err(StoreError::InvalidConfig(format!(
+                            "device {i} ({}) carries the signature of device {} of pool \
+                             {:016x}, not of device {i} of this pool ({pool_id:016x}): the path \
+                             leads to another disk (renamed after a reboot?). Nothing was \
+                             written to it; point the configuration at the right device (a \
+                             stable name such as /dev/disk/by-id/...)",
+                            path.display(),
+                            sig.device_id,
+                            sig.pool_id
+                        )));
+                    }
+                    SignatureCheck::Unreadable(reason) => {
+                        tracing::error!(
+                            device = i,
+                            path = %path.display(),
+                            %reason,
+                            "device recorded as signed has no valid signature: it is treated \
+                             as failed (not written, not allocated on) until a restart finds \
+                             its signature"
+                        );
+                        unsigned.insert(i as u32);
+                    }
+                }
             }
             let extent_count = extents_of(rec.capacity_bytes)?;
             devices.push(Device::from_file(
@@ -818,8 +886,12 @@ impl Store {
         if fresh {
             sync_dir(&cfg.data_dir)?;
         }
-        let mut store = Store::recover(meta, &loaded, fresh, &records, devices, new_device_ops)?;
+        // The pool id first: the signatures written above carry it.
+        let mut ops: Vec<MetaOp> = new_pool_id.map(MetaOp::SetPoolId).into_iter().collect();
+        ops.extend(new_device_ops);
+        let mut store = Store::recover(meta, &loaded, fresh, &records, devices, ops, unsigned)?;
         store.data_dir = Some(cfg.data_dir.clone());
+        store.pool_id = pool_id;
         #[cfg(feature = "rados")]
         {
             store.lease = session.map(|s| s.lease);
@@ -832,7 +904,8 @@ impl Store {
     /// Recovery, shared by every way to open a stored pool (`open`, `open_simulated`): checks
     /// the loaded metadata and rebuilds the maps, punches all free space after an unclean
     /// shutdown (and on new devices), resynchronises the replicas, and commits `clean = 0`
-    /// (with `new_device_ops`) before anything is served.
+    /// (with `new_device_ops`) before anything is served. Devices in `unsigned` (recorded as
+    /// signed, their signature missing or damaged) count as failed for this run.
     fn recover(
         meta: Meta,
         loaded: &crate::meta::Loaded,
@@ -840,12 +913,16 @@ impl Store {
         records: &[(DeviceRecord, bool)],
         devices: Vec<Device>,
         new_device_ops: Vec<MetaOp>,
+        unsigned: DeviceSet,
     ) -> Result<Store, StoreError> {
-        let (mut allocator, volumes) = rebuild(&devices, loaded)?;
+        let reserved: Vec<u32> = records.iter().map(|(r, _)| r.reserved_extents).collect();
+        let (mut allocator, volumes) = rebuild(&devices, &reserved, loaded)?;
         let mut retired = DeviceSet::default();
         for (d, (rec, _)) in records.iter().enumerate() {
             allocator.set_failure_domain(d, rec.failure_domain.clone());
-            if rec.failed {
+            // An unsigned device counts like one the operator failed, in memory only: a
+            // restart that finds its signature takes it back.
+            if rec.failed || unsigned.contains(d as u32) {
                 devices[d].mark_failed();
                 retired.insert(d as u32);
             }
@@ -934,6 +1011,7 @@ impl Store {
                     capacity_bytes: pool.device_bytes() - pool.device_bytes() % EXTENT_SIZE_BYTES,
                     failure_domain: None,
                     failed: false,
+                    reserved_extents: 0,
                 };
                 records.push((rec, true));
             }
@@ -957,7 +1035,15 @@ impl Store {
                 new_device_ops.push(MetaOp::PutDevice(i as u32, rec.clone()));
             }
         }
-        let mut store = Store::recover(meta, &loaded, fresh, &records, devices, new_device_ops)?;
+        let mut store = Store::recover(
+            meta,
+            &loaded,
+            fresh,
+            &records,
+            devices,
+            new_device_ops,
+            DeviceSet::default(),
+        )?;
         store.sim = Some(Arc::clone(pool));
         Ok(store)
     }
@@ -992,6 +1078,7 @@ impl Store {
             capacity_bytes: capacity,
             failure_domain: failure_domain.clone(),
             failed: false,
+            reserved_extents: 0,
         };
         let extent_count = extents_of(capacity)?;
         let device = Device::simulated(id as u32, pool.disk(id, capacity), extent_count);
@@ -1014,18 +1101,21 @@ impl Store {
     }
 
     /// Adds a device to the running pool: the file or block device at `path`, or with `None`
-    /// a new sparse file `devices/dev-N.img` in the data directory. A file that does not
-    /// exist or is empty is made `capacity_bytes` long; an existing one keeps its length
-    /// (rounded down to whole extents). Everything on it is punched (it joins as free
-    /// space), the pool's metadata records it durably, and from then on new extents may go
-    /// there (placement prefers the emptier device). Only file stores grow: a RAM pool has a
-    /// fixed size. Serialised with the other management operations.
+    /// a new sparse file `devices/dev-N.img` in the data directory. Only what the admission
+    /// policy allows is taken (`set_admission_policy`, `device_admission.rs`): a regular file
+    /// under an allowed directory (created `capacity_bytes` long when it does not exist or is
+    /// empty; an existing one keeps its length, rounded down to whole extents) or a block
+    /// device the configuration names, holding no signature and no data. Everything on it is
+    /// punched (it joins as free space), its first extent is reserved for its signature
+    /// (written and synced first), the pool's metadata records it durably, and from then on
+    /// new extents may go there (placement prefers the emptier device). Only file stores
+    /// grow: a RAM pool has a fixed size. Serialised with the other management operations.
     pub fn add_device(
         &self,
         path: Option<&Path>,
         capacity_bytes: u64,
     ) -> Result<DeviceInfo, StoreError> {
-        self.add_device_in_domain(path, capacity_bytes, None)
+        self.add_device_with(path, capacity_bytes, None, false)
     }
 
     /// `add_device` with the device's failure domain (`None`: none declared; see
@@ -1035,6 +1125,19 @@ impl Store {
         path: Option<&Path>,
         capacity_bytes: u64,
         failure_domain: Option<String>,
+    ) -> Result<DeviceInfo, StoreError> {
+        self.add_device_with(path, capacity_bytes, failure_domain, false)
+    }
+
+    /// `add_device_in_domain`; with `force`, a device holding a foreign signature or data is
+    /// taken too (its contents are destroyed). A device carrying this pool's own signature is
+    /// refused even then.
+    pub fn add_device_with(
+        &self,
+        path: Option<&Path>,
+        capacity_bytes: u64,
+        failure_domain: Option<String>,
+        force: bool,
     ) -> Result<DeviceInfo, StoreError> {
         let _management = lock(&self.management);
         let id = self.shared.devices.len();
@@ -1056,6 +1159,16 @@ impl Store {
         if let Some(pool) = &self.sim {
             return self.add_simulated_device(pool, capacity_bytes, failure_domain);
         }
+        let policy = read(&self.admission).clone();
+        let least = u64::from(RESERVED_EXTENTS + 1) * EXTENT_SIZE_BYTES;
+        if capacity_bytes < least || capacity_bytes > policy.max_device_bytes {
+            return Err(invalid(format!(
+                "size {capacity_bytes} bytes: from {least} (two {EXTENT_SIZE_BYTES}-byte \
+                 extents, one reserved for the device's signature) to {} ([storage] \
+                 max_device_bytes)",
+                policy.max_device_bytes
+            )));
+        }
         let Some(data_dir) = &self.data_dir else {
             return Err(invalid("a RAM pool has a fixed size".into()));
         };
@@ -1069,73 +1182,82 @@ impl Store {
                 "the pool has {MAX_DEVICES} devices, the most it may"
             )));
         }
-        let (abs, rec) = match path {
-            Some(p) => {
-                let abs = std::path::absolute(p)?;
-                let text = abs
-                    .to_str()
-                    .ok_or_else(|| invalid("the path is not UTF-8".into()))?
-                    .to_owned();
-                (
-                    abs,
-                    DeviceRecord {
-                        path: text,
-                        relative: false,
-                        capacity_bytes: 0,
-                        failure_domain: None,
-                        failed: false,
-                    },
-                )
-            }
+        let relative = format!("devices/dev-{id}.img");
+        let request = match path {
+            Some(p) => p.to_path_buf(),
             None => {
-                let relative = format!("devices/dev-{id}.img");
-                (
-                    data_dir.join(&relative),
-                    DeviceRecord {
-                        path: relative,
-                        relative: true,
-                        capacity_bytes: 0,
-                        failure_domain: None,
-                        failed: false,
-                    },
-                )
+                // The pool's own device directory is the one directory made here.
+                match std::fs::create_dir(data_dir.join("devices")) {
+                    Ok(()) => sync_dir(data_dir)?,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(e.into()),
+                }
+                data_dir.join(&relative)
             }
         };
-        let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-        if abs.exists()
-            && self
-                .shared
-                .devices
-                .iter()
-                .any(|d| canonical(Path::new(&d.label)) == canonical(&abs))
-        {
-            return Err(StoreError::DeviceExists(abs.display().to_string()));
-        }
-        if let Some(parent) = abs.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        let (file, capacity, is_block) =
-            open_device_file(&abs, capacity_bytes, true).map_err(|e| invalid(e.to_string()))?;
-        if capacity < EXTENT_SIZE_BYTES {
+        let existing: Vec<PathBuf> = self
+            .shared
+            .devices
+            .iter()
+            .map(|d| std::fs::canonicalize(&d.label).unwrap_or_else(|_| PathBuf::from(&d.label)))
+            .collect();
+        let ctx = AdmissionContext {
+            policy: &policy,
+            data_dir,
+            existing: &existing,
+            pool_id: self.pool_id,
+        };
+        let admitted = ctx
+            .admit(&request, capacity_bytes, force)
+            .map_err(|e| match e {
+                AdmissionError::AlreadyInPool(p) => StoreError::DeviceExists(p),
+                AdmissionError::Refused(reason) => invalid(reason),
+            })?;
+        let abs = admitted.path.clone();
+        let capacity = admitted.capacity_bytes;
+        if capacity < least {
             return Err(invalid(format!(
-                "{capacity} bytes hold less than one {EXTENT_SIZE_BYTES}-byte extent"
+                "{capacity} bytes hold fewer than two {EXTENT_SIZE_BYTES}-byte extents (one is \
+                 reserved for the device's signature)"
             )));
         }
-        let mut rec = rec;
-        rec.capacity_bytes = capacity - capacity % EXTENT_SIZE_BYTES;
-        rec.failure_domain = failure_domain.clone();
+        let text = abs
+            .to_str()
+            .ok_or_else(|| invalid("the path is not UTF-8".into()))?
+            .to_owned();
+        let (record_path, is_relative) = match path {
+            None => (relative, true),
+            Some(_) => (text, false),
+        };
+        let rec = DeviceRecord {
+            path: record_path,
+            relative: is_relative,
+            capacity_bytes: capacity - capacity % EXTENT_SIZE_BYTES,
+            failure_domain: failure_domain.clone(),
+            failed: false,
+            reserved_extents: RESERVED_EXTENTS,
+        };
         let extent_count = extents_of(rec.capacity_bytes)?;
+        let created = admitted.created;
         let device = Device::from_file(
             id as u32,
             abs.display().to_string(),
-            file,
-            is_block,
+            admitted.file,
+            admitted.is_block,
             extent_count,
         );
-        // It joins as free space: nothing written on it before may surface in a volume.
+        // It joins as free space: nothing written on it before may surface in a volume. The
+        // signature goes on the reserved first extent, durable before the record is.
         device.punch_extents(0, extent_count)?;
+        let sig = Signature {
+            pool_id: self.pool_id,
+            device_id: id as u32,
+            reserved_extents: RESERVED_EXTENTS,
+            capacity_bytes: rec.capacity_bytes,
+        };
+        device.write(0, 0, &sig.encode())?;
         device.sync_if_dirty()?;
-        if let Some(parent) = abs.parent() {
+        if created && let Some(parent) = abs.parent() {
             sync_dir(parent)?;
         }
         self.shared
@@ -1144,15 +1266,28 @@ impl Store {
             .devices
             .push(device)
             .map_err(|_| invalid("the device list changed underneath".into()))?;
-        lock(&self.shared.pool)
-            .allocator
-            .add_device(extent_count, failure_domain);
-        tracing::info!(device = id, path = %abs.display(), extents = extent_count, "device added to the pool");
+        {
+            let mut pool = lock(&self.shared.pool);
+            pool.allocator.add_device(extent_count, failure_domain);
+            pool.allocator.reserve_prefix(id, RESERVED_EXTENTS);
+        }
+        tracing::info!(device = id, path = %abs.display(), extents = extent_count, forced = force, "device added to the pool");
         self.pool_info()
             .devices
             .into_iter()
             .find(|d| d.id as usize == id)
             .ok_or_else(|| invalid("the device vanished after it was added".into()))
+    }
+
+    /// Sets what `add_device` may take and the size caps (`AdmissionPolicy`); until called,
+    /// the defaults (files under `DATA_DIR/devices/` only, no block device, 64 TiB caps).
+    pub fn set_admission_policy(&self, policy: AdmissionPolicy) {
+        *write(&self.admission) = policy;
+    }
+
+    /// The admission policy in force.
+    pub fn admission_policy(&self) -> AdmissionPolicy {
+        read(&self.admission).clone()
     }
 
     /// Fails device `id` for good, durably (`headroom device fail`): it is never allocated
@@ -1214,6 +1349,7 @@ impl Store {
                     capacity_bytes: u64::from(n) * EXTENT_SIZE_BYTES,
                     failure_domain: None,
                     failed: false,
+                    reserved_extents: 0,
                 },
             ));
         }
@@ -1279,6 +1415,8 @@ impl Store {
             telemetry: Mutex::new(Vec::new()),
             data_dir: None,
             sim: None,
+            admission: RwLock::new(AdmissionPolicy::default()),
+            pool_id: 0,
             #[cfg(feature = "rados")]
             lease: None,
         }
@@ -1317,7 +1455,7 @@ impl Store {
         options: NewVolume,
     ) -> Result<VolumeInfo, StoreError> {
         validate_volume_name(name)?;
-        validate_size(size_bytes)?;
+        validate_size(size_bytes, read(&self.admission).max_volume_bytes)?;
         if let Some(tenant) = &options.tenant {
             validate_tenant_id(tenant)?;
         }
@@ -1438,7 +1576,7 @@ impl Store {
     /// every extent past the new end and zeroes the rest of the last extent, so a later grow
     /// exposes zeros.
     pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, StoreError> {
-        validate_size(size_bytes)?;
+        validate_size(size_bytes, read(&self.admission).max_volume_bytes)?;
         let _serial = lock(&self.management);
         let vol = self.lookup(name)?;
         let copies = u64::from(vol.replicas());
@@ -1559,11 +1697,11 @@ impl Store {
     }
 
     /// The pool's capacity: every device's extents.
+    /// The bytes volumes may use: every device's extents less its reserved ones.
     fn capacity_bytes(&self) -> u64 {
-        self.shared
-            .devices
-            .iter()
-            .map(|d| u64::from(d.extent_count) * EXTENT_SIZE_BYTES)
+        let pool = lock(&self.shared.pool);
+        (0..self.shared.devices.len())
+            .map(|d| pool.allocator.usable_extents(d) * EXTENT_SIZE_BYTES)
             .sum()
     }
 
@@ -1681,10 +1819,11 @@ impl Store {
     pub fn pool_info(&self) -> PoolInfo {
         let (per_device_free, free, quarantined, leaked) = {
             let pool = lock(&self.shared.pool);
-            let per: Vec<(u64, Option<String>)> = (0..self.shared.devices.len())
+            let per: Vec<(u64, u64, Option<String>)> = (0..self.shared.devices.len())
                 .map(|d| {
                     (
                         pool.allocator.free_extents(d),
+                        pool.allocator.usable_extents(d),
                         pool.allocator.failure_domain(d).map(str::to_owned),
                     )
                 })
@@ -1701,11 +1840,12 @@ impl Store {
             .devices
             .iter()
             .zip(per_device_free)
-            .map(|(d, (free_extents, failure_domain))| DeviceInfo {
+            .map(|(d, (free_extents, usable, failure_domain))| DeviceInfo {
                 id: d.id,
                 path: d.label.clone(),
                 capacity_bytes: d.capacity_bytes(),
-                extent_count: u64::from(d.extent_count),
+                extent_count: usable,
+                reserved_extents: u64::from(d.extent_count).saturating_sub(usable),
                 free_extents,
                 physical_used_bytes: d.physical_used_bytes(),
                 failed: d.is_failed(),
@@ -1884,18 +2024,78 @@ fn resync_replicas(devices: &[Device], volumes: &[LoadedVolume]) -> Result<(u64,
     Ok((extents, chunks))
 }
 
+/// A new pool's id: 8 bytes of `/dev/urandom` (never 0, which marks a RAM pool).
+fn random_pool_id() -> Result<u64, StoreError> {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| StoreError::Io(std::io::Error::new(e.kind(), format!("/dev/urandom: {e}"))))?;
+    Ok(u64::from_le_bytes(bytes).max(1))
+}
+
+/// Writes device `device_id`'s signature at byte 0 of `file` and syncs it.
+fn write_signature(
+    file: &std::fs::File,
+    pool_id: u64,
+    device_id: u32,
+    rec: &DeviceRecord,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let sig = Signature {
+        pool_id,
+        device_id,
+        reserved_extents: rec.reserved_extents,
+        capacity_bytes: rec.capacity_bytes,
+    };
+    file.write_all_at(&sig.encode(), 0)?;
+    file.sync_data()
+}
+
+/// What a recorded-as-signed device's first block says at open.
+enum SignatureCheck {
+    Ours,
+    /// Another pool's device, or another device of this pool.
+    Foreign(Signature),
+    /// No valid signature (missing, damaged, unreadable): why.
+    Unreadable(String),
+}
+
+fn check_signature(file: &std::fs::File, pool_id: u64, device_id: u32) -> SignatureCheck {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; SIGNATURE_LEN];
+    if let Err(e) = file.read_exact_at(&mut buf, 0) {
+        return SignatureCheck::Unreadable(format!("reading it: {e}"));
+    }
+    match Signature::decode(&buf) {
+        Ok(sig) if sig.pool_id == pool_id && sig.device_id == device_id => SignatureCheck::Ours,
+        Ok(sig) => SignatureCheck::Foreign(sig),
+        Err(e) => SignatureCheck::Unreadable(e.to_string()),
+    }
+}
+
 /// Rebuilds the allocator and the in-memory extent maps from loaded metadata, checking that
 /// every row is consistent (known volume, extent inside it, physical extent inside a device
 /// and mapped once).
 fn rebuild(
     devices: &[Device],
+    reserved: &[u32],
     loaded: &crate::meta::Loaded,
 ) -> Result<(Allocator, Vec<LoadedVolume>), StoreError> {
     let counts: Vec<u32> = devices.iter().map(|d| d.extent_count).collect();
     let mut allocator = Allocator::new(&counts);
+    for (d, &n) in reserved.iter().enumerate() {
+        if !allocator.reserve_prefix(d, n) {
+            return Err(corrupt(format!(
+                "device {d} reserves {n} extents, more than it has"
+            )));
+        }
+    }
     let mut volumes: BTreeMap<u64, LoadedVolume> = BTreeMap::new();
     for (id, rec) in &loaded.volumes {
-        if validate_volume_name(&rec.name).is_err() || validate_size(rec.size_bytes).is_err() {
+        if validate_volume_name(&rec.name).is_err()
+            || validate_size(rec.size_bytes, MAX_VOLUME_SIZE_BYTES).is_err()
+        {
             return Err(corrupt(format!("volume {id} has an invalid name or size")));
         }
         if !(1..=MAX_REPLICAS).contains(&rec.replicas) {

@@ -160,7 +160,8 @@ fn too_many_replicas_for_the_pool_are_refused() {
 
 #[test]
 fn a_full_device_fails_a_replicated_write_with_no_space_and_takes_nothing() {
-    // Devices of 3 and 1 extents: the second extent of a 2-replica volume has no second device.
+    // Devices of 3 and 1 extents for volumes (each has one more, reserved for its signature):
+    // the second extent of a 2-replica volume has no second device.
     let dir = tempfile::tempdir().unwrap();
     let dev0 = dir.path().join("d0.img");
     let dev1 = dir.path().join("d1.img");
@@ -170,13 +171,13 @@ fn a_full_device_fails_a_replicated_write_with_no_space_and_takes_nothing() {
         .write(true)
         .open(&dev0)
         .unwrap()
-        .set_len(3 * E)
+        .set_len(4 * E)
         .unwrap();
     std::fs::File::options()
         .write(true)
         .open(&dev1)
         .unwrap()
-        .set_len(E)
+        .set_len(2 * E)
         .unwrap();
     let cfg = StoreConfig {
         device_paths: vec![dev0, dev1],

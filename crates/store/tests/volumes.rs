@@ -602,7 +602,8 @@ fn explicit_device_paths_and_bad_configs() {
         let store = Store::open(&cfg).unwrap();
         let pool = store.pool_info();
         assert_eq!(pool.devices.len(), 1);
-        assert_eq!(pool.capacity_bytes, 8 * MIB);
+        // 4 extents, the first reserved for the device's signature.
+        assert_eq!(pool.capacity_bytes, 6 * MIB);
         assert_eq!(pool.devices[0].path, dev.display().to_string());
         store.create_volume("v", MIB).unwrap();
         store
@@ -1054,7 +1055,8 @@ fn a_device_added_to_a_running_pool_takes_new_extents_and_stays_after_a_restart(
     let dir = tempfile::tempdir().unwrap();
     let cfg = StoreConfig {
         device_count: 1,
-        device_capacity_bytes: 4 * E,
+        // 4 extents for volumes, and the first one reserved for the device's signature.
+        device_capacity_bytes: 5 * E,
         ..StoreConfig::new(dir.path())
     };
     let store = Store::open(&cfg).unwrap();
@@ -1070,8 +1072,13 @@ fn a_device_added_to_a_running_pool_takes_new_extents_and_stays_after_a_restart(
     ));
     let added = store.add_device(None, 8 * E).unwrap();
     assert_eq!(
-        (added.id, added.extent_count, added.free_extents),
-        (1, 8, 8)
+        (
+            added.id,
+            added.extent_count,
+            added.reserved_extents,
+            added.free_extents
+        ),
+        (1, 7, 1, 7)
     );
     assert!(added.path.ends_with("devices/dev-1.img"), "{added:?}");
     // The same volume grows onto it at once, and nothing written before moved.
@@ -1091,7 +1098,7 @@ fn a_device_added_to_a_running_pool_takes_new_extents_and_stays_after_a_restart(
         .add_device(Some(&dir.path().join("small.img")), 4096)
         .unwrap_err();
     assert!(
-        matches!(&small, StoreError::InvalidDevice { reason, .. } if reason.contains("less than one")),
+        matches!(&small, StoreError::InvalidDevice { reason, .. } if reason.contains("two")),
         "{small}"
     );
     let ram = Store::open_memory(64 * MIB).unwrap();

@@ -179,7 +179,9 @@ pub(super) async fn devices(State(state): State<ApiState>) -> Json<Vec<DeviceVie
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddDevice {
-    /// A file or block device on the node; absent: a new sparse file `devices/dev-N.img` in
+    /// A regular file under one of the node's device directories (`[storage] device_dirs`,
+    /// default `DATA_DIR/devices/`; created there when it does not exist) or a block device
+    /// named in `[storage] block_devices`; absent: a new sparse file `devices/dev-N.img` in
     /// the data directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
@@ -192,13 +194,18 @@ pub struct AddDevice {
     /// Absent: none (the device is its own domain).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_domain: Option<String>,
+    /// Take a device that holds a filesystem, partition table or other signature, or any
+    /// data: its contents are destroyed. Without it such a device is refused and left as it
+    /// was. A device carrying this pool's own signature is refused even with it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
 }
 
 /// Adds a device to the running pool: new extents may go there at once (placement prefers
 /// the emptier device); it is recorded durably and stays after a restart. File pools only.
 #[utoipa::path(post, path = "/v1/devices", tag = "node", request_body = AddDevice,
     responses((status = 201, body = DeviceView),
-        (status = 400, description = "A RAM or RADOS pool, a device too small, a path that cannot be opened, or the pool at 64 devices (`invalid_device`)", body = ApiErrorBody),
+        (status = 400, description = "A RAM or RADOS pool; a path outside the device directories and not a configured block device; a symlink, directory, character device, FIFO or socket (refused without being opened); a block device in use (EBUSY); a device holding a signature or data without `force`; a size below two extents or above `max_device_bytes`; or the pool at 64 devices (`invalid_device`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 409, description = "The path is a device of the pool already", body = ApiErrorBody),
         (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
@@ -212,10 +219,11 @@ pub(super) async fn add_device(
         .size_bytes
         .unwrap_or(headroom_store::DEFAULT_DEVICE_CAPACITY_BYTES);
     let info = blocking(move || {
-        store.add_device_in_domain(
+        store.add_device_with(
             body.path.as_deref().map(std::path::Path::new),
             size,
             body.failure_domain,
+            body.force,
         )
     })
     .await?;
@@ -280,7 +288,12 @@ pub struct DeviceView {
     /// File or block device path, or `memory:<id>`.
     pub path: String,
     pub capacity_bytes: u64,
+    /// Extents volumes may use (reserved ones excluded).
     pub extent_count: u64,
+    /// Extents at the device's start kept for its Headroom signature, never allocated;
+    /// absent for devices of older builds, RAM and RADOS devices.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved_extents: u64,
     pub free_extents: u64,
     /// Bytes of extents in use (allocated, quarantined or leaked).
     pub allocated_bytes: u64,
@@ -345,6 +358,7 @@ impl DeviceView {
             path: device.path.clone(),
             capacity_bytes: device.capacity_bytes,
             extent_count: device.extent_count,
+            reserved_extents: device.reserved_extents,
             free_extents: device.free_extents,
             allocated_bytes: device
                 .extent_count
@@ -408,4 +422,8 @@ impl From<PoolInfo> for PoolView {
         (status = 401, description = "No or wrong token", body = ApiErrorBody)))]
 pub(super) async fn pool(State(state): State<ApiState>) -> Json<PoolView> {
     Json(PoolView::of(&state.store))
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
