@@ -270,6 +270,13 @@ impl Allocator {
             .map(|(d, _)| d)
     }
 
+    /// Whether `phys` is in the free pool.
+    pub(crate) fn is_free(&self, phys: PhysExtent) -> bool {
+        self.free
+            .get(phys.device as usize)
+            .is_some_and(|f| f.contains(&phys.index))
+    }
+
     pub(crate) fn free_extents(&self, device: usize) -> u64 {
         self.free.get(device).map_or(0, |f| f.len() as u64)
     }

@@ -50,7 +50,7 @@ pub use stats::{
     DeviceOp, DeviceOpStats, DeviceStats, LATENCY_FINITE_BUCKETS, LatencyHistogram,
     LatencySnapshot, latency_bucket,
 };
-pub use store::{DeviceInfo, NewVolume, PoolInfo, Store, TenantInfo};
+pub use store::{DeviceInfo, DeviceRestore, NewVolume, PoolInfo, Store, TenantInfo};
 pub use telemetry::{DeviceTelemetry, EWMA_ALPHA};
 pub use volume::{
     AioDone, AioRequest, Extent, PhysicalLocation, RebuildStep, ScrubReport, Volume, VolumeHealth,

@@ -158,6 +158,8 @@ pub(crate) enum MetaOp {
     DeleteTenant(String),
     /// Sets `failed` in the record of device `id` (which must exist).
     FailDevice(u32),
+    /// Clears `failed` in the record of device `id` (`Store::restore_device`).
+    RestoreDevice(u32),
 }
 
 /// Where the metadata lives: redb (file and RAM stores, and RADOS stores of the first
@@ -408,7 +410,7 @@ impl Meta {
                     MetaOp::DeleteTenant(id) => {
                         tenants.remove(id.as_str()).map_err(redb_err)?;
                     }
-                    MetaOp::FailDevice(id) => {
+                    MetaOp::FailDevice(id) | MetaOp::RestoreDevice(id) => {
                         let json = devices
                             .get(*id)
                             .map_err(redb_err)?
@@ -418,7 +420,7 @@ impl Meta {
                             })?;
                         let mut rec: DeviceRecord =
                             serde_json::from_str(&json).map_err(json_err)?;
-                        rec.failed = true;
+                        rec.failed = matches!(op, MetaOp::FailDevice(_));
                         let json = serde_json::to_string(&rec).map_err(json_err)?;
                         devices.insert(*id, json.as_str()).map_err(redb_err)?;
                     }
