@@ -18,6 +18,7 @@ const KNOWN_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/pool"),
     ("get", "/v1/devices"),
     ("post", "/v1/devices/{id}/fail"),
+    ("post", "/v1/devices/{id}/restore"),
     ("get", "/v1/node"),
     ("get", "/v1/connections"),
     ("get", "/v1/volumes"),

@@ -104,6 +104,7 @@ impl Modify for BearerAuth {
         super::node::devices,
         super::node::add_device,
         super::node::fail_device,
+        super::node::restore_device,
         super::repair::show_rebuild,
         super::repair::set_rebuild,
         super::repair::scrub_volume,
