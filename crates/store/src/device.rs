@@ -327,12 +327,19 @@ impl Device {
     /// filesystem does not have (a range that was a hole), it punches instead. Reads as zeros
     /// afterwards either way.
     pub(crate) fn clear(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
-        match &self.backend {
-            Backend::File(_) => {}
+        let Backend::File(f) = &self.backend else {
             // RAM and RADOS have no blocks to keep: a partial punch is their zeroing.
-            _ => return self.punch(ext, off, len),
-        }
-        match self.zero(ext, off, len) {
+            return self.punch(ext, off, len);
+        };
+        let cleared = self.timed(DeviceOp::Zero, len, || {
+            let pos = self.check(ext, off, len)?;
+            // A discard, not a write: only a disappeared device fails it (as a punch).
+            self.inject(IoClass::Other, pos, len)?;
+            f.zero_range(pos, len).map_err(|e| self.context(pos, e))?;
+            self.mark_dirty();
+            Ok(())
+        });
+        match cleared {
             Err(e) if is_no_space(&e) => self.punch(ext, off, len),
             other => other,
         }

@@ -783,6 +783,7 @@ impl Volume {
 
     fn write_inner(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
         let mut reclaims = 0;
+        let lost_before = if fua { self.lost_syncs_total() } else { 0 };
         loop {
             match self.write_once(offset, data)? {
                 WriteOutcome::Done {
@@ -792,6 +793,7 @@ impl Volume {
                     if fua {
                         self.inject(IoClass::Sync, offset, data.len() as u64)?;
                         self.make_durable(touched, needs_commit)?;
+                        self.check_no_sync_lost_since(lost_before)?;
                     }
                     return Ok(());
                 }
@@ -1015,6 +1017,26 @@ impl Volume {
         }
     }
 
+    /// Syncs that failed with ENOSPC on any device of the pool so far (`Device::lost_syncs`).
+    fn lost_syncs_total(&self) -> u64 {
+        self.shared.devices.iter().map(Device::lost_syncs).sum()
+    }
+
+    /// After a FUA request's durability step: ENOSPC if any device lost a sync since
+    /// `before` (`lost_syncs_total` when the request started). Such a sync may have dropped
+    /// this request's data before the sync that then succeeded, so the FUA cannot be
+    /// promised. Conservative: a loss on a device the request did not touch fails it too
+    /// (rare, and only while a filesystem reports ENOSPC at writeback).
+    fn check_no_sync_lost_since(&self, before: u64) -> Result<(), StoreError> {
+        if self.lost_syncs_total() == before {
+            return Ok(());
+        }
+        Err(StoreError::Io(io::Error::new(
+            io::ErrorKind::StorageFull,
+            "a device sync failed with ENOSPC while this FUA request was made durable",
+        )))
+    }
+
     /// FUA completion: sync the devices written, or run a full commit if an allocation the
     /// request relies on is not yet durable.
     fn make_durable(&self, touched: DeviceSet, needs_commit: bool) -> Result<(), StoreError> {
@@ -1061,6 +1083,7 @@ impl Volume {
             return self.discard(offset, len, fua);
         }
         let mut reclaims = 0;
+        let lost_before = if fua { self.lost_syncs_total() } else { 0 };
         loop {
             match self.zero_provisioned_once(offset, len)? {
                 WriteOutcome::Done {
@@ -1070,6 +1093,7 @@ impl Volume {
                     if fua {
                         self.inject(IoClass::Sync, offset, len)?;
                         self.make_durable(touched, needs_commit)?;
+                        self.check_no_sync_lost_since(lost_before)?;
                     }
                     return Ok(());
                 }
@@ -1129,6 +1153,7 @@ impl Volume {
     /// TRIM and releasing WRITE_ZEROES: punch the allocated partial pieces, release the
     /// allocated whole extents (under the write lock, so no I/O of this volume is in flight).
     fn discard(&self, offset: u64, len: u64, fua: bool) -> Result<(), StoreError> {
+        let lost_before = if fua { self.lost_syncs_total() } else { 0 };
         let (head, (first, end), tail) = split(offset, len);
         let needs_release = {
             let st = read(&self.state);
@@ -1151,6 +1176,7 @@ impl Volume {
             let failed = self.shared.commit(&[], false)?;
             if fua {
                 self.check_failed(failed)?;
+                self.check_no_sync_lost_since(lost_before)?;
             }
         }
         Ok(())

@@ -352,3 +352,34 @@ fn a_device_that_still_fails_is_not_restored() {
     assert!(matches!(r, Err(StoreError::InvalidDevice { .. })), "{r:?}");
     assert!(store.pool_info().devices[1].failed);
 }
+
+/// A FUA write is durable when answered: if a sync fails with ENOSPC while it is made
+/// durable (its own sync, or the commit of the extent it allocated), it gets ENOSPC, never
+/// success, and the device stays in service.
+#[test]
+fn a_fua_write_whose_sync_failed_with_enospc_is_not_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_store(&dir, 1);
+    store.create_volume("v", 16 * MIB).unwrap();
+    let v = store.open_volume("v").unwrap();
+    v.write_at(0, &[1u8; 4096], false).unwrap();
+    v.flush().unwrap();
+    let mut rule = FaultRule::new(FaultScope::Device(0));
+    rule.enospc_sync_permille = 1000;
+    install(&store, 2, rule);
+    // Into the allocated extent (its own sync), then into new extents (a commit).
+    for e in 0..4u64 {
+        let r = v.write_at(e * E + 8192, &[2u8; 4096], true);
+        assert!(
+            matches!(r, Err(StoreError::NoSpace)),
+            "FUA write {e}: {r:?}"
+        );
+        let r = v.write_zeroes(e * E + 16384, 4096, false, true);
+        assert!(
+            matches!(r, Err(StoreError::NoSpace)),
+            "FUA zeroes {e}: {r:?}"
+        );
+    }
+    assert!(!store.pool_info().devices[0].failed);
+    assert_eq!(op(&store, 0, DeviceOp::Sync).errors, 0);
+}

@@ -539,7 +539,7 @@ impl Collector for Scrape {
             ),
             (
                 "headroom_device_errors",
-                "Failed operations on a backing device",
+                "Failed operations on a backing device (ENOSPC not included)",
                 |s: &DeviceOpStats| s.errors,
             ),
             (
