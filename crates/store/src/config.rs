@@ -34,6 +34,14 @@ pub struct StoreConfig {
     /// too, and `data_dir` keeps only local state (the namespace's name, the API token).
     #[serde(default)]
     pub rados: Option<RadosTarget>,
+    /// Bytes preallocated in `data_dir/meta-reserve` for metadata commits, released when
+    /// the disk is full (`meta_reserve.rs`); 0: no reserve. Not used by RADOS stores.
+    #[serde(default = "default_metadata_reserve_bytes")]
+    pub metadata_reserve_bytes: u64,
+}
+
+fn default_metadata_reserve_bytes() -> u64 {
+    crate::meta_reserve::DEFAULT_METADATA_RESERVE_BYTES
 }
 
 /// A Ceph cluster and pool holding a store's extents (`StoreConfig::rados`).
@@ -99,6 +107,7 @@ impl StoreConfig {
             device_capacity_bytes: DEFAULT_DEVICE_CAPACITY_BYTES,
             device_paths: Vec::new(),
             rados: None,
+            metadata_reserve_bytes: default_metadata_reserve_bytes(),
         }
     }
 

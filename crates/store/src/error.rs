@@ -115,6 +115,10 @@ pub enum MetadataError {
     /// The records contradict each other (e.g. one physical extent mapped twice).
     #[error("metadata is inconsistent: {0}")]
     Corrupt(String),
+    /// The metadata database is not open: opening it again after an I/O error failed (the
+    /// next write tries again).
+    #[error("metadata database closed: {0}")]
+    Closed(String),
     /// The database was written by a build with another format or extent size.
     #[error("unsupported metadata format: {0}")]
     Unsupported(String),

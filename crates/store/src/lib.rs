@@ -25,6 +25,7 @@ mod layout;
 #[cfg(feature = "rados")]
 mod lease;
 mod meta;
+mod meta_reserve;
 mod name;
 #[cfg(feature = "rados")]
 mod rados;
@@ -45,6 +46,8 @@ pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENC
 pub use layout::{EXTENT_SIZE_BYTES, MAX_REPLICAS, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
 #[cfg(feature = "rados")]
 pub use lease::LEASE_LOST_EXIT_STATUS;
+pub use meta::CommitHealth;
+pub use meta_reserve::{DEFAULT_METADATA_RESERVE_BYTES, RESERVE_FILE};
 pub use name::{MAX_TENANT_ID_LEN, MAX_VOLUME_NAME_LEN, validate_tenant_id, validate_volume_name};
 pub use stats::{
     DeviceOp, DeviceOpStats, DeviceStats, LATENCY_FINITE_BUCKETS, LatencyHistogram,

@@ -527,7 +527,10 @@ fn open_meta(cfg: &StoreConfig) -> Result<(Meta, Option<RadosSession>), StoreErr
             return Err(no_rados());
         }
     }
-    Ok((Meta::open_file(&cfg.meta_path())?, None))
+    Ok((
+        Meta::open_file(&cfg.meta_path(), cfg.metadata_reserve_bytes)?,
+        None,
+    ))
 }
 
 /// (pool, namespace) of a RADOS device record, `None` for a file or block device.
@@ -1316,6 +1319,16 @@ impl Store {
         vol.set_qos(qos)?;
         tracing::info!(volume = name, "volume QoS set");
         Ok(vol.info())
+    }
+
+    /// Whether the store can commit metadata now (for a readiness probe): the last metadata
+    /// write succeeded (or a probe commit does now) and the metadata reserve is intact.
+    /// After a failed write or with the reserve released it commits an empty transaction
+    /// (reopening a poisoned database) and tries to take the reserve again, so the answer
+    /// turns ready again once the cause is gone without waiting for a FLUSH. Cheap when
+    /// healthy (no I/O); one redb commit otherwise. Call it from a blocking thread.
+    pub fn commit_health(&self) -> crate::meta::CommitHealth {
+        self.shared.meta.health(true)
     }
 
     /// Saves the node's runtime QoS state (opaque bytes, e.g. credit balances) for each
