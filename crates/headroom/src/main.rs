@@ -246,6 +246,7 @@ impl ServeArgs {
                 devices: self.devices,
                 device_size: self.device_size.map(Size),
                 device_paths: (!self.device_paths.is_empty()).then(|| self.device_paths.clone()),
+                metadata_reserve: None,
                 read_routing: None,
                 rados_conf: self.rados_conf.clone(),
                 rados_pool: self.rados_pool.clone(),
