@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Server, agent, have_tool, random_file, run_ok};
+use common::{BIN, Server, agent, have_tool, random_file, run_ok};
 use serde_json::Value;
 
 /// A tmpfs of `size_bytes` mounted on `dir`, unmounted on drop.
@@ -150,6 +150,87 @@ fn readyz_follows_a_full_disk_and_the_node_restarts_on_it() {
     run_ok(
         Command::new("cmp")
             .args(["-n", &(4u64 << 20).to_string()])
+            .arg(&image)
+            .arg(&back),
+    );
+    server.stop();
+}
+
+/// `headroom check` on the data directory: exit code and stdout.
+fn check(data_dir: &Path, extra: &[&str]) -> (i32, String) {
+    let out = Command::new(BIN)
+        .arg("check")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn a_damaged_meta_redb_stops_the_start_and_check_repair_restores_it() {
+    if !have_tool("nbdcopy") || !have_tool("cmp") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let args = ["--devices", "2", "--device-size", "256MiB"];
+    let server = Server::start_with(&data_dir, &args);
+    let image = dir.path().join("image.raw");
+    random_file(&image, 6 << 20, 5);
+    server.create_volume("v", "8MiB");
+    run_ok(
+        Command::new("nbdcopy")
+            .arg("--flush")
+            .arg(&image)
+            .arg(server.uri("v")),
+    );
+    // Refused while the server runs: redb's lock.
+    let (code, _) = check(&data_dir, &[]);
+    assert_eq!(code, 2);
+    server.stop();
+    let (code, out) = check(&data_dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("clean"), "{out}");
+
+    // The first page (header and commit slots) overwritten.
+    let meta = data_dir.join("meta.redb");
+    let mut bytes = std::fs::read(&meta).unwrap();
+    bytes[..4096].fill(0x5A);
+    std::fs::write(&meta, bytes).unwrap();
+    let out = Command::new(BIN)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .args(args)
+        .env("HEADROOM_TOKEN", common::TEST_TOKEN)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started on a damaged meta.redb");
+    assert!(
+        stderr.contains("meta.redb is damaged") && stderr.contains("headroom check --data-dir"),
+        "{stderr}"
+    );
+    let (code, out) = check(&data_dir, &["--json"]);
+    assert_eq!(code, 1, "{out}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["files"][0]["state"], "damaged", "{report}");
+    let (code, out) = check(&data_dir, &["--repair"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("repaired: restored"), "{out}");
+
+    let server = Server::start_with(&data_dir, &args);
+    let back = dir.path().join("back.raw");
+    run_ok(Command::new("nbdcopy").arg(server.uri("v")).arg(&back));
+    run_ok(
+        Command::new("cmp")
+            .args(["-n", &(6u64 << 20).to_string()])
             .arg(&image)
             .arg(&back),
     );

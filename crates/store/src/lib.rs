@@ -15,6 +15,7 @@
 
 mod alloc;
 pub mod arbiter;
+pub mod check;
 mod config;
 mod device;
 mod devices;
@@ -25,6 +26,7 @@ mod layout;
 #[cfg(feature = "rados")]
 mod lease;
 mod meta;
+mod meta_file;
 mod meta_reserve;
 mod name;
 #[cfg(feature = "rados")]

@@ -43,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{MetadataError, StoreError};
 use crate::layout::{EXTENT_SIZE_BYTES, PhysExtent};
+use crate::meta_file::{CACHE_SIZE_BYTES, OpenFailure, copy_file, file_len, open_checked};
 use crate::meta_reserve::{Reserve, is_no_space};
 use crate::sync::{lock, read, write};
 
@@ -63,8 +64,7 @@ pub(crate) const KEY_EXTENT_SIZE: &str = "extent_size_bytes";
 pub(crate) const KEY_NEXT_VOLUME_ID: &str = "next_volume_id";
 pub(crate) const KEY_CLEAN: &str = "clean";
 
-/// redb page cache; the hot path never reads redb, so it can stay small.
-const CACHE_SIZE_BYTES: usize = 32 << 20;
+pub(crate) const KEY_COMMIT_SEQ: &str = "commit_seq";
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DeviceRecord {
@@ -118,7 +118,7 @@ pub(crate) struct TenantRecord {
 }
 
 /// Everything stored, as loaded at open.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Loaded {
     pub next_volume_id: u64,
     /// The previous process shut down after committing everything and punching all frees.
@@ -164,7 +164,7 @@ pub(crate) enum MetaOp {
 }
 
 /// Opens (again) the redb database of a `Meta`: the file, or another backend.
-pub(crate) type Opener = Box<dyn Fn() -> Result<Database, redb::DatabaseError> + Send + Sync>;
+pub(crate) type Opener = Box<dyn Fn() -> Result<Database, StoreError> + Send + Sync>;
 
 /// Where the metadata lives: redb (file and RAM stores, and RADOS stores of the first
 /// slice that kept `meta.redb`), or the omap of one RADOS object (`rados_meta.rs`).
@@ -181,6 +181,8 @@ pub(crate) struct Meta {
     opener: Option<Opener>,
     /// Space held back for metadata commits (file stores).
     reserve: Option<Reserve>,
+    /// The second copy and the primary's path (file stores).
+    copy: Option<(Copy, PathBuf)>,
     /// Why the last metadata write failed; `None` after a success.
     last_error: Mutex<Option<String>>,
     #[cfg(feature = "rados")]
@@ -226,8 +228,69 @@ fn is_enospc(e: &StoreError) -> bool {
     matches!(e, StoreError::Metadata(MetadataError::Redb(redb::Error::Io(io))) if is_no_space(io))
 }
 
-fn open_error_is_enospc(e: &redb::DatabaseError) -> bool {
-    matches!(e, redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_no_space(io))
+/// The error for a failed open of the metadata file at `path`.
+pub(crate) fn open_failure_err(path: &Path, f: OpenFailure) -> StoreError {
+    match f {
+        OpenFailure::Damaged(detail) => MetadataError::Damaged {
+            path: path.display().to_string(),
+            data_dir: path
+                .parent()
+                .unwrap_or(Path::new("."))
+                .display()
+                .to_string(),
+            detail,
+        }
+        .into(),
+        OpenFailure::Busy => MetadataError::Redb(redb::Error::DatabaseAlreadyOpen).into(),
+        OpenFailure::NoSpace(io) => MetadataError::Redb(redb::Error::Io(io)).into(),
+        OpenFailure::Other(detail) => {
+            MetadataError::Closed(format!("opening {}: {detail}", path.display())).into()
+        }
+    }
+}
+
+/// The second durable copy of the metadata (`meta-copy.redb`): every extent-map and
+/// management commit is applied to it after the primary, with the same commit number, so
+/// it is the primary's state or (after a crash between the two) one commit behind. A write
+/// to it that fails leaves it `stale`: the commit still counts (the primary has it; a FLUSH
+/// does not fail because the copy's disk did), the health names it, and the next commit
+/// rewrites the copy from the primary. Credit saves go to the primary only.
+struct Copy {
+    path: PathBuf,
+    db: RwLock<Option<Database>>,
+    stale: Mutex<Option<String>>,
+}
+
+impl Copy {
+    /// Rewrites the copy from the primary's file. `primary` is the primary's lock, held for
+    /// writing during the copy so that no transaction runs.
+    fn resync(
+        &self,
+        primary: &RwLock<Option<Database>>,
+        primary_path: &Path,
+    ) -> Result<(), String> {
+        let _quiet = write(primary);
+        let mut guard = write(&self.db);
+        drop(guard.take());
+        copy_file(primary_path, &self.path)
+            .map_err(|e| format!("copying {}: {e}", primary_path.display()))?;
+        let db = open_checked(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))?;
+        *guard = Some(db);
+        Ok(())
+    }
+}
+
+/// The commit number of the database (0 before the first commit of this build).
+fn commit_seq(db: &Database) -> Result<u64, StoreError> {
+    let txn = db.begin_read().map_err(redb_err)?;
+    match txn.open_table(META) {
+        Ok(t) => Ok(t
+            .get(KEY_COMMIT_SEQ)
+            .map_err(redb_err)?
+            .map_or(0, |v| v.value())),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+        Err(e) => Err(redb_err(e)),
+    }
 }
 
 #[cfg(feature = "rados")]
@@ -247,34 +310,87 @@ impl Meta {
     /// `meta.redb` at `path`, with a metadata reserve of `reserve_bytes` in its directory
     /// (0: none). The open runs inside the reserve: if it fails for want of space, the
     /// reserve is released and the open tried once more, so a node starts on a full disk.
-    pub(crate) fn open_file(path: &Path, reserve_bytes: u64) -> Result<Meta, StoreError> {
+    /// `meta.redb` at `path`, with a metadata reserve of `reserve_bytes` in its directory
+    /// (0: none) and, with `copy`, its second copy at that path. Every open runs redb's
+    /// integrity check (`meta_file.rs`): a damaged file is `MetadataError::Damaged`, never a
+    /// panic. The open runs inside the reserve: if it fails for want of space, the reserve
+    /// is released and the open tried once more, so a node starts on a full disk. The copy
+    /// is brought up to date from an intact primary (missing, damaged, or behind after a
+    /// crash between the two writes); a primary that is missing, empty or behind its copy
+    /// is refused (`headroom check --repair` restores it from the copy).
+    pub(crate) fn open_file(
+        path: &Path,
+        reserve_bytes: u64,
+        copy: Option<&Path>,
+    ) -> Result<Meta, StoreError> {
         let dir = path.parent().unwrap_or(Path::new("."));
+        if let Some(copy) = copy
+            && file_len(path) == 0
+            && file_len(copy) > 0
+        {
+            // redb would make an empty file a new, empty database.
+            return Err(open_failure_err(
+                path,
+                OpenFailure::Damaged(format!(
+                    "missing or empty while its copy {} holds metadata",
+                    copy.display()
+                )),
+            ));
+        }
         let reserve = Reserve::open(dir, reserve_bytes);
-        let path: PathBuf = path.to_path_buf();
-        let opener: Opener = Box::new(move || {
-            redb::Builder::new()
-                .set_cache_size(CACHE_SIZE_BYTES)
-                .create(&path)
-        });
-        Meta::open_with(opener, Some(reserve))
+        let primary: PathBuf = path.to_path_buf();
+        let opener: Opener =
+            Box::new(move || open_checked(&primary).map_err(|f| open_failure_err(&primary, f)));
+        let mut meta = Meta::open_with(opener, Some(reserve))?;
+        let Some(copy_path) = copy else {
+            return Ok(meta);
+        };
+        let c = Copy {
+            path: copy_path.to_path_buf(),
+            db: RwLock::new(None),
+            stale: Mutex::new(None),
+        };
+        let primary_seq = meta.with_db(commit_seq)?;
+        let resync_why = match open_checked(copy_path) {
+            Ok(db) => {
+                let copy_seq = commit_seq(&db)?;
+                *write(&c.db) = Some(db);
+                if copy_seq > primary_seq {
+                    return Err(open_failure_err(
+                        path,
+                        OpenFailure::Damaged(format!(
+                            "it is at commit {primary_seq}, behind its copy {} at commit \
+                             {copy_seq}: it lost commits",
+                            copy_path.display()
+                        )),
+                    ));
+                }
+                (copy_seq < primary_seq)
+                    .then(|| format!("it is at commit {copy_seq}, the primary at {primary_seq}"))
+            }
+            Err(OpenFailure::Damaged(d)) => Some(format!("it is damaged ({d})")),
+            Err(e) => return Err(open_failure_err(copy_path, e)),
+        };
+        if let Some(why) = resync_why {
+            tracing::warn!(copy = %copy_path.display(), "rewriting the metadata copy from meta.redb: {why}");
+            c.resync(&meta.db, path).map_err(MetadataError::Closed)?;
+        }
+        meta.copy = Some((c, path.to_path_buf()));
+        Ok(meta)
     }
 
     /// The database that `opener` opens (and opens again after an I/O error), with an
     /// optional reserve: the entry for redb on another `redb::StorageBackend`.
     pub(crate) fn open_with(opener: Opener, reserve: Option<Reserve>) -> Result<Meta, StoreError> {
         let db = match opener() {
-            Err(e)
-                if open_error_is_enospc(&e) && reserve.as_ref().is_some_and(Reserve::release) =>
-            {
-                opener()
-            }
+            Err(e) if is_enospc(&e) && reserve.as_ref().is_some_and(Reserve::release) => opener(),
             other => other,
-        }
-        .map_err(redb_err)?;
+        }?;
         Ok(Meta {
             db: RwLock::new(Some(db)),
             opener: Some(opener),
             reserve,
+            copy: None,
             last_error: Mutex::new(None),
             #[cfg(feature = "rados")]
             rados: None,
@@ -298,6 +414,7 @@ impl Meta {
             db: RwLock::new(Some(db)),
             opener: None,
             reserve: None,
+            copy: None,
             last_error: Mutex::new(None),
             #[cfg(feature = "rados")]
             rados: None,
@@ -329,10 +446,7 @@ impl Meta {
         // The old handle must be closed first: it holds the file's lock.
         drop(guard.take());
         let db = match opener() {
-            Err(e)
-                if open_error_is_enospc(&e)
-                    && self.reserve.as_ref().is_some_and(Reserve::release) =>
-            {
+            Err(e) if is_enospc(&e) && self.reserve.as_ref().is_some_and(Reserve::release) => {
                 opener()
             }
             other => other,
@@ -400,6 +514,13 @@ impl Meta {
                 r.size_bytes()
             ));
         }
+        if let Some((c, _)) = &self.copy
+            && let Some(e) = lock(&c.stale).as_ref()
+        {
+            reasons.push(format!(
+                "metadata copy out of date: {e} (rewritten from meta.redb at the next commit)"
+            ));
+        }
         CommitHealth { reasons }
     }
 
@@ -435,7 +556,25 @@ impl Meta {
         if let Some(r) = &self.rados {
             return r.commit(changes, ops);
         }
-        self.write_txn(|db| commit_db(db, changes, ops))
+        self.write_txn(|db| commit_db(db, changes, ops))?;
+        if let Some((c, primary_path)) = &self.copy {
+            let stale = lock(&c.stale).clone();
+            let result = match stale {
+                Some(_) => c.resync(&self.db, primary_path),
+                None => {
+                    let guard = read(&c.db);
+                    match guard.as_ref() {
+                        Some(db) => commit_db(db, changes, ops).map_err(|e| e.to_string()),
+                        None => Err("the copy is not open".into()),
+                    }
+                }
+            };
+            if let Err(e) = &result {
+                tracing::error!(copy = %c.path.display(), error = %e, "metadata copy not updated; it is rewritten at the next commit");
+            }
+            *lock(&c.stale) = result.err();
+        }
+        Ok(())
     }
 
     /// Upserts the state row of every listed volume that still exists, in one transaction
@@ -465,6 +604,11 @@ impl Meta {
         }
         self.with_db(load_states_db)
     }
+}
+
+/// Everything stored in `db` and its commit number (`headroom check`).
+pub(crate) fn load_loaded(db: &Database) -> Result<(Option<Loaded>, u64), StoreError> {
+    Ok((load_db(db)?, commit_seq(db)?))
 }
 
 fn load_db(db: &Database) -> Result<Option<Loaded>, StoreError> {
@@ -563,6 +707,12 @@ fn commit_db(db: &Database, changes: &[ExtentChange], ops: &[MetaOp]) -> Result<
         let mut credits = txn.open_table(CREDITS).map_err(redb_err)?;
         let mut tenants = txn.open_table(TENANTS).map_err(redb_err)?;
         let mut replica_extents = txn.open_table(REPLICA_EXTENTS).map_err(redb_err)?;
+        // Numbers the commit in this file; the copy gets the same number (`Copy`).
+        let seq = meta
+            .get(KEY_COMMIT_SEQ)
+            .map_err(redb_err)?
+            .map_or(0, |v| v.value());
+        meta.insert(KEY_COMMIT_SEQ, seq + 1).map_err(redb_err)?;
         for c in changes {
             match *c {
                 ExtentChange::Map {
@@ -893,10 +1043,12 @@ mod tests {
                 .create(true)
                 .truncate(false)
                 .open(&path)?;
-            redb::Builder::new().create_with_backend(FailingBackend {
-                inner: redb::backends::FileBackend::new(file)?,
-                errno: e.clone(),
-            })
+            redb::Builder::new()
+                .create_with_backend(FailingBackend {
+                    inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
+                    errno: e.clone(),
+                })
+                .map_err(redb_err)
         });
         (Meta::open_with(opener, reserve).unwrap(), errno)
     }
@@ -972,10 +1124,12 @@ mod tests {
                 .create(true)
                 .truncate(false)
                 .open(&path)?;
-            redb::Builder::new().create_with_backend(FailingBackend {
-                inner: redb::backends::FileBackend::new(file)?,
-                errno: e.clone(),
-            })
+            redb::Builder::new()
+                .create_with_backend(FailingBackend {
+                    inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
+                    errno: e.clone(),
+                })
+                .map_err(redb_err)
         });
         let m = Meta::open_with(opener, None).unwrap();
         m.commit(&[], &[MetaOp::Init]).unwrap();
@@ -1024,10 +1178,12 @@ mod tests {
                 .create(true)
                 .truncate(false)
                 .open(&path)?;
-            redb::Builder::new().create_with_backend(FailingBackend {
-                inner: redb::backends::FileBackend::new(file)?,
-                errno: e.clone(),
-            })
+            redb::Builder::new()
+                .create_with_backend(FailingBackend {
+                    inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
+                    errno: e.clone(),
+                })
+                .map_err(redb_err)
         });
         let m = Meta::open_with(opener, Some(reserve)).unwrap();
         // The open itself hit the full disk (a fresh file is written at creation), released

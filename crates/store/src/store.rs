@@ -528,7 +528,11 @@ fn open_meta(cfg: &StoreConfig) -> Result<(Meta, Option<RadosSession>), StoreErr
         }
     }
     Ok((
-        Meta::open_file(&cfg.meta_path(), cfg.metadata_reserve_bytes)?,
+        Meta::open_file(
+            &cfg.meta_path(),
+            cfg.metadata_reserve_bytes,
+            cfg.metadata_copy.then(|| cfg.meta_copy_path()).as_deref(),
+        )?,
         None,
     ))
 }
@@ -1757,7 +1761,20 @@ fn rebuild(
     loaded: &crate::meta::Loaded,
 ) -> Result<(Allocator, Vec<LoadedVolume>), StoreError> {
     let counts: Vec<u32> = devices.iter().map(|d| d.extent_count).collect();
-    let mut allocator = Allocator::new(&counts);
+    rebuild_on(&counts, loaded)
+}
+
+/// `rebuild` on devices of these extent counts (`headroom check` runs it without opening
+/// the devices).
+pub(crate) fn check_rows(counts: &[u32], loaded: &crate::meta::Loaded) -> Result<(), StoreError> {
+    rebuild_on(counts, loaded).map(|_| ())
+}
+
+fn rebuild_on(
+    counts: &[u32],
+    loaded: &crate::meta::Loaded,
+) -> Result<(Allocator, Vec<LoadedVolume>), StoreError> {
+    let mut allocator = Allocator::new(counts);
     let mut volumes: BTreeMap<u64, LoadedVolume> = BTreeMap::new();
     for (id, rec) in &loaded.volumes {
         if validate_volume_name(&rec.name).is_err() || validate_size(rec.size_bytes).is_err() {
@@ -1791,9 +1808,9 @@ fn rebuild(
     }
     // A physical extent a map row names must exist and belong to nobody else yet.
     let claim = |allocator: &mut Allocator, volume_id, phys: PhysExtent| {
-        devices
+        counts
             .get(phys.device as usize)
-            .is_some_and(|d| phys.index < d.extent_count)
+            .is_some_and(|&n| phys.index < n)
             && allocator.mark_used(volume_id, phys)
     };
     for &(volume_id, extent, phys) in &loaded.extents {
