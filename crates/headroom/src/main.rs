@@ -310,7 +310,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             let code = exit_code(&err);
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", chain_text(&err));
             if let Some(hint) = hint(code) {
                 eprintln!("hint: {hint}");
             }
@@ -347,6 +347,20 @@ fn run(cli: Cli) -> Result<()> {
 
 /// The one place an error becomes an exit code: a typed API failure (`client::ApiCallError`)
 /// anywhere in the error's chain gives its code, anything else is 1.
+/// The error and its causes, like `{:#}`, without a cause whose text the message before it
+/// already holds (errors whose message includes their source's would repeat it).
+fn chain_text(err: &anyhow::Error) -> String {
+    let mut out = err.to_string();
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
 fn exit_code(err: &anyhow::Error) -> u8 {
     client::exit_code_of(err)
 }

@@ -217,6 +217,8 @@ fn a_damaged_meta_redb_stops_the_start_and_check_repair_restores_it() {
         stderr.contains("meta.redb is damaged") && stderr.contains("headroom check --data-dir"),
         "{stderr}"
     );
+    // Said once, not once per layer of the error chain.
+    assert_eq!(stderr.matches("is damaged").count(), 1, "{stderr}");
     let (code, out) = check(&data_dir, &["--json"]);
     assert_eq!(code, 1, "{out}");
     let report: Value = serde_json::from_str(&out).unwrap();
