@@ -320,6 +320,9 @@ pub struct StorageSection {
     pub devices: Option<u32>,
     pub device_size: Option<Size>,
     pub device_paths: Option<Vec<PathBuf>>,
+    /// Disk space held back in the data directory for metadata commits when the disk is
+    /// full (`meta-reserve`; absent: 64 MiB; 0: none).
+    pub metadata_reserve: Option<Size>,
     /// Which copy of a replicated volume serves a read (`headroom_qos::routing`).
     pub read_routing: Option<ReadRouting>,
     /// With `rados_pool`: keep the extents in that Ceph RADOS pool (feature `rados`).
@@ -693,6 +696,7 @@ impl ConfigFile {
             devices: s.devices.or(l.devices),
             device_size: s.device_size.or(l.device_size),
             device_paths: s.device_paths.or(l.device_paths),
+            metadata_reserve: s.metadata_reserve.or(l.metadata_reserve),
             read_routing: s.read_routing.or(l.read_routing),
             rados_conf: s.rados_conf.or(l.rados_conf),
             rados_pool: s.rados_pool.or(l.rados_pool),
@@ -1212,6 +1216,9 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         },
     };
     let mut config = NodeConfig::new(backend);
+    if let Some(size) = st.metadata_reserve {
+        config.metadata_reserve_bytes = size.0;
+    }
 
     let sv = &layer.server;
     if let Some(addr) = sv.nbd_listen {

@@ -550,7 +550,14 @@ fn open_meta(cfg: &StoreConfig) -> Result<(Meta, Option<RadosSession>), StoreErr
             return Err(no_rados());
         }
     }
-    Ok((Meta::open_file(&cfg.meta_path())?, None))
+    Ok((
+        Meta::open_file(
+            &cfg.meta_path(),
+            cfg.metadata_reserve_bytes,
+            cfg.metadata_copy.then(|| cfg.meta_copy_path()).as_deref(),
+        )?,
+        None,
+    ))
 }
 
 /// (pool, namespace) of a RADOS device record, `None` for a file or block device.
@@ -1495,6 +1502,16 @@ impl Store {
         Ok(vol.info())
     }
 
+    /// Whether the store can commit metadata now (for a readiness probe): the last metadata
+    /// write succeeded (or a probe commit does now) and the metadata reserve is intact.
+    /// After a failed write or with the reserve released it commits an empty transaction
+    /// (reopening a poisoned database) and tries to take the reserve again, so the answer
+    /// turns ready again once the cause is gone without waiting for a FLUSH. Cheap when
+    /// healthy (no I/O); one redb commit otherwise. Call it from a blocking thread.
+    pub fn commit_health(&self) -> crate::meta::CommitHealth {
+        self.shared.meta.health(true)
+    }
+
     /// Saves the node's runtime QoS state (opaque bytes, e.g. credit balances) for each
     /// `(volume id, bytes)`, replacing earlier rows, in one redb transaction committed with
     /// immediate durability. Rows naming a volume that no longer exists are skipped, so a
@@ -1922,7 +1939,20 @@ fn rebuild(
     loaded: &crate::meta::Loaded,
 ) -> Result<(Allocator, Vec<LoadedVolume>), StoreError> {
     let counts: Vec<u32> = devices.iter().map(|d| d.extent_count).collect();
-    let mut allocator = Allocator::new(&counts);
+    rebuild_on(&counts, loaded)
+}
+
+/// `rebuild` on devices of these extent counts (`headroom check` runs it without opening
+/// the devices).
+pub(crate) fn check_rows(counts: &[u32], loaded: &crate::meta::Loaded) -> Result<(), StoreError> {
+    rebuild_on(counts, loaded).map(|_| ())
+}
+
+fn rebuild_on(
+    counts: &[u32],
+    loaded: &crate::meta::Loaded,
+) -> Result<(Allocator, Vec<LoadedVolume>), StoreError> {
+    let mut allocator = Allocator::new(counts);
     let mut volumes: BTreeMap<u64, LoadedVolume> = BTreeMap::new();
     for (id, rec) in &loaded.volumes {
         if validate_volume_name(&rec.name).is_err() || validate_size(rec.size_bytes).is_err() {
@@ -1956,9 +1986,9 @@ fn rebuild(
     }
     // A physical extent a map row names must exist and belong to nobody else yet.
     let claim = |allocator: &mut Allocator, volume_id, phys: PhysExtent| {
-        devices
+        counts
             .get(phys.device as usize)
-            .is_some_and(|d| phys.index < d.extent_count)
+            .is_some_and(|&n| phys.index < n)
             && allocator.mark_used(volume_id, phys)
     };
     for &(volume_id, extent, phys) in &loaded.extents {
