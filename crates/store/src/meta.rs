@@ -494,6 +494,12 @@ impl Meta {
         }
     }
 
+    /// Whether the metadata reserve was released (the disk filled) and not taken again: the
+    /// space it freed is the metadata's, so no new data extent is allocated meanwhile.
+    pub(crate) fn reserve_in_use(&self) -> bool {
+        self.reserve.as_ref().is_some_and(|r| !r.is_held())
+    }
+
     /// Why metadata commits may not work now; empty if they do. With `probe`, a failed last
     /// write or a released reserve is checked again first: an empty transaction is
     /// committed (reopening a poisoned handle) and the reserve taken if there is room.

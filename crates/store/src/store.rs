@@ -276,6 +276,13 @@ impl Shared {
 }
 
 impl Shared {
+    /// The metadata reserve is in use (`Meta::reserve_in_use`): new data extents are refused
+    /// with `NoSpace` until it is taken again, so data does not take the room it freed for
+    /// the metadata's commits.
+    pub(crate) fn metadata_reserve_in_use(&self) -> bool {
+        self.meta.reserve_in_use()
+    }
+
     /// Whether enough freed extents wait in quarantine that the releaser should commit.
     pub(crate) fn quarantine_full(&self) -> bool {
         let pool = lock(&self.pool);

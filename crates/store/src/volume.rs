@@ -864,6 +864,11 @@ impl Volume {
                 size_bytes: st.size_bytes,
             });
         };
+        // The disk of the metadata filled and its reserve was given to the metadata's
+        // commits: new data extents would take that room (FLUSH must go on committing).
+        if self.shared.metadata_reserve_in_use() {
+            return Err(StoreError::NoSpace);
+        }
         // New extents go to devices that can still make data durable.
         let mut avoid = self.shared.failed_devices();
         let mut full = None;

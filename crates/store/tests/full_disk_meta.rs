@@ -11,7 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use headroom_store::{RESERVE_FILE, Store, StoreConfig};
+use headroom_store::{RESERVE_FILE, Store, StoreConfig, StoreError};
 
 const MIB: u64 = 1 << 20;
 
@@ -102,6 +102,14 @@ fn a_full_disk_releases_the_reserve_and_a_restart_on_it_works() {
             "{h:?}"
         );
         assert_eq!(std::fs::metadata(&reserve).unwrap().len(), 0);
+        // While the reserve is in use no new data extent is allocated (the room is the
+        // metadata's); writes into allocated extents go on.
+        assert!(matches!(
+            v.write_at(8 * MIB, &[1u8; 4096], false),
+            Err(StoreError::NoSpace)
+        ));
+        v.write_at(4096, &data[4096..8192], false).unwrap();
+        v.flush().unwrap();
         // Space comes back: the health probe takes the reserve again.
         std::fs::remove_file(&filler).unwrap();
         assert!(
@@ -110,6 +118,10 @@ fn a_full_disk_releases_the_reserve_and_a_restart_on_it_works() {
             store.commit_health()
         );
         assert!(std::fs::metadata(&reserve).unwrap().len() >= 8 * MIB);
+        // And new extents are allocated again (then given back: the data model is `data`).
+        v.write_at(8 * MIB, &[1u8; 4096], false).unwrap();
+        v.trim(8 * MIB, 2 * MIB, false).unwrap();
+        v.flush().unwrap();
     }
     // The disk fills up while the node is down; it starts anyway, inside the reserve, and
     // serves what was flushed.
