@@ -276,6 +276,18 @@ impl Api {
         self.decode(response)
     }
 
+    /// `POST /v1/devices/{id}/restore`: the restore's report (for `headroom device restore`).
+    pub fn restore_device(&self, id: u32) -> Result<Value> {
+        let response = self
+            .authorized(
+                self.agent
+                    .post(self.url(&format!("/v1/devices/{id}/restore"))),
+            )
+            .send_empty()
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
     /// `POST /v1/volumes/{name}/scrub`: the scrub's report (for `headroom volume scrub`).
     pub fn scrub(&self, name: &str) -> Result<Value> {
         let path = format!("/v1/volumes/{}/scrub", path_segment(name));

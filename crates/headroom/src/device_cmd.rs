@@ -26,6 +26,11 @@ pub enum DeviceCommand {
     /// another copy exists) read there again. Replicated volumes go on from their other
     /// copies, `degraded`; a 1-replica volume with extents there fails its FLUSHes.
     Fail(DeviceFailArgs),
+    /// Return a failed device to service once its cause is fixed: extents on it no volume
+    /// maps are freed, the copies of replicated volumes there are made equal to a healthy
+    /// copy, then the failed flag is cleared durably and its error count reset. A device
+    /// that still fails is refused; one in service is left alone.
+    Restore(DeviceFailArgs),
 }
 
 #[derive(Args, Debug)]
@@ -108,6 +113,35 @@ pub fn run(command: DeviceCommand) -> Result<()> {
                     .and_then(Value::as_u64)
                     .unwrap_or(0),
                 device.get("path").and_then(Value::as_str).unwrap_or("?")
+            );
+            Ok(())
+        }
+        DeviceCommand::Restore(args) => {
+            let r = args.api.client()?.restore_device(args.id)?;
+            if args.json {
+                return print_json(&r);
+            }
+            let n = |k: &str| r.get(k).and_then(Value::as_u64).unwrap_or(0);
+            let path = r
+                .get("device")
+                .and_then(|d| d.get("path"))
+                .and_then(Value::as_str)
+                .unwrap_or("?");
+            if r.get("restored").and_then(Value::as_bool) != Some(true) {
+                outln!(
+                    "device {} ({path}) is in service already: nothing done",
+                    args.id
+                );
+                return Ok(());
+            }
+            outln!(
+                "device {} ({path}) is back in service: {} unmapped extents freed, {} copies \
+                 checked, {} chunks rewritten, {} copies without a healthy source",
+                args.id,
+                n("extents_reclaimed"),
+                n("copies_checked"),
+                n("chunks_rewritten"),
+                n("copies_without_source")
             );
             Ok(())
         }

@@ -4,6 +4,7 @@
 
 mod arbitration_cmd;
 mod calibrate;
+mod check_cmd;
 mod client;
 #[cfg(test)]
 mod config_docs;
@@ -88,6 +89,10 @@ enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Live per-volume view of a running server (IOPS, MB/s, latency, credits, bursting).
     Top(top::TopArgs),
+    /// Verify a stopped node's metadata (both copies, every row, every device file) and,
+    /// with --repair, restore a damaged meta.redb from its copy. Exit 0 clean, 1 problems
+    /// found, 2 cannot run (the server is running, or no metadata there).
+    Check(check_cmd::CheckArgs),
 }
 
 /// Flags of `serve` and `demo`. Every one is optional: a flag given here overrides the
@@ -250,6 +255,7 @@ impl ServeArgs {
                 block_devices: None,
                 max_device_bytes: None,
                 max_volume_bytes: None,
+                metadata_reserve: None,
                 read_routing: None,
                 rados_conf: self.rados_conf.clone(),
                 rados_pool: self.rados_pool.clone(),
@@ -301,11 +307,14 @@ struct DemoArgs {
 fn main() -> ExitCode {
     // Usage errors exit 2 here, with clap's message.
     let cli = Cli::parse();
+    if let Command::Check(args) = &cli.command {
+        return check_cmd::run(args);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             let code = exit_code(&err);
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", chain_text(&err));
             if let Some(hint) = hint(code) {
                 eprintln!("hint: {hint}");
             }
@@ -335,11 +344,27 @@ fn run(cli: Cli) -> Result<()> {
         Command::Lab(command) => lab_cmd::run(command),
         Command::Calibrate(args) => calibrate::run(args),
         Command::Top(args) => top::run(args),
+        // Handled in `main`: it has exit codes of its own.
+        Command::Check(_) => Ok(()),
     }
 }
 
 /// The one place an error becomes an exit code: a typed API failure (`client::ApiCallError`)
 /// anywhere in the error's chain gives its code, anything else is 1.
+/// The error and its causes, like `{:#}`, without a cause whose text the message before it
+/// already holds (errors whose message includes their source's would repeat it).
+fn chain_text(err: &anyhow::Error) -> String {
+    let mut out = err.to_string();
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
 fn exit_code(err: &anyhow::Error) -> u8 {
     client::exit_code_of(err)
 }

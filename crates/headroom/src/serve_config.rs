@@ -228,6 +228,7 @@ pub struct FaultRuleSection {
     pub eio_write_permille: u32,
     pub eio_sync_permille: u32,
     pub enospc_write_permille: u32,
+    pub enospc_sync_permille: u32,
     pub enospc_after_bytes: Option<Size>,
     pub latency_spike_permille: u32,
     pub latency_spike_ms: u64,
@@ -260,6 +261,7 @@ impl FaultsSection {
                 eio_write_permille: r.eio_write_permille,
                 eio_sync_permille: r.eio_sync_permille,
                 enospc_write_permille: r.enospc_write_permille,
+                enospc_sync_permille: r.enospc_sync_permille,
                 enospc_after_bytes: r.enospc_after_bytes.map(|s| s.0),
                 latency_spike_permille: r.latency_spike_permille,
                 latency_spike_ms: r.latency_spike_ms,
@@ -327,6 +329,9 @@ pub struct StorageSection {
     pub max_device_bytes: Option<Size>,
     /// Largest volume that may be created or grown to (absent and at most: 64 TiB).
     pub max_volume_bytes: Option<Size>,
+    /// Disk space held back in the data directory for metadata commits when the disk is
+    /// full (`meta-reserve`; absent: 64 MiB; 0: none).
+    pub metadata_reserve: Option<Size>,
     /// Which copy of a replicated volume serves a read (`headroom_qos::routing`).
     pub read_routing: Option<ReadRouting>,
     /// With `rados_pool`: keep the extents in that Ceph RADOS pool (feature `rados`).
@@ -706,6 +711,7 @@ impl ConfigFile {
             block_devices: s.block_devices.or(l.block_devices),
             max_device_bytes: s.max_device_bytes.or(l.max_device_bytes),
             max_volume_bytes: s.max_volume_bytes.or(l.max_volume_bytes),
+            metadata_reserve: s.metadata_reserve.or(l.metadata_reserve),
             read_routing: s.read_routing.or(l.read_routing),
             rados_conf: s.rados_conf.or(l.rados_conf),
             rados_pool: s.rados_pool.or(l.rados_pool),
@@ -1264,6 +1270,9 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         },
     };
     let mut config = NodeConfig::new(backend);
+    if let Some(size) = st.metadata_reserve {
+        config.metadata_reserve_bytes = size.0;
+    }
 
     let sv = &layer.server;
     if let Some(addr) = sv.nbd_listen {

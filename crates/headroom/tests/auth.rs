@@ -61,6 +61,11 @@ fn every_route_but_healthz_needs_the_bearer_token() {
     // The public probe.
     let (status, _, body) = get(&format!("{}/healthz", server.api), None);
     assert_eq!((status, &body), (200, &serde_json::json!({"status": "ok"})));
+    let (status, _, body) = get(&format!("{}/readyz", server.api), None);
+    assert_eq!(
+        (status, &body),
+        (200, &serde_json::json!({"status": "ready", "reasons": []}))
+    );
 
     let refusals: [(&str, Option<String>); 7] = [
         ("no header", None),

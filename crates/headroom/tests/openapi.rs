@@ -1,7 +1,7 @@
 //! `GET /openapi.json`: an OpenAPI 3 document generated from the code. It parses, every
 //! `$ref` in it resolves, every operation it lists is served by the router (not `unknown_route`
 //! or `method_not_allowed`), and every route this test knows the router serves is listed, with
-//! the bearer security on all but `/healthz`.
+//! the bearer security on all but `/healthz` and `/readyz`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
 
@@ -13,11 +13,13 @@ use serde_json::Value;
 /// The routes of the volume, tenant and node API (method, OpenAPI path).
 const KNOWN_ROUTES: &[(&str, &str)] = &[
     ("get", "/healthz"),
+    ("get", "/readyz"),
     ("get", "/v1/health"),
     ("get", "/openapi.json"),
     ("get", "/v1/pool"),
     ("get", "/v1/devices"),
     ("post", "/v1/devices/{id}/fail"),
+    ("post", "/v1/devices/{id}/restore"),
     ("get", "/v1/node"),
     ("get", "/v1/connections"),
     ("get", "/v1/volumes"),
@@ -130,7 +132,7 @@ fn the_openapi_document_matches_the_routes() {
                 "{method} {path} is in the document but the router answers {status} {kind:?}"
             );
             let security = &op["security"];
-            if path == "/healthz" {
+            if path == "/healthz" || path == "/readyz" {
                 assert_eq!(security, &serde_json::json!([{}]), "{path} must be public");
             } else {
                 // Either on the operation or inherited from the document.

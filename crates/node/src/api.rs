@@ -5,7 +5,7 @@
 //! fault it was (400 bad input, bad QoS or bad tenant id, 404 unknown volume or tenant, 409
 //! name taken or tenant still in use, 507 over the overcommit ratio).
 //!
-//! Every route but `/healthz` (and the dashboard's static files) needs the node's bearer
+//! Every route but `/healthz`, `/readyz` (and the dashboard's static files) needs the node's bearer
 //! token (`auth`): without it the answer is 401 with the same JSON error body.
 //!
 //! Bad requests never get axum's plain-text rejections: malformed JSON (400), a body of the
@@ -349,6 +349,7 @@ type ApiResult<T> = Result<T, ApiError>;
 fn routes() -> Router<ApiState> {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/v1/health", get(health))
         .route("/openapi.json", get(openapi::serve_json))
         .merge(node::routes())
@@ -424,6 +425,42 @@ async fn healthz() -> Json<HealthBody> {
     Json(HealthBody {
         status: "ok".to_string(),
     })
+}
+
+/// Body of `/readyz`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+pub struct ReadyBody {
+    /// `ready`, or `not_ready` when any reason below holds.
+    pub status: String,
+    /// Why the node should not be given new work, one sentence each (empty when ready):
+    /// metadata commits fail, or the metadata reserve is in use because the disk is full.
+    pub reasons: Vec<String>,
+}
+
+/// Readiness, without a token (for probes and load balancers): 200 while the node can
+/// commit metadata (the last commit, or a probe commit now, succeeded and the metadata
+/// reserve is intact), 503 with the reasons otherwise. A node that is alive but not ready
+/// still serves reads; writes that need a metadata commit (FLUSH, allocation by FUA) fail.
+#[utoipa::path(get, path = "/readyz", tag = "node", security(()),
+    responses((status = 200, description = "The node can commit metadata", body = ReadyBody),
+        (status = 503, description = "Not ready; `reasons` says why", body = ReadyBody)))]
+async fn readyz(State(state): State<ApiState>) -> (StatusCode, Json<ReadyBody>) {
+    let store = Arc::clone(&state.store);
+    let reasons = match tokio::task::spawn_blocking(move || store.commit_health()).await {
+        Ok(health) => health.reasons,
+        Err(err) => vec![format!("the readiness check failed: {err}")],
+    };
+    let ready = reasons.is_empty();
+    let body = ReadyBody {
+        status: if ready { "ready" } else { "not_ready" }.to_string(),
+        reasons,
+    };
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body))
 }
 
 /// Liveness, with the token (checks the token too).

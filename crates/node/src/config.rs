@@ -310,6 +310,9 @@ pub struct NodeConfig {
     /// Cross-node arbitration of a shared RADOS backend (`node::arbitration`); needs the
     /// RADOS backend and a scheduling policy. `None`: the node's capacity is fixed.
     pub arbitration: Option<crate::arbitration::ArbitrationConfig>,
+    /// Bytes preallocated in the data directory for metadata commits on a full disk
+    /// (`headroom_store::StoreConfig::metadata_reserve_bytes`; file stores); 0: none.
+    pub metadata_reserve_bytes: u64,
 }
 
 /// `NodeConfig::coalesce_us` by default for the memory and RADOS backends: one or two request arrivals
@@ -388,6 +391,7 @@ impl NodeConfig {
             config_file: None,
             calibration_file: None,
             arbitration: None,
+            metadata_reserve_bytes: headroom_store::DEFAULT_METADATA_RESERVE_BYTES,
         }
     }
 }

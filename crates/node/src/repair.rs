@@ -226,20 +226,17 @@ impl Rebuilder {
     }
 
     /// Fails, for good, every device whose reads and writes failed
-    /// `fail_device_after_errors` times or more (the device stats count them since the start).
+    /// `fail_device_after_errors` times or more since it entered service (its start, or
+    /// `headroom device restore`). ENOSPC is not counted: a full filesystem is not a broken
+    /// device (the store counts it apart, `DeviceOpStats::no_space`).
     fn fail_erring_devices(&self, store: &Store) {
         let limit = self.fail_device_after_errors;
         if limit == 0 {
             return;
         }
         let failed: Vec<bool> = store.pool_info().devices.iter().map(|d| d.failed).collect();
-        let (read, write) = (
-            headroom_store::DeviceOp::Read as usize,
-            headroom_store::DeviceOp::Write as usize,
-        );
         for (id, stats) in store.device_stats().iter().enumerate() {
-            let errors = stats.ops.get(read).map_or(0, |o| o.errors)
-                + stats.ops.get(write).map_or(0, |o| o.errors);
+            let errors = stats.errors_in_service;
             if errors < limit || failed.get(id).copied().unwrap_or(true) {
                 continue;
             }
@@ -462,5 +459,58 @@ mod tests {
         let never = Rebuilder::start(&store, 1 << 20, 0, None).unwrap();
         never.fail_erring_devices(&store);
         assert!(!store.pool_info().devices[1].failed);
+    }
+
+    /// ENOSPC is a full filesystem, not a broken device: 40 write failures with ENOSPC on a
+    /// device do not fail it at a limit of 4. And a device restored after its errors starts
+    /// counting again from zero, so the task does not fail it again at once.
+    #[test]
+    fn enospc_never_fails_a_device_and_a_restored_device_counts_from_zero() {
+        let store = Arc::new(Store::open_memory(64 << 20).unwrap());
+        store.create_volume("v", 16 << 20).unwrap();
+        let volume = store.open_volume("v").unwrap();
+        volume.write_at(0, &[1u8; 4096], false).unwrap();
+        let device = volume.extent_location(0).unwrap().device;
+        let mut full = FaultRule::new(FaultScope::Device(device));
+        full.enospc_write_permille = 1000;
+        let mut other = FaultRule::new(FaultScope::Device(1 - device));
+        other.eio_write_permille = 1000;
+        store
+            .inject_faults(&FaultConfig {
+                seed: 1,
+                rules: vec![full, other],
+            })
+            .unwrap();
+        for _ in 0..40 {
+            assert!(volume.write_at(0, &[2u8; 4096], false).is_err());
+        }
+        let rebuilder = Rebuilder::start(&store, 1 << 20, 4, None).unwrap();
+        rebuilder.fail_erring_devices(&store);
+        assert!(
+            !store.pool_info().devices[device as usize].failed,
+            "ENOSPC failed the device"
+        );
+        // The other device's writes fail with EIO: failed after 4.
+        let on_other = store
+            .create_volume("w", 16 << 20)
+            .and_then(|_| store.open_volume("w"));
+        let w = on_other.unwrap();
+        let mut eio = 0;
+        for i in 0..8u64 {
+            if w.write_at(i * (2 << 20), &[3u8; 4096], false).is_err() {
+                eio += 1;
+            }
+        }
+        assert!(eio >= 4, "{eio}");
+        rebuilder.fail_erring_devices(&store);
+        let other = (1 - device) as usize;
+        assert!(store.pool_info().devices[other].failed);
+        let restored = store.restore_device(other as u32).unwrap();
+        assert!(restored.restored);
+        rebuilder.fail_erring_devices(&store);
+        assert!(
+            !store.pool_info().devices[other].failed,
+            "failed again at once for the errors before the restore"
+        );
     }
 }

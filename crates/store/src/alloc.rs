@@ -134,6 +134,14 @@ impl FreeRuns {
         true
     }
 
+    /// Whether `index` is free.
+    fn contains(&self, index: u32) -> bool {
+        self.runs
+            .range(..=index)
+            .next_back()
+            .is_some_and(|(&start, &len)| u64::from(index) < u64::from(start) + u64::from(len))
+    }
+
     fn runs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.runs.iter().map(|(&s, &l)| (s, l))
     }
@@ -387,6 +395,13 @@ impl Allocator {
     /// Device `device`'s extents less its reserved ones.
     pub(crate) fn usable_extents(&self, device: usize) -> u64 {
         self.totals.get(device).map_or(0, |&n| u64::from(n))
+    }
+
+    /// Whether `phys` is in the free pool.
+    pub(crate) fn is_free(&self, phys: PhysExtent) -> bool {
+        self.free
+            .get(phys.device as usize)
+            .is_some_and(|f| f.contains(phys.index))
     }
 
     pub(crate) fn free_extents(&self, device: usize) -> u64 {

@@ -34,6 +34,22 @@ pub struct StoreConfig {
     /// too, and `data_dir` keeps only local state (the namespace's name, the API token).
     #[serde(default)]
     pub rados: Option<RadosTarget>,
+    /// Bytes preallocated in `data_dir/meta-reserve` for metadata commits, released when
+    /// the disk is full (`meta_reserve.rs`); 0: no reserve. Not used by RADOS stores.
+    #[serde(default = "default_metadata_reserve_bytes")]
+    pub metadata_reserve_bytes: u64,
+    /// Keep a second durable copy of the metadata in `data_dir/meta-copy.redb`, written after
+    /// `meta.redb` by every commit (`meta.rs`, `Copy`); `false` only to measure what it costs.
+    #[serde(default = "default_metadata_copy")]
+    pub metadata_copy: bool,
+}
+
+fn default_metadata_copy() -> bool {
+    true
+}
+
+fn default_metadata_reserve_bytes() -> u64 {
+    crate::meta_reserve::DEFAULT_METADATA_RESERVE_BYTES
 }
 
 /// A Ceph cluster and pool holding a store's extents (`StoreConfig::rados`).
@@ -99,6 +115,8 @@ impl StoreConfig {
             device_capacity_bytes: DEFAULT_DEVICE_CAPACITY_BYTES,
             device_paths: Vec::new(),
             rados: None,
+            metadata_reserve_bytes: default_metadata_reserve_bytes(),
+            metadata_copy: true,
         }
     }
 
@@ -110,5 +128,10 @@ impl StoreConfig {
     /// Path of the metadata database.
     pub fn meta_path(&self) -> PathBuf {
         self.data_dir.join("meta.redb")
+    }
+
+    /// Path of the second copy of the metadata database.
+    pub fn meta_copy_path(&self) -> PathBuf {
+        self.data_dir.join("meta-copy.redb")
     }
 }

@@ -7,13 +7,21 @@
 //! falls back (writing zeros) where the kernel or filesystem lacks punch/zero-range support.
 //!
 //! Invariant the store relies on: after `punch*`, the range reads as zeros.
+//!
+//! Full filesystems (a device file larger than the space left under it): a new extent's
+//! blocks are reserved when it is allocated (`reserve`, `fallocate` without punching: the
+//! range stays unwritten and reads as zeros), and a discard of part of an allocated extent
+//! keeps them (`clear`, zero-range), so writes into allocated extents do not need space the
+//! filesystem may no longer have. ENOSPC is not a device fault: it is counted apart from the
+//! errors (`stats`), and a sync that fails with ENOSPC does not fail the device (it counts a
+//! lost sync instead, `lost_syncs`; see `sync_now_untimed`).
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::num::NonZeroU64;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{OnceLock, RwLock};
 use std::time::Instant;
 
@@ -22,7 +30,7 @@ use rustix::io::Errno;
 
 use crate::fault::{self, ActiveRule, Fault, IoClass};
 use crate::layout::EXTENT_SIZE_BYTES;
-use crate::stats::{DeviceCounters, DeviceOp};
+use crate::stats::{DeviceCounters, DeviceOp, Outcome, is_no_space};
 use crate::sync::{read, write};
 
 /// Source of zeros for the write-zeros fallback.
@@ -46,6 +54,12 @@ pub(crate) struct Device {
     faults: OnceLock<Vec<ActiveRule>>,
     /// Operations, errors and latency per operation (`Store::device_stats`).
     stats: DeviceCounters,
+    /// Read and write errors counted before the device last returned to service
+    /// (`restore`): `errors_in_service` counts from there.
+    errors_before_service: AtomicU64,
+    /// Syncs that failed with ENOSPC: the data they were to make durable may be lost, but
+    /// the device stays in service. Volumes compare it with what their last FLUSH saw.
+    lost_syncs: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -68,6 +82,8 @@ struct FileDevice {
     punch_supported: AtomicBool,
     zero_range_supported: AtomicBool,
     seek_data_supported: AtomicBool,
+    /// `fallocate` without flags (block reservation) works here.
+    reserve_supported: AtomicBool,
 }
 
 /// RAM device: one lazily allocated buffer per extent, each behind its own lock, so reads of
@@ -159,11 +175,15 @@ impl Device {
                 punch_supported: AtomicBool::new(true),
                 zero_range_supported: AtomicBool::new(true),
                 seek_data_supported: AtomicBool::new(!is_block_device),
+                // A block device's blocks exist already.
+                reserve_supported: AtomicBool::new(!is_block_device),
             }),
             dirty: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             faults: OnceLock::new(),
             stats: DeviceCounters::default(),
+            errors_before_service: AtomicU64::new(0),
+            lost_syncs: AtomicU64::new(0),
         }
     }
 
@@ -178,6 +198,8 @@ impl Device {
             failed: AtomicBool::new(false),
             faults: OnceLock::new(),
             stats: DeviceCounters::default(),
+            errors_before_service: AtomicU64::new(0),
+            lost_syncs: AtomicU64::new(0),
         }
     }
 
@@ -197,6 +219,8 @@ impl Device {
             failed: AtomicBool::new(false),
             faults: OnceLock::new(),
             stats: DeviceCounters::default(),
+            errors_before_service: AtomicU64::new(0),
+            lost_syncs: AtomicU64::new(0),
         }
     }
 
@@ -218,13 +242,13 @@ impl Device {
     ) -> io::Result<T> {
         if self.is_memory() {
             let result = run();
-            self.stats.count(op, bytes, result.is_err());
+            self.stats.count(op, bytes, Outcome::of(&result));
             return result;
         }
         let start = Instant::now();
         let result = run();
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.stats.record(op, bytes, ns, result.is_err());
+        self.stats.record(op, bytes, ns, Outcome::of(&result));
         result
     }
 
@@ -243,6 +267,8 @@ impl Device {
             failed: AtomicBool::new(false),
             faults: OnceLock::new(),
             stats: DeviceCounters::default(),
+            errors_before_service: AtomicU64::new(0),
+            lost_syncs: AtomicU64::new(0),
         }
     }
 
@@ -290,7 +316,7 @@ impl Device {
         } else {
             DeviceOp::Read
         };
-        self.stats.record(op, bytes, ns, result.is_err());
+        self.stats.record(op, bytes, ns, Outcome::of(&result));
         result.map_err(|e| self.context(pos, e))
     }
 
@@ -318,6 +344,63 @@ impl Device {
         self.timed(DeviceOp::Punch, 0, || self.punch_untimed(ext, off, len))
     }
 
+    /// Zeroes `[off, off + len)` of allocated extent `ext` for a discard (TRIM, a releasing
+    /// WRITE_ZEROES, a shrink's tail): keeps the blocks reserved where it can (zero-range),
+    /// so a later write there needs no new space; where keeping them takes space the
+    /// filesystem does not have (a range that was a hole), it punches instead. Reads as zeros
+    /// afterwards either way.
+    pub(crate) fn clear(&self, ext: u32, off: u64, len: u64) -> io::Result<()> {
+        let Backend::File(f) = &self.backend else {
+            // RAM and RADOS have no blocks to keep: a partial punch is their zeroing.
+            return self.punch(ext, off, len);
+        };
+        let cleared = self.timed(DeviceOp::Zero, len, || {
+            let pos = self.check(ext, off, len)?;
+            // A discard, not a write: only a disappeared device fails it (as a punch).
+            self.inject(IoClass::Other, pos, len)?;
+            f.zero_range(pos, len).map_err(|e| self.context(pos, e))?;
+            self.mark_dirty();
+            Ok(())
+        });
+        match cleared {
+            Err(e) if is_no_space(&e) => self.punch(ext, off, len),
+            other => other,
+        }
+    }
+
+    /// Reserves the filesystem blocks of the whole of extent `ext` (a new allocation), so
+    /// writes into it cannot fail for want of space: `fallocate` without punching or
+    /// zeroing, with KEEP_SIZE, leaves the range unwritten (it reads as zeros, and what was
+    /// written there stays). ENOSPC when the filesystem has no room for it: the caller
+    /// gives the extent back. A no-op on block devices, RAM and RADOS, and where the
+    /// filesystem cannot preallocate (then later writes may still meet a full filesystem).
+    /// Not a fault-injection point. Marks the device dirty, so the commit that makes the
+    /// allocation durable syncs the reservation first.
+    pub(crate) fn reserve(&self, ext: u32) -> io::Result<()> {
+        let Backend::File(f) = &self.backend else {
+            return Ok(());
+        };
+        if !f.reserve_supported.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let pos = self.check(ext, 0, EXTENT_SIZE_BYTES)?;
+        self.timed(DeviceOp::Zero, 0, || {
+            match rustix::fs::fallocate(&f.file, FallocateFlags::KEEP_SIZE, pos, EXTENT_SIZE_BYTES)
+            {
+                Ok(()) => {
+                    self.mark_dirty();
+                    Ok(())
+                }
+                Err(e) if is_unsupported(e) => {
+                    tracing::warn!(device = %self.label, error = %e, "fallocate unsupported: extents are not reserved, so writes into them may meet a full filesystem");
+                    f.reserve_supported.store(false, Ordering::Relaxed);
+                    Ok(())
+                }
+                Err(e) => Err(self.context(pos, e.into())),
+            }
+        })
+    }
+
     /// Deallocates `count` whole extents starting at `first` (one call for a contiguous run).
     pub(crate) fn punch_extents(&self, first: u32, count: u32) -> io::Result<()> {
         self.timed(DeviceOp::Punch, 0, || {
@@ -333,6 +416,42 @@ impl Device {
     /// The device's operation counters.
     pub(crate) fn stats(&self) -> [crate::stats::DeviceOpStats; 5] {
         self.stats.snapshot()
+    }
+
+    /// Read and write errors (ENOSPC not included) since the device last entered service.
+    pub(crate) fn errors_in_service(&self) -> u64 {
+        self.stats
+            .read_write_errors()
+            .saturating_sub(self.errors_before_service.load(Ordering::Relaxed))
+    }
+
+    /// Syncs that failed with ENOSPC since the device started (a generation count).
+    pub(crate) fn lost_syncs(&self) -> u64 {
+        self.lost_syncs.load(Ordering::SeqCst)
+    }
+
+    /// Checks that a failed device answers again before it is returned to service: reads
+    /// its first 4 KiB and, for a file or block device, runs an `fdatasync` (which the
+    /// failed flag otherwise skips). Injected faults apply (a device gone stays gone).
+    pub(crate) fn probe(&self) -> io::Result<()> {
+        let mut buf = [0u8; 4096];
+        self.read(0, 0, &mut buf)?;
+        self.inject(IoClass::Sync, 0, 0)?;
+        match &self.backend {
+            Backend::File(f) => rustix::fs::fdatasync(&f.file).map_err(io::Error::from),
+            _ => Ok(()),
+        }
+    }
+
+    /// Returns a failed device to service (`Store::restore_device`, after its scrub): it is
+    /// synced, written and allocated on again, and its error count starts from zero. The
+    /// dirty flag is kept, so the next commit syncs what was written while it was failed.
+    pub(crate) fn restore(&self) {
+        self.errors_before_service
+            .store(self.stats.read_write_errors(), Ordering::Relaxed);
+        if self.failed.swap(false, Ordering::SeqCst) {
+            tracing::warn!(device = %self.label, "device returned to service");
+        }
     }
 
     /// Installs the fault rules scoped to this device; false if some were installed already.
@@ -650,7 +769,14 @@ impl Device {
                 Backend::Rados(_) => Ok(()),
             });
         result.map_err(|e| {
-            if !self.failed.swap(true, Ordering::SeqCst) {
+            // ENOSPC (XFS, btrfs, NFS, thin LVM can report it at writeback): the data of the
+            // writes this sync was to cover may be lost, as after any failed fsync, but the
+            // device is not broken. It stays in service; the volumes with data on it fail
+            // their next FLUSH (`lost_syncs`), and a later sync succeeds once there is space.
+            if is_no_space(&e) {
+                self.lost_syncs.fetch_add(1, Ordering::SeqCst);
+                tracing::warn!(device = %self.label, error = %e, "fdatasync failed with ENOSPC; unsynced writes may be lost, the device stays in service");
+            } else if !self.failed.swap(true, Ordering::SeqCst) {
                 tracing::error!(device = %self.label, error = %e, "fdatasync failed; device marked failed");
             }
             e

@@ -115,6 +115,21 @@ pub enum MetadataError {
     /// The records contradict each other (e.g. one physical extent mapped twice).
     #[error("metadata is inconsistent: {0}")]
     Corrupt(String),
+    /// The metadata database is not open: opening it again after an I/O error failed (the
+    /// next write tries again).
+    #[error("metadata database closed: {0}")]
+    Closed(String),
+    /// A metadata file is damaged (redb's integrity check failed, it is cut short, redb
+    /// panicked reading it, or it is missing beside its copy).
+    #[error(
+        "{path} is damaged: {detail}. Stop the server and run `headroom check --data-dir \
+         {data_dir} --repair`: it restores the file from its copy (meta-copy.redb)"
+    )]
+    Damaged {
+        path: String,
+        data_dir: String,
+        detail: String,
+    },
     /// The database was written by a build with another format or extent size.
     #[error("unsupported metadata format: {0}")]
     Unsupported(String),

@@ -67,6 +67,9 @@ pub struct FaultRule {
     pub eio_sync_permille: u32,
     /// Writes that fail with ENOSPC.
     pub enospc_write_permille: u32,
+    /// Syncs that fail with ENOSPC (a filesystem that reports a full disk at writeback, as
+    /// XFS, btrfs, NFS and thin LVM can): the FLUSH fails, the device stays in service.
+    pub enospc_sync_permille: u32,
     /// Writes fail with ENOSPC once this many bytes were written in scope (a full device).
     pub enospc_after_bytes: Option<u64>,
     /// Operations that take `latency_spike_ms` longer (they block their thread, as a slow
@@ -90,6 +93,7 @@ impl FaultRule {
             eio_write_permille: 0,
             eio_sync_permille: 0,
             enospc_write_permille: 0,
+            enospc_sync_permille: 0,
             enospc_after_bytes: None,
             latency_spike_permille: 0,
             latency_spike_ms: 0,
@@ -105,6 +109,7 @@ impl FaultRule {
             ("eio_write_permille", self.eio_write_permille),
             ("eio_sync_permille", self.eio_sync_permille),
             ("enospc_write_permille", self.enospc_write_permille),
+            ("enospc_sync_permille", self.enospc_sync_permille),
             ("latency_spike_permille", self.latency_spike_permille),
         ] {
             if value > 1000 {
@@ -117,6 +122,13 @@ impl FaultRule {
                 "eio_write_permille",
                 self.eio_write_permille,
                 "eio_write_permille + enospc_write_permille must be at most 1000",
+            ));
+        }
+        if self.eio_sync_permille + self.enospc_sync_permille > 1000 {
+            return Err(FaultConfigError::new(
+                "eio_sync_permille",
+                self.eio_sync_permille,
+                "eio_sync_permille + enospc_sync_permille must be at most 1000",
             ));
         }
         if self.latency_spike_ms > MAX_LATENCY_SPIKE_MS {
@@ -158,6 +170,7 @@ impl FaultRule {
             && self.eio_write_permille == 0
             && self.eio_sync_permille == 0
             && self.enospc_write_permille == 0
+            && self.enospc_sync_permille == 0
             && self.enospc_after_bytes.is_none()
             && self.latency_spike_permille == 0
             && self.disappear_after_ops.is_none()
@@ -353,7 +366,10 @@ impl ActiveRule {
                     None
                 }
             }
-            IoClass::Sync => (draw < r.eio_sync_permille).then_some(Fault::Eio),
+            IoClass::Sync if draw < r.eio_sync_permille => Some(Fault::Eio),
+            IoClass::Sync => {
+                (draw < r.eio_sync_permille + r.enospc_sync_permille).then_some(Fault::Enospc)
+            }
             IoClass::Other => None,
         };
         Some(decision)

@@ -15,6 +15,7 @@
 
 mod alloc;
 pub mod arbiter;
+pub mod check;
 mod config;
 mod device;
 mod device_admission;
@@ -26,6 +27,8 @@ mod layout;
 #[cfg(feature = "rados")]
 mod lease;
 mod meta;
+mod meta_file;
+mod meta_reserve;
 #[doc(hidden)]
 pub mod mutants;
 mod name;
@@ -54,12 +57,14 @@ pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENC
 pub use layout::{EXTENT_SIZE_BYTES, MAX_REPLICAS, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
 #[cfg(feature = "rados")]
 pub use lease::LEASE_LOST_EXIT_STATUS;
+pub use meta::CommitHealth;
+pub use meta_reserve::{DEFAULT_METADATA_RESERVE_BYTES, RESERVE_FILE};
 pub use name::{MAX_TENANT_ID_LEN, MAX_VOLUME_NAME_LEN, validate_tenant_id, validate_volume_name};
 pub use stats::{
     DeviceOp, DeviceOpStats, DeviceStats, LATENCY_FINITE_BUCKETS, LatencyHistogram,
     LatencySnapshot, latency_bucket,
 };
-pub use store::{DeviceInfo, NewVolume, PoolInfo, Store, TenantInfo};
+pub use store::{DeviceInfo, DeviceRestore, NewVolume, PoolInfo, Store, TenantInfo};
 pub use telemetry::{DeviceTelemetry, EWMA_ALPHA};
 pub use volume::{
     AioDone, AioRequest, Extent, PhysicalLocation, RebuildStep, ScrubReport, Volume, VolumeHealth,

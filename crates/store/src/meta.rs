@@ -37,13 +37,17 @@
 //! (device record fields): an older build would serve replica 0 only and count the other
 //! replicas' extents as free space, so do not downgrade a node with replicated volumes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, RwLock};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{MetadataError, StoreError};
 use crate::layout::{EXTENT_SIZE_BYTES, PhysExtent};
+use crate::meta_file::{CACHE_SIZE_BYTES, OpenFailure, copy_file, file_len, open_checked};
+use crate::meta_reserve::{Reserve, is_no_space};
+use crate::sync::{lock, read, write};
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const DEVICES: TableDefinition<u32, &str> = TableDefinition::new("devices");
@@ -63,8 +67,7 @@ pub(crate) const KEY_NEXT_VOLUME_ID: &str = "next_volume_id";
 pub(crate) const KEY_CLEAN: &str = "clean";
 pub(crate) const KEY_POOL_ID: &str = "pool_id";
 
-/// redb page cache; the hot path never reads redb, so it can stay small.
-const CACHE_SIZE_BYTES: usize = 32 << 20;
+pub(crate) const KEY_COMMIT_SEQ: &str = "commit_seq";
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DeviceRecord {
@@ -127,7 +130,7 @@ pub(crate) struct TenantRecord {
 }
 
 /// Everything stored, as loaded at open.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Loaded {
     pub next_volume_id: u64,
     /// The previous process shut down after committing everything and punching all frees.
@@ -174,15 +177,138 @@ pub(crate) enum MetaOp {
     FailDevice(u32),
     /// Records the pool's id (`KEY_POOL_ID`).
     SetPoolId(u64),
+    /// Clears `failed` in the record of device `id` (`Store::restore_device`).
+    RestoreDevice(u32),
 }
+
+/// Opens (again) the redb database of a `Meta`: the file, or another backend.
+pub(crate) type Opener = Box<dyn Fn() -> Result<Database, StoreError> + Send + Sync>;
 
 /// Where the metadata lives: redb (file and RAM stores, and RADOS stores of the first
 /// slice that kept `meta.redb`), or the omap of one RADOS object (`rados_meta.rs`).
-#[derive(Debug)]
+///
+/// After an I/O error redb refuses every later call on the handle (`PreviousIo`) until the
+/// database is opened again. So the handle can be replaced: a write that fails with an I/O
+/// error (or on a poisoned handle) drops the database, opens it again with `opener` (redb
+/// recovers the last committed state) and runs once more; an ENOSPC first releases the
+/// metadata reserve (`meta_reserve.rs`). `None` in `db` only after a reopen failed: the next
+/// write tries again.
 pub(crate) struct Meta {
-    db: Database,
+    db: RwLock<Option<Database>>,
+    /// How to open the database again; `None` (RAM) never reopens.
+    opener: Option<Opener>,
+    /// Space held back for metadata commits (file stores).
+    reserve: Option<Reserve>,
+    /// The second copy and the primary's path (file stores).
+    copy: Option<(Copy, PathBuf)>,
+    /// Why the last metadata write failed; `None` after a success.
+    last_error: Mutex<Option<String>>,
     #[cfg(feature = "rados")]
     rados: Option<crate::rados_meta::RadosMeta>,
+}
+
+impl std::fmt::Debug for Meta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meta")
+            .field("reopens", &self.opener.is_some())
+            .field("reserve", &self.reserve)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the metadata can be committed now (`Store::commit_health`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitHealth {
+    /// Why not, one sentence each; empty: commits work and the reserve is intact.
+    pub reasons: Vec<String>,
+}
+
+impl CommitHealth {
+    /// Metadata commits work and the reserve is intact.
+    pub fn is_ready(&self) -> bool {
+        self.reasons.is_empty()
+    }
+}
+
+/// Whether a redb failure leaves the handle unusable until it is opened again: an I/O error,
+/// a handle poisoned by an earlier one, or redb's own "reopen to repair" corruption report
+/// (a failed commit discards the allocator state).
+fn needs_reopen(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Metadata(MetadataError::Redb(
+            redb::Error::Io(_) | redb::Error::PreviousIo | redb::Error::Corrupted(_)
+        )) | StoreError::Metadata(MetadataError::Closed(_))
+    )
+}
+
+fn is_enospc(e: &StoreError) -> bool {
+    matches!(e, StoreError::Metadata(MetadataError::Redb(redb::Error::Io(io))) if is_no_space(io))
+}
+
+/// The error for a failed open of the metadata file at `path`.
+pub(crate) fn open_failure_err(path: &Path, f: OpenFailure) -> StoreError {
+    match f {
+        OpenFailure::Damaged(detail) => MetadataError::Damaged {
+            path: path.display().to_string(),
+            data_dir: path
+                .parent()
+                .unwrap_or(Path::new("."))
+                .display()
+                .to_string(),
+            detail,
+        }
+        .into(),
+        OpenFailure::Busy => MetadataError::Redb(redb::Error::DatabaseAlreadyOpen).into(),
+        OpenFailure::NoSpace(io) => MetadataError::Redb(redb::Error::Io(io)).into(),
+        OpenFailure::Other(detail) => {
+            MetadataError::Closed(format!("opening {}: {detail}", path.display())).into()
+        }
+    }
+}
+
+/// The second durable copy of the metadata (`meta-copy.redb`): every extent-map and
+/// management commit is applied to it after the primary, with the same commit number, so
+/// it is the primary's state or (after a crash between the two) one commit behind. A write
+/// to it that fails leaves it `stale`: the commit still counts (the primary has it; a FLUSH
+/// does not fail because the copy's disk did), the health names it, and the next commit
+/// rewrites the copy from the primary. Credit saves go to the primary only.
+struct Copy {
+    path: PathBuf,
+    db: RwLock<Option<Database>>,
+    stale: Mutex<Option<String>>,
+}
+
+impl Copy {
+    /// Rewrites the copy from the primary's file. `primary` is the primary's lock, held for
+    /// writing during the copy so that no transaction runs.
+    fn resync(
+        &self,
+        primary: &RwLock<Option<Database>>,
+        primary_path: &Path,
+    ) -> Result<(), String> {
+        let _quiet = write(primary);
+        let mut guard = write(&self.db);
+        drop(guard.take());
+        copy_file(primary_path, &self.path)
+            .map_err(|e| format!("copying {}: {e}", primary_path.display()))?;
+        let db = open_checked(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))?;
+        *guard = Some(db);
+        Ok(())
+    }
+}
+
+/// The commit number of the database (0 before the first commit of this build).
+fn commit_seq(db: &Database) -> Result<u64, StoreError> {
+    let txn = db.begin_read().map_err(redb_err)?;
+    match txn.open_table(META) {
+        Ok(t) => Ok(t
+            .get(KEY_COMMIT_SEQ)
+            .map_err(redb_err)?
+            .map_or(0, |v| v.value())),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+        Err(e) => Err(redb_err(e)),
+    }
 }
 
 #[cfg(feature = "rados")]
@@ -199,13 +325,91 @@ fn json_err(e: serde_json::Error) -> StoreError {
 }
 
 impl Meta {
-    pub(crate) fn open_file(path: &Path) -> Result<Meta, StoreError> {
-        let db = redb::Builder::new()
-            .set_cache_size(CACHE_SIZE_BYTES)
-            .create(path)
-            .map_err(redb_err)?;
+    /// `meta.redb` at `path`, with a metadata reserve of `reserve_bytes` in its directory
+    /// (0: none). The open runs inside the reserve: if it fails for want of space, the
+    /// reserve is released and the open tried once more, so a node starts on a full disk.
+    /// `meta.redb` at `path`, with a metadata reserve of `reserve_bytes` in its directory
+    /// (0: none) and, with `copy`, its second copy at that path. Every open runs redb's
+    /// integrity check (`meta_file.rs`): a damaged file is `MetadataError::Damaged`, never a
+    /// panic. The open runs inside the reserve: if it fails for want of space, the reserve
+    /// is released and the open tried once more, so a node starts on a full disk. The copy
+    /// is brought up to date from an intact primary (missing, damaged, or behind after a
+    /// crash between the two writes); a primary that is missing, empty or behind its copy
+    /// is refused (`headroom check --repair` restores it from the copy).
+    pub(crate) fn open_file(
+        path: &Path,
+        reserve_bytes: u64,
+        copy: Option<&Path>,
+    ) -> Result<Meta, StoreError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        if let Some(copy) = copy
+            && file_len(path) == 0
+            && file_len(copy) > 0
+        {
+            // redb would make an empty file a new, empty database.
+            return Err(open_failure_err(
+                path,
+                OpenFailure::Damaged(format!(
+                    "missing or empty while its copy {} holds metadata",
+                    copy.display()
+                )),
+            ));
+        }
+        let reserve = Reserve::open(dir, reserve_bytes);
+        let primary: PathBuf = path.to_path_buf();
+        let opener: Opener =
+            Box::new(move || open_checked(&primary).map_err(|f| open_failure_err(&primary, f)));
+        let mut meta = Meta::open_with(opener, Some(reserve))?;
+        let Some(copy_path) = copy else {
+            return Ok(meta);
+        };
+        let c = Copy {
+            path: copy_path.to_path_buf(),
+            db: RwLock::new(None),
+            stale: Mutex::new(None),
+        };
+        let primary_seq = meta.with_db(commit_seq)?;
+        let resync_why = match open_checked(copy_path) {
+            Ok(db) => {
+                let copy_seq = commit_seq(&db)?;
+                *write(&c.db) = Some(db);
+                if copy_seq > primary_seq {
+                    return Err(open_failure_err(
+                        path,
+                        OpenFailure::Damaged(format!(
+                            "it is at commit {primary_seq}, behind its copy {} at commit \
+                             {copy_seq}: it lost commits",
+                            copy_path.display()
+                        )),
+                    ));
+                }
+                (copy_seq < primary_seq)
+                    .then(|| format!("it is at commit {copy_seq}, the primary at {primary_seq}"))
+            }
+            Err(OpenFailure::Damaged(d)) => Some(format!("it is damaged ({d})")),
+            Err(e) => return Err(open_failure_err(copy_path, e)),
+        };
+        if let Some(why) = resync_why {
+            tracing::warn!(copy = %copy_path.display(), "rewriting the metadata copy from meta.redb: {why}");
+            c.resync(&meta.db, path).map_err(MetadataError::Closed)?;
+        }
+        meta.copy = Some((c, path.to_path_buf()));
+        Ok(meta)
+    }
+
+    /// The database that `opener` opens (and opens again after an I/O error), with an
+    /// optional reserve: the entry for redb on another `redb::StorageBackend`.
+    pub(crate) fn open_with(opener: Opener, reserve: Option<Reserve>) -> Result<Meta, StoreError> {
+        let db = match opener() {
+            Err(e) if is_enospc(&e) && reserve.as_ref().is_some_and(Reserve::release) => opener(),
+            other => other,
+        }?;
         Ok(Meta {
-            db,
+            db: RwLock::new(Some(db)),
+            opener: Some(opener),
+            reserve,
+            copy: None,
+            last_error: Mutex::new(None),
             #[cfg(feature = "rados")]
             rados: None,
         })
@@ -225,14 +429,20 @@ impl Meta {
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .map_err(redb_err)?;
         Ok(Meta {
-            db,
+            db: RwLock::new(Some(db)),
+            opener: None,
+            reserve: None,
+            copy: None,
+            last_error: Mutex::new(None),
             #[cfg(feature = "rados")]
             rados: None,
         })
     }
 
     /// Metadata in redb on a disk of a simulated pool (`sim_disk.rs`, the power-cut test):
-    /// the same database code as `meta.redb`, on storage that loses unsynced writes.
+    /// the same database code as `meta.redb`, on storage that loses unsynced writes. No
+    /// reopen after an I/O error (an error there only follows the simulated power cut), no
+    /// reserve and no copy.
     pub(crate) fn open_simulated(
         disk: std::sync::Arc<crate::sim_disk::SimDisk>,
     ) -> Result<Meta, StoreError> {
@@ -241,9 +451,134 @@ impl Meta {
             .create_with_backend(crate::sim_disk::SimBackend(disk))
             .map_err(redb_err)?;
         Ok(Meta {
-            db,
+            db: RwLock::new(Some(db)),
+            opener: None,
+            reserve: None,
+            copy: None,
+            last_error: Mutex::new(None),
             #[cfg(feature = "rados")]
             rados: None,
+        })
+    }
+
+    /// Runs `f` on the open database.
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let guard = read(&self.db);
+        match guard.as_ref() {
+            Some(db) => f(db),
+            None => Err(MetadataError::Closed(
+                "the metadata database could not be opened again after an I/O error".into(),
+            )
+            .into()),
+        }
+    }
+
+    /// Drops the database and opens it again (releasing the reserve and trying once more if
+    /// the open itself finds the disk full).
+    fn reopen(&self) -> Result<(), StoreError> {
+        let Some(opener) = &self.opener else {
+            return Ok(());
+        };
+        let mut guard = write(&self.db);
+        // The old handle must be closed first: it holds the file's lock.
+        drop(guard.take());
+        let db = match opener() {
+            Err(e) if is_enospc(&e) && self.reserve.as_ref().is_some_and(Reserve::release) => {
+                opener()
+            }
+            other => other,
+        }
+        .map_err(|e| MetadataError::Closed(format!("reopening the metadata database: {e}")))?;
+        *guard = Some(db);
+        tracing::warn!("metadata database reopened after an I/O error");
+        Ok(())
+    }
+
+    /// Runs the write `f`; on an I/O error (or a poisoned handle) releases the reserve if
+    /// the disk is full, reopens the database and runs `f` once more. Records the outcome
+    /// for `health`.
+    fn write_txn<T>(
+        &self,
+        f: impl Fn(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let result = match self.with_db(&f) {
+            Err(e) if needs_reopen(&e) && self.opener.is_some() => {
+                tracing::error!(error = %e, "metadata write failed; reopening the database");
+                if is_enospc(&e)
+                    && let Some(r) = &self.reserve
+                {
+                    r.release();
+                }
+                self.reopen().and_then(|()| self.with_db(&f))
+            }
+            other => other,
+        };
+        self.record(result.as_ref().err());
+        result
+    }
+
+    /// Remembers the outcome of a write; after a success, takes the reserve again if it was
+    /// released and there is room now.
+    fn record(&self, error: Option<&StoreError>) {
+        *lock(&self.last_error) = error.map(ToString::to_string);
+        if error.is_none()
+            && let Some(r) = &self.reserve
+            && !r.is_held()
+        {
+            r.try_establish();
+        }
+    }
+
+    /// Whether the metadata reserve was released (the disk filled) and not taken again: the
+    /// space it freed is the metadata's, so no new data extent is allocated meanwhile.
+    pub(crate) fn reserve_in_use(&self) -> bool {
+        self.reserve.as_ref().is_some_and(|r| !r.is_held())
+    }
+
+    /// Why metadata commits may not work now; empty if they do. With `probe`, a failed last
+    /// write or a released reserve is checked again first: an empty transaction is
+    /// committed (reopening a poisoned handle) and the reserve taken if there is room.
+    pub(crate) fn health(&self, probe: bool) -> CommitHealth {
+        let unhealthy =
+            lock(&self.last_error).is_some() || self.reserve.as_ref().is_some_and(|r| !r.is_held());
+        if probe && unhealthy {
+            let _ = self.probe();
+        }
+        let mut reasons = Vec::new();
+        if let Some(e) = lock(&self.last_error).as_ref() {
+            reasons.push(format!("metadata commits fail: {e}"));
+        }
+        if let Some(r) = &self.reserve
+            && !r.is_held()
+        {
+            reasons.push(format!(
+                "metadata reserve in use: the disk is full (the {}-byte reserve comes back once \
+                 twice that is free)",
+                r.size_bytes()
+            ));
+        }
+        if let Some((c, _)) = &self.copy
+            && let Some(e) = lock(&c.stale).as_ref()
+        {
+            reasons.push(format!(
+                "metadata copy out of date: {e} (rewritten from meta.redb at the next commit)"
+            ));
+        }
+        CommitHealth { reasons }
+    }
+
+    /// Commits an empty transaction (through the reopen and reserve logic of a write).
+    pub(crate) fn probe(&self) -> Result<(), StoreError> {
+        #[cfg(feature = "rados")]
+        if self.rados.is_some() {
+            return Ok(());
+        }
+        self.write_txn(|db| {
+            let txn = db.begin_write().map_err(redb_err)?;
+            txn.commit().map_err(redb_err)
         })
     }
 
@@ -253,90 +588,7 @@ impl Meta {
         if let Some(r) = &self.rados {
             return r.load();
         }
-        let txn = self.db.begin_read().map_err(redb_err)?;
-        let meta = match txn.open_table(META) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(redb_err(e)),
-        };
-        let get = |k: &str| -> Result<Option<u64>, StoreError> {
-            Ok(meta.get(k).map_err(redb_err)?.map(|v| v.value()))
-        };
-        let Some(format) = get(KEY_FORMAT)? else {
-            return Ok(None);
-        };
-        if format != FORMAT_VERSION {
-            return Err(MetadataError::Unsupported(format!(
-                "format version {format}, this build reads {FORMAT_VERSION}"
-            ))
-            .into());
-        }
-        let extent_size = get(KEY_EXTENT_SIZE)?.unwrap_or(0);
-        if extent_size != EXTENT_SIZE_BYTES {
-            return Err(MetadataError::Unsupported(format!(
-                "extent size {extent_size}, this build uses {EXTENT_SIZE_BYTES}"
-            ))
-            .into());
-        }
-        let mut loaded = Loaded {
-            next_volume_id: get(KEY_NEXT_VOLUME_ID)?.unwrap_or(1),
-            clean: get(KEY_CLEAN)? == Some(1),
-            pool_id: get(KEY_POOL_ID)?,
-            ..Loaded::default()
-        };
-        let devices = txn.open_table(DEVICES).map_err(redb_err)?;
-        for row in devices.iter().map_err(redb_err)? {
-            let (k, v) = row.map_err(redb_err)?;
-            let rec: DeviceRecord = serde_json::from_str(v.value()).map_err(json_err)?;
-            loaded.devices.push((k.value(), rec));
-        }
-        let volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
-        for row in volumes.iter().map_err(redb_err)? {
-            let (k, v) = row.map_err(redb_err)?;
-            let rec: VolumeRecord = serde_json::from_str(v.value()).map_err(json_err)?;
-            loaded.volumes.push((k.value(), rec));
-        }
-        match txn.open_table(TENANTS) {
-            Ok(tenants) => {
-                for row in tenants.iter().map_err(redb_err)? {
-                    let (k, v) = row.map_err(redb_err)?;
-                    let rec: TenantRecord = serde_json::from_str(v.value()).map_err(json_err)?;
-                    loaded.tenants.push((k.value().to_string(), rec));
-                }
-            }
-            Err(redb::TableError::TableDoesNotExist(_)) => {}
-            Err(e) => return Err(redb_err(e)),
-        }
-        let extents = txn.open_table(EXTENTS).map_err(redb_err)?;
-        for row in extents.iter().map_err(redb_err)? {
-            let (k, v) = row.map_err(redb_err)?;
-            let (volume_id, extent) = k.value();
-            loaded
-                .extents
-                .push((volume_id, extent, PhysExtent::from_db(v.value())));
-        }
-        match txn.open_table(REPLICA_EXTENTS) {
-            Ok(rows) => {
-                for row in rows.iter().map_err(redb_err)? {
-                    let (k, v) = row.map_err(redb_err)?;
-                    let (volume_id, replica, extent) = k.value();
-                    let replica = u8::try_from(replica).map_err(|_| {
-                        MetadataError::Corrupt(format!(
-                            "volume {volume_id} has a row of replica {replica}"
-                        ))
-                    })?;
-                    loaded.replica_extents.push((
-                        volume_id,
-                        replica,
-                        extent,
-                        PhysExtent::from_db(v.value()),
-                    ));
-                }
-            }
-            Err(redb::TableError::TableDoesNotExist(_)) => {}
-            Err(e) => return Err(redb_err(e)),
-        }
-        Ok(Some(loaded))
+        self.with_db(load_db)
     }
 
     /// Applies `changes` in order, then `ops`, in one transaction committed with immediate
@@ -350,118 +602,25 @@ impl Meta {
         if let Some(r) = &self.rados {
             return r.commit(changes, ops);
         }
-        let txn = self.db.begin_write().map_err(redb_err)?;
-        {
-            let mut meta = txn.open_table(META).map_err(redb_err)?;
-            let mut devices = txn.open_table(DEVICES).map_err(redb_err)?;
-            let mut volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
-            let mut extents = txn.open_table(EXTENTS).map_err(redb_err)?;
-            let mut credits = txn.open_table(CREDITS).map_err(redb_err)?;
-            let mut tenants = txn.open_table(TENANTS).map_err(redb_err)?;
-            let mut replica_extents = txn.open_table(REPLICA_EXTENTS).map_err(redb_err)?;
-            for c in changes {
-                match *c {
-                    ExtentChange::Map {
-                        volume_id,
-                        replica: 0,
-                        extent,
-                        phys,
-                    } => {
-                        extents
-                            .insert((volume_id, extent), phys.to_db())
-                            .map_err(redb_err)?;
-                    }
-                    ExtentChange::Map {
-                        volume_id,
-                        replica,
-                        extent,
-                        phys,
-                    } => {
-                        replica_extents
-                            .insert((volume_id, u64::from(replica), extent), phys.to_db())
-                            .map_err(redb_err)?;
-                    }
-                    ExtentChange::Unmap {
-                        volume_id,
-                        replica: 0,
-                        extent,
-                    } => {
-                        extents.remove((volume_id, extent)).map_err(redb_err)?;
-                    }
-                    ExtentChange::Unmap {
-                        volume_id,
-                        replica,
-                        extent,
-                    } => {
-                        replica_extents
-                            .remove((volume_id, u64::from(replica), extent))
-                            .map_err(redb_err)?;
+        self.write_txn(|db| commit_db(db, changes, ops))?;
+        if let Some((c, primary_path)) = &self.copy {
+            let stale = lock(&c.stale).clone();
+            let result = match stale {
+                Some(_) => c.resync(&self.db, primary_path),
+                None => {
+                    let guard = read(&c.db);
+                    match guard.as_ref() {
+                        Some(db) => commit_db(db, changes, ops).map_err(|e| e.to_string()),
+                        None => Err("the copy is not open".into()),
                     }
                 }
+            };
+            if let Err(e) = &result {
+                tracing::error!(copy = %c.path.display(), error = %e, "metadata copy not updated; it is rewritten at the next commit");
             }
-            for op in ops {
-                match op {
-                    MetaOp::Init => {
-                        meta.insert(KEY_FORMAT, FORMAT_VERSION).map_err(redb_err)?;
-                        meta.insert(KEY_EXTENT_SIZE, EXTENT_SIZE_BYTES)
-                            .map_err(redb_err)?;
-                        meta.insert(KEY_NEXT_VOLUME_ID, 1).map_err(redb_err)?;
-                    }
-                    MetaOp::PutDevice(id, rec) => {
-                        let json = serde_json::to_string(rec).map_err(json_err)?;
-                        devices.insert(*id, json.as_str()).map_err(redb_err)?;
-                    }
-                    MetaOp::PutVolume(id, rec) => {
-                        let json = serde_json::to_string(rec).map_err(json_err)?;
-                        volumes.insert(*id, json.as_str()).map_err(redb_err)?;
-                    }
-                    MetaOp::DeleteVolume(id) => {
-                        volumes.remove(*id).map_err(redb_err)?;
-                        credits.remove(*id).map_err(redb_err)?;
-                        extents
-                            .retain_in((*id, 0u64)..=(*id, u64::MAX), |_, _| false)
-                            .map_err(redb_err)?;
-                        replica_extents
-                            .retain_in((*id, 0u64, 0u64)..=(*id, u64::MAX, u64::MAX), |_, _| false)
-                            .map_err(redb_err)?;
-                    }
-                    MetaOp::SetNextVolumeId(n) => {
-                        meta.insert(KEY_NEXT_VOLUME_ID, *n).map_err(redb_err)?;
-                    }
-                    MetaOp::SetClean(clean) => {
-                        meta.insert(KEY_CLEAN, u64::from(*clean))
-                            .map_err(redb_err)?;
-                    }
-                    MetaOp::SetPoolId(id) => {
-                        meta.insert(KEY_POOL_ID, *id).map_err(redb_err)?;
-                    }
-                    MetaOp::PutTenant(id, rec) => {
-                        let json = serde_json::to_string(rec).map_err(json_err)?;
-                        tenants
-                            .insert(id.as_str(), json.as_str())
-                            .map_err(redb_err)?;
-                    }
-                    MetaOp::DeleteTenant(id) => {
-                        tenants.remove(id.as_str()).map_err(redb_err)?;
-                    }
-                    MetaOp::FailDevice(id) => {
-                        let json = devices
-                            .get(*id)
-                            .map_err(redb_err)?
-                            .map(|v| v.value().to_string())
-                            .ok_or_else(|| {
-                                MetadataError::Corrupt(format!("no record of device {id}"))
-                            })?;
-                        let mut rec: DeviceRecord =
-                            serde_json::from_str(&json).map_err(json_err)?;
-                        rec.failed = true;
-                        let json = serde_json::to_string(&rec).map_err(json_err)?;
-                        devices.insert(*id, json.as_str()).map_err(redb_err)?;
-                    }
-                }
-            }
+            *lock(&c.stale) = result.err();
         }
-        txn.commit().map_err(redb_err)
+        Ok(())
     }
 
     /// Upserts the state row of every listed volume that still exists, in one transaction
@@ -478,23 +637,7 @@ impl Meta {
         if let Some(r) = &self.rados {
             return r.save_states(states);
         }
-        let mut txn = self.db.begin_write().map_err(redb_err)?;
-        txn.set_durability(Durability::Immediate)
-            .map_err(redb_err)?;
-        let mut saved = 0;
-        {
-            let volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
-            let mut credits = txn.open_table(CREDITS).map_err(redb_err)?;
-            for (id, bytes) in states {
-                if volumes.get(*id).map_err(redb_err)?.is_none() {
-                    continue;
-                }
-                credits.insert(*id, bytes.as_slice()).map_err(redb_err)?;
-                saved += 1;
-            }
-        }
-        txn.commit().map_err(redb_err)?;
-        Ok(saved)
+        self.write_txn(|db| save_states_db(db, states))
     }
 
     /// Every state row of an existing volume, by volume id. (Rows of unknown volumes exist
@@ -505,23 +648,259 @@ impl Meta {
         if let Some(r) = &self.rados {
             return r.load_states();
         }
-        let txn = self.db.begin_read().map_err(redb_err)?;
-        let credits = match txn.open_table(CREDITS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(redb_err(e)),
-        };
-        let volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
-        let mut out = Vec::new();
-        for row in credits.iter().map_err(redb_err)? {
-            let (k, v) = row.map_err(redb_err)?;
-            let id = k.value();
-            if volumes.get(id).map_err(redb_err)?.is_some() {
-                out.push((id, v.value().to_vec()));
+        self.with_db(load_states_db)
+    }
+}
+
+/// Everything stored in `db` and its commit number (`headroom check`).
+pub(crate) fn load_loaded(db: &Database) -> Result<(Option<Loaded>, u64), StoreError> {
+    Ok((load_db(db)?, commit_seq(db)?))
+}
+
+fn load_db(db: &Database) -> Result<Option<Loaded>, StoreError> {
+    let txn = db.begin_read().map_err(redb_err)?;
+    let meta = match txn.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(redb_err(e)),
+    };
+    let get = |k: &str| -> Result<Option<u64>, StoreError> {
+        Ok(meta.get(k).map_err(redb_err)?.map(|v| v.value()))
+    };
+    let Some(format) = get(KEY_FORMAT)? else {
+        return Ok(None);
+    };
+    if format != FORMAT_VERSION {
+        return Err(MetadataError::Unsupported(format!(
+            "format version {format}, this build reads {FORMAT_VERSION}"
+        ))
+        .into());
+    }
+    let extent_size = get(KEY_EXTENT_SIZE)?.unwrap_or(0);
+    if extent_size != EXTENT_SIZE_BYTES {
+        return Err(MetadataError::Unsupported(format!(
+            "extent size {extent_size}, this build uses {EXTENT_SIZE_BYTES}"
+        ))
+        .into());
+    }
+    let mut loaded = Loaded {
+        next_volume_id: get(KEY_NEXT_VOLUME_ID)?.unwrap_or(1),
+        clean: get(KEY_CLEAN)? == Some(1),
+        pool_id: get(KEY_POOL_ID)?,
+        ..Loaded::default()
+    };
+    let devices = txn.open_table(DEVICES).map_err(redb_err)?;
+    for row in devices.iter().map_err(redb_err)? {
+        let (k, v) = row.map_err(redb_err)?;
+        let rec: DeviceRecord = serde_json::from_str(v.value()).map_err(json_err)?;
+        loaded.devices.push((k.value(), rec));
+    }
+    let volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
+    for row in volumes.iter().map_err(redb_err)? {
+        let (k, v) = row.map_err(redb_err)?;
+        let rec: VolumeRecord = serde_json::from_str(v.value()).map_err(json_err)?;
+        loaded.volumes.push((k.value(), rec));
+    }
+    match txn.open_table(TENANTS) {
+        Ok(tenants) => {
+            for row in tenants.iter().map_err(redb_err)? {
+                let (k, v) = row.map_err(redb_err)?;
+                let rec: TenantRecord = serde_json::from_str(v.value()).map_err(json_err)?;
+                loaded.tenants.push((k.value().to_string(), rec));
             }
         }
-        Ok(out)
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(redb_err(e)),
     }
+    let extents = txn.open_table(EXTENTS).map_err(redb_err)?;
+    for row in extents.iter().map_err(redb_err)? {
+        let (k, v) = row.map_err(redb_err)?;
+        let (volume_id, extent) = k.value();
+        loaded
+            .extents
+            .push((volume_id, extent, PhysExtent::from_db(v.value())));
+    }
+    match txn.open_table(REPLICA_EXTENTS) {
+        Ok(rows) => {
+            for row in rows.iter().map_err(redb_err)? {
+                let (k, v) = row.map_err(redb_err)?;
+                let (volume_id, replica, extent) = k.value();
+                let replica = u8::try_from(replica).map_err(|_| {
+                    MetadataError::Corrupt(format!(
+                        "volume {volume_id} has a row of replica {replica}"
+                    ))
+                })?;
+                loaded.replica_extents.push((
+                    volume_id,
+                    replica,
+                    extent,
+                    PhysExtent::from_db(v.value()),
+                ));
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(redb_err(e)),
+    }
+    Ok(Some(loaded))
+}
+
+fn commit_db(db: &Database, changes: &[ExtentChange], ops: &[MetaOp]) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(redb_err)?;
+    {
+        let mut meta = txn.open_table(META).map_err(redb_err)?;
+        let mut devices = txn.open_table(DEVICES).map_err(redb_err)?;
+        let mut volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
+        let mut extents = txn.open_table(EXTENTS).map_err(redb_err)?;
+        let mut credits = txn.open_table(CREDITS).map_err(redb_err)?;
+        let mut tenants = txn.open_table(TENANTS).map_err(redb_err)?;
+        let mut replica_extents = txn.open_table(REPLICA_EXTENTS).map_err(redb_err)?;
+        // Numbers the commit in this file; the copy gets the same number (`Copy`).
+        let seq = meta
+            .get(KEY_COMMIT_SEQ)
+            .map_err(redb_err)?
+            .map_or(0, |v| v.value());
+        meta.insert(KEY_COMMIT_SEQ, seq + 1).map_err(redb_err)?;
+        for c in changes {
+            match *c {
+                ExtentChange::Map {
+                    volume_id,
+                    replica: 0,
+                    extent,
+                    phys,
+                } => {
+                    extents
+                        .insert((volume_id, extent), phys.to_db())
+                        .map_err(redb_err)?;
+                }
+                ExtentChange::Map {
+                    volume_id,
+                    replica,
+                    extent,
+                    phys,
+                } => {
+                    replica_extents
+                        .insert((volume_id, u64::from(replica), extent), phys.to_db())
+                        .map_err(redb_err)?;
+                }
+                ExtentChange::Unmap {
+                    volume_id,
+                    replica: 0,
+                    extent,
+                } => {
+                    extents.remove((volume_id, extent)).map_err(redb_err)?;
+                }
+                ExtentChange::Unmap {
+                    volume_id,
+                    replica,
+                    extent,
+                } => {
+                    replica_extents
+                        .remove((volume_id, u64::from(replica), extent))
+                        .map_err(redb_err)?;
+                }
+            }
+        }
+        for op in ops {
+            match op {
+                MetaOp::Init => {
+                    meta.insert(KEY_FORMAT, FORMAT_VERSION).map_err(redb_err)?;
+                    meta.insert(KEY_EXTENT_SIZE, EXTENT_SIZE_BYTES)
+                        .map_err(redb_err)?;
+                    meta.insert(KEY_NEXT_VOLUME_ID, 1).map_err(redb_err)?;
+                }
+                MetaOp::PutDevice(id, rec) => {
+                    let json = serde_json::to_string(rec).map_err(json_err)?;
+                    devices.insert(*id, json.as_str()).map_err(redb_err)?;
+                }
+                MetaOp::PutVolume(id, rec) => {
+                    let json = serde_json::to_string(rec).map_err(json_err)?;
+                    volumes.insert(*id, json.as_str()).map_err(redb_err)?;
+                }
+                MetaOp::DeleteVolume(id) => {
+                    volumes.remove(*id).map_err(redb_err)?;
+                    credits.remove(*id).map_err(redb_err)?;
+                    extents
+                        .retain_in((*id, 0u64)..=(*id, u64::MAX), |_, _| false)
+                        .map_err(redb_err)?;
+                    replica_extents
+                        .retain_in((*id, 0u64, 0u64)..=(*id, u64::MAX, u64::MAX), |_, _| false)
+                        .map_err(redb_err)?;
+                }
+                MetaOp::SetNextVolumeId(n) => {
+                    meta.insert(KEY_NEXT_VOLUME_ID, *n).map_err(redb_err)?;
+                }
+                MetaOp::SetClean(clean) => {
+                    meta.insert(KEY_CLEAN, u64::from(*clean))
+                        .map_err(redb_err)?;
+                }
+                MetaOp::SetPoolId(id) => {
+                    meta.insert(KEY_POOL_ID, *id).map_err(redb_err)?;
+                }
+                MetaOp::PutTenant(id, rec) => {
+                    let json = serde_json::to_string(rec).map_err(json_err)?;
+                    tenants
+                        .insert(id.as_str(), json.as_str())
+                        .map_err(redb_err)?;
+                }
+                MetaOp::DeleteTenant(id) => {
+                    tenants.remove(id.as_str()).map_err(redb_err)?;
+                }
+                MetaOp::FailDevice(id) | MetaOp::RestoreDevice(id) => {
+                    let json = devices
+                        .get(*id)
+                        .map_err(redb_err)?
+                        .map(|v| v.value().to_string())
+                        .ok_or_else(|| {
+                            MetadataError::Corrupt(format!("no record of device {id}"))
+                        })?;
+                    let mut rec: DeviceRecord = serde_json::from_str(&json).map_err(json_err)?;
+                    rec.failed = matches!(op, MetaOp::FailDevice(_));
+                    let json = serde_json::to_string(&rec).map_err(json_err)?;
+                    devices.insert(*id, json.as_str()).map_err(redb_err)?;
+                }
+            }
+        }
+    }
+    txn.commit().map_err(redb_err)
+}
+
+fn save_states_db(db: &Database, states: &[(u64, Vec<u8>)]) -> Result<usize, StoreError> {
+    let mut txn = db.begin_write().map_err(redb_err)?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(redb_err)?;
+    let mut saved = 0;
+    {
+        let volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
+        let mut credits = txn.open_table(CREDITS).map_err(redb_err)?;
+        for (id, bytes) in states {
+            if volumes.get(*id).map_err(redb_err)?.is_none() {
+                continue;
+            }
+            credits.insert(*id, bytes.as_slice()).map_err(redb_err)?;
+            saved += 1;
+        }
+    }
+    txn.commit().map_err(redb_err)?;
+    Ok(saved)
+}
+
+fn load_states_db(db: &Database) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+    let txn = db.begin_read().map_err(redb_err)?;
+    let credits = match txn.open_table(CREDITS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(redb_err(e)),
+    };
+    let volumes = txn.open_table(VOLUMES).map_err(redb_err)?;
+    let mut out = Vec::new();
+    for row in credits.iter().map_err(redb_err)? {
+        let (k, v) = row.map_err(redb_err)?;
+        let id = k.value();
+        if volumes.get(id).map_err(redb_err)?.is_some() {
+            out.push((id, v.value().to_vec()));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -605,7 +984,8 @@ mod tests {
         let m = Meta::open_memory().unwrap();
         {
             // A database written by a build before the `qos` field and the `credits` table.
-            let txn = m.db.begin_write().unwrap();
+            let guard = m.db.read().unwrap();
+            let txn = guard.as_ref().unwrap().begin_write().unwrap();
             {
                 let mut meta = txn.open_table(META).unwrap();
                 meta.insert(KEY_FORMAT, FORMAT_VERSION).unwrap();
@@ -657,5 +1037,217 @@ mod tests {
         m.commit(&[], &[MetaOp::Init, MetaOp::PutVolume(5, rec.clone())])
             .unwrap();
         assert_eq!(m.load().unwrap().unwrap().volumes, vec![(5, rec)]);
+    }
+
+    /// A file backend whose writes, syncs and length changes fail with `errno` while it is set.
+    #[derive(Debug)]
+    struct FailingBackend {
+        inner: redb::backends::FileBackend,
+        errno: std::sync::Arc<std::sync::atomic::AtomicI32>,
+    }
+
+    impl FailingBackend {
+        fn check(&self) -> std::io::Result<()> {
+            match self.errno.load(std::sync::atomic::Ordering::SeqCst) {
+                0 => Ok(()),
+                e => Err(std::io::Error::from_raw_os_error(e)),
+            }
+        }
+    }
+
+    impl redb::StorageBackend for FailingBackend {
+        fn len(&self) -> std::io::Result<u64> {
+            self.inner.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            self.inner.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.write(offset, data)
+        }
+        fn close(&self) -> std::io::Result<()> {
+            self.inner.close()
+        }
+    }
+
+    /// A `Meta` on `FailingBackend` over `dir/meta.redb`, and its error switch.
+    fn failing_meta(
+        dir: &Path,
+        reserve: Option<Reserve>,
+    ) -> (Meta, std::sync::Arc<std::sync::atomic::AtomicI32>) {
+        let errno = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let path = dir.join("meta.redb");
+        let e = errno.clone();
+        let opener: Opener = Box::new(move || {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)?;
+            redb::Builder::new()
+                .create_with_backend(FailingBackend {
+                    inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
+                    errno: e.clone(),
+                })
+                .map_err(redb_err)
+        });
+        (Meta::open_with(opener, reserve).unwrap(), errno)
+    }
+
+    fn map(volume_id: u64, extent: u64) -> ExtentChange {
+        ExtentChange::Map {
+            volume_id,
+            replica: 0,
+            extent,
+            phys: PhysExtent {
+                device: 0,
+                index: extent as u32,
+            },
+        }
+    }
+
+    /// An I/O error poisons redb's handle (`PreviousIo` on every later call); the next commit
+    /// reopens the database and goes through, without a restart, and health says so.
+    #[test]
+    fn poisoned_handle_is_reopened_and_the_commit_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, errno) = failing_meta(dir.path(), None);
+        m.commit(&[map(1, 0)], &[MetaOp::Init]).unwrap();
+        assert!(m.health(false).is_ready());
+        // Fails now: the first attempt and the retry on a reopened handle.
+        errno.store(
+            rustix::io::Errno::IO.raw_os_error(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        let e = m.commit(&[map(1, 1)], &[]).unwrap_err();
+        assert!(needs_reopen(&e), "{e}");
+        let h = m.health(false);
+        assert!(
+            h.reasons.len() == 1 && h.reasons[0].starts_with("metadata commits fail: "),
+            "{h:?}"
+        );
+        // The device recovers: the very next commit works (redb alone would answer
+        // PreviousIo until a restart) and nothing committed before is lost.
+        errno.store(0, std::sync::atomic::Ordering::SeqCst);
+        m.commit(&[map(1, 2)], &[]).unwrap();
+        assert!(m.health(false).is_ready());
+        let l = m.load().unwrap().unwrap();
+        let extents: Vec<u64> = l.extents.iter().map(|r| r.1).collect();
+        assert_eq!(extents, vec![0, 2]);
+        // A probe alone (no commit) also brings health back after a failure.
+        errno.store(
+            rustix::io::Errno::IO.raw_os_error(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        assert!(m.save_states(&[(1, vec![1])]).is_err());
+        assert!(!m.health(true).is_ready());
+        errno.store(0, std::sync::atomic::Ordering::SeqCst);
+        assert!(m.health(true).is_ready());
+    }
+
+    /// The handle is poisoned by one failed write: the failure is a one-off (a transient
+    /// EIO), and the retry inside the same commit on the reopened handle succeeds.
+    #[test]
+    fn a_one_off_io_error_is_retried_within_the_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let errno = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let path = dir.path().join("meta.redb");
+        let e = errno.clone();
+        let opens = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let o = opens.clone();
+        let opener: Opener = Box::new(move || {
+            // Every open clears the error: the fault lasted one attempt.
+            o.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            e.store(0, std::sync::atomic::Ordering::SeqCst);
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)?;
+            redb::Builder::new()
+                .create_with_backend(FailingBackend {
+                    inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
+                    errno: e.clone(),
+                })
+                .map_err(redb_err)
+        });
+        let m = Meta::open_with(opener, None).unwrap();
+        m.commit(&[], &[MetaOp::Init]).unwrap();
+        errno.store(
+            rustix::io::Errno::IO.raw_os_error(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        m.commit(&[map(1, 0)], &[]).unwrap();
+        assert_eq!(
+            opens.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "reopened once"
+        );
+        assert_eq!(m.load().unwrap().unwrap().extents.len(), 1);
+        assert!(m.health(false).is_ready());
+    }
+
+    /// ENOSPC: the reserve is released, the commit goes through on the reopened handle, and
+    /// health names the reserve until it is taken again.
+    #[test]
+    fn enospc_releases_the_reserve_and_the_commit_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let reserve = Reserve::open(dir.path(), 1 << 20);
+        assert!(reserve.is_held());
+        let errno = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let path = dir.path().join("meta.redb");
+        let e = errno.clone();
+        let reserve_path = dir.path().join(crate::meta_reserve::RESERVE_FILE);
+        let opener: Opener = Box::new(move || {
+            // The disk is full while the reserve holds its blocks.
+            let held = std::fs::metadata(&reserve_path).map_or(0, |m| {
+                use std::os::unix::fs::MetadataExt;
+                m.blocks()
+            }) > 0;
+            e.store(
+                if held {
+                    rustix::io::Errno::NOSPC.raw_os_error()
+                } else {
+                    0
+                },
+                std::sync::atomic::Ordering::SeqCst,
+            );
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)?;
+            redb::Builder::new()
+                .create_with_backend(FailingBackend {
+                    inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
+                    errno: e.clone(),
+                })
+                .map_err(redb_err)
+        });
+        let m = Meta::open_with(opener, Some(reserve)).unwrap();
+        // The open itself hit the full disk (a fresh file is written at creation), released
+        // the reserve and went on.
+        let h = m.health(false);
+        assert!(
+            h.reasons.len() == 1 && h.reasons[0].starts_with("metadata reserve in use"),
+            "{h:?}"
+        );
+        m.commit(&[map(1, 0)], &[MetaOp::Init]).unwrap();
+        assert_eq!(m.load().unwrap().unwrap().extents.len(), 1);
+        // This disk has room: the successful commit took the reserve again.
+        assert!(m.health(false).is_ready());
+        assert!(m.reserve.as_ref().unwrap().is_held());
     }
 }

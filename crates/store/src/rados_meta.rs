@@ -252,9 +252,9 @@ impl RadosMeta {
                 ),
                 MetaOp::DeleteTenant(id) => p.rm(format!("t.{id}").into_bytes()),
                 // The store refuses to fail the one device of a RADOS pool.
-                MetaOp::FailDevice(id) => {
+                MetaOp::FailDevice(id) | MetaOp::RestoreDevice(id) => {
                     return Err(corrupt(format!(
-                        "device {id}: a RADOS store does not fail its device"
+                        "device {id}: a RADOS store does not fail or restore its device"
                     )));
                 }
             }

@@ -7,6 +7,10 @@
 //!
 //! Cost: recording is one relaxed `fetch_add` per bucket, per sum and (on failure) per error
 //! counter, plus the two clock reads that time the operation; no lock, no allocation.
+//!
+//! A full filesystem is not a broken device: an operation that failed with ENOSPC is counted
+//! in `no_space`, not in `errors`, so nothing that judges a device by its errors (the node's
+//! rebuild task fails a device after `fail_device_after_errors`) counts a full disk.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -85,7 +89,8 @@ impl LatencyHistogram {
 pub enum DeviceOp {
     Read,
     Write,
-    /// Zeroing that keeps the space (WRITE_ZEROES with NO_HOLE).
+    /// Zeroing that keeps the space (WRITE_ZEROES with NO_HOLE, a discard of part of an
+    /// extent) and the reservation of a new extent's blocks.
     Zero,
     /// Deallocation (TRIM, WRITE_ZEROES, releases of whole extents).
     Punch,
@@ -114,10 +119,38 @@ impl DeviceOp {
     }
 }
 
+/// How one device operation ended, as counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Done,
+    /// ENOSPC: the filesystem under a device file is full (not a device error).
+    NoSpace,
+    /// Any other error.
+    Failed,
+}
+
+impl Outcome {
+    /// The outcome of an operation that returned `result`.
+    pub(crate) fn of<T>(result: &std::io::Result<T>) -> Outcome {
+        match result {
+            Ok(_) => Outcome::Done,
+            Err(e) if is_no_space(e) => Outcome::NoSpace,
+            Err(_) => Outcome::Failed,
+        }
+    }
+}
+
+/// Whether `e` is ENOSPC (a full filesystem, real or injected), which is not a device error.
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull
+}
+
 /// Counters of one operation on one device. Operations = histogram count + untimed.
 #[derive(Debug, Default)]
 pub(crate) struct DeviceOpCounters {
     errors: AtomicU64,
+    /// Operations that failed with ENOSPC (not in `errors`).
+    no_space: AtomicU64,
     /// Bytes the operations moved (read, written or zeroed).
     bytes: AtomicU64,
     /// Operations counted without a duration (RAM devices).
@@ -132,26 +165,35 @@ pub(crate) struct DeviceCounters {
 }
 
 impl DeviceCounters {
-    /// Records one operation of `bytes` that took `ns` and failed or not.
+    /// Records one operation of `bytes` that took `ns` and ended as `outcome`.
     #[inline]
-    pub(crate) fn record(&self, op: DeviceOp, bytes: u64, ns: u64, failed: bool) {
+    pub(crate) fn record(&self, op: DeviceOp, bytes: u64, ns: u64, outcome: Outcome) {
         let c = &self.ops[op as usize];
         c.latency.record(ns);
         c.bytes.fetch_add(bytes, Ordering::Relaxed);
-        if failed {
-            c.errors.fetch_add(1, Ordering::Relaxed);
-        }
+        c.count_outcome(outcome);
     }
 
     /// Counts one operation of `bytes` without timing it.
     #[inline]
-    pub(crate) fn count(&self, op: DeviceOp, bytes: u64, failed: bool) {
+    pub(crate) fn count(&self, op: DeviceOp, bytes: u64, outcome: Outcome) {
         let c = &self.ops[op as usize];
         c.untimed.fetch_add(1, Ordering::Relaxed);
         c.bytes.fetch_add(bytes, Ordering::Relaxed);
-        if failed {
-            c.errors.fetch_add(1, Ordering::Relaxed);
-        }
+        c.count_outcome(outcome);
+    }
+
+    /// Read and write errors (ENOSPC not included) since the device started: what the
+    /// rebuild task's `fail_device_after_errors` counts.
+    pub(crate) fn read_write_errors(&self) -> u64 {
+        self.ops[DeviceOp::Read as usize]
+            .errors
+            .load(Ordering::Relaxed)
+            .saturating_add(
+                self.ops[DeviceOp::Write as usize]
+                    .errors
+                    .load(Ordering::Relaxed),
+            )
     }
 
     pub(crate) fn snapshot(&self) -> [DeviceOpStats; 5] {
@@ -160,9 +202,25 @@ impl DeviceCounters {
             o.latency = c.latency.snapshot();
             o.ops = o.latency.count() + c.untimed.load(Ordering::Relaxed);
             o.errors = c.errors.load(Ordering::Relaxed);
+            o.no_space = c.no_space.load(Ordering::Relaxed);
             o.bytes = c.bytes.load(Ordering::Relaxed);
         }
         out
+    }
+}
+
+impl DeviceOpCounters {
+    #[inline]
+    fn count_outcome(&self, outcome: Outcome) {
+        match outcome {
+            Outcome::Done => {}
+            Outcome::NoSpace => {
+                self.no_space.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::Failed => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -170,7 +228,10 @@ impl DeviceCounters {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceOpStats {
     pub ops: u64,
+    /// Operations that failed, ENOSPC not included (a full filesystem is not a device error).
     pub errors: u64,
+    /// Operations that failed with ENOSPC.
+    pub no_space: u64,
     /// Bytes moved: read, written or zeroed (0 for punches and syncs).
     pub bytes: u64,
     /// Time spent in the operation (device call entry to return).
@@ -186,6 +247,9 @@ pub struct DeviceStats {
     pub ops: [DeviceOpStats; 5],
     /// Operations are timed (not on RAM devices: their latency histograms stay empty).
     pub timed: bool,
+    /// Read and write errors (ENOSPC not included) since the device last entered service
+    /// (its start, or `Store::restore_device`): what `fail_device_after_errors` counts.
+    pub errors_in_service: u64,
 }
 
 #[cfg(test)]

@@ -168,8 +168,10 @@ impl Shared {
     ) -> Result<DeviceSet, StoreError> {
         let _serial = lock(&self.commit_lock);
         let sync_after = crate::mutants::active(crate::mutants::Mutant::SyncAfterCommit);
-        let mut failed = if sync_after {
-            DeviceSet::default()
+        // Devices whose sync failed with ENOSPC: in service, not failed, but what this sync
+        // was to make durable may be lost (the volumes' FLUSH checks `Device::lost_syncs`).
+        let (mut failed, mut lost) = if sync_after {
+            (DeviceSet::default(), DeviceSet::default())
         } else {
             self.sync_devices()
         };
@@ -184,8 +186,9 @@ impl Shared {
         all_ops.extend_from_slice(ops);
         if batch.is_empty() && all_ops.is_empty() {
             if sync_after {
-                failed = self.sync_devices();
+                (failed, lost) = self.sync_devices();
             }
+            let _ = lost;
             return Ok(failed);
         }
         let changes: Vec<ExtentChange> = batch
@@ -231,7 +234,7 @@ impl Shared {
             return Err(e);
         }
         if sync_after {
-            failed = self.sync_devices();
+            (failed, lost) = self.sync_devices();
         }
         // The allocations are durable: clear their pending bits so FUA skips the commit.
         for c in &batch {
@@ -256,7 +259,7 @@ impl Shared {
             } = c
             {
                 pool.quarantined = pool.quarantined.saturating_sub(1);
-                if failed.contains(phys.device) {
+                if failed.contains(phys.device) || lost.contains(phys.device) {
                     pool.leaked += 1;
                 } else {
                     pool.allocator.release(phys);
@@ -267,18 +270,21 @@ impl Shared {
     }
 
     /// Step 1 of the commit: syncs every device written or punched since its last sync;
-    /// returns the failed ones.
-    fn sync_devices(&self) -> DeviceSet {
+    /// returns the failed ones and those whose sync failed with ENOSPC (not failed).
+    fn sync_devices(&self) -> (DeviceSet, DeviceSet) {
         let mut failed = DeviceSet::default();
+        let mut lost = DeviceSet::default();
         if crate::mutants::active(crate::mutants::Mutant::SkipDeviceSync) {
-            return failed;
+            return (failed, lost);
         }
         for d in &self.devices {
-            if d.sync_if_dirty().is_err() {
-                failed.insert(d.id);
+            match d.sync_if_dirty() {
+                Ok(()) => {}
+                Err(e) if crate::stats::is_no_space(&e) => lost.insert(d.id),
+                Err(_) => failed.insert(d.id),
             }
         }
-        failed
+        (failed, lost)
     }
 
     /// A commit that promises the durability of everything: any failed device is an error,
@@ -294,6 +300,13 @@ impl Shared {
 }
 
 impl Shared {
+    /// The metadata reserve is in use (`Meta::reserve_in_use`): new data extents are refused
+    /// with `NoSpace` until it is taken again, so data does not take the room it freed for
+    /// the metadata's commits.
+    pub(crate) fn metadata_reserve_in_use(&self) -> bool {
+        self.meta.reserve_in_use()
+    }
+
     /// Whether enough freed extents wait in quarantine that the releaser should commit.
     pub(crate) fn quarantine_full(&self) -> bool {
         let pool = lock(&self.pool);
@@ -363,6 +376,24 @@ pub struct DeviceInfo {
     /// a replicated volume go to distinct domains when the pool has enough. Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_domain: Option<String>,
+}
+
+/// What `Store::restore_device` did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRestore {
+    /// The device, as it is now.
+    pub device: DeviceInfo,
+    /// False: it was in service already, nothing was done.
+    pub restored: bool,
+    /// Extents on it that no volume mapped (copies moved away by a rebuild, frees that
+    /// could not be made durable), punched and returned to the free pool.
+    pub extents_reclaimed: u64,
+    /// Copies of replicated volumes on it compared with a healthy copy.
+    pub copies_checked: u64,
+    /// 64 KiB chunks of those that differed (writes it missed) and were rewritten.
+    pub chunks_rewritten: u64,
+    /// Copies with no other copy on a healthy device to compare with, left as they were.
+    pub copies_without_source: u64,
 }
 
 /// What a new volume is created with besides its name and size.
@@ -571,7 +602,14 @@ fn open_meta(cfg: &StoreConfig) -> Result<(Meta, Option<RadosSession>), StoreErr
             return Err(no_rados());
         }
     }
-    Ok((Meta::open_file(&cfg.meta_path())?, None))
+    Ok((
+        Meta::open_file(
+            &cfg.meta_path(),
+            cfg.metadata_reserve_bytes,
+            cfg.metadata_copy.then(|| cfg.meta_copy_path()).as_deref(),
+        )?,
+        None,
+    ))
 }
 
 /// (pool, namespace) of a RADOS device record, `None` for a file or block device.
@@ -1324,6 +1362,160 @@ impl Store {
             .ok_or(StoreError::DeviceNotFound(id))
     }
 
+    /// Returns device `id`, failed by errors (a sync or I/O errors) or by the operator, to
+    /// service (`headroom device restore`), after a scrub:
+    ///
+    /// 1. the device is probed (a read and, for files, an `fdatasync`): one that still
+    ///    fails is refused and stays failed;
+    /// 2. every extent on it that no volume maps any more (copies a rebuild moved away,
+    ///    frees that could not be made durable there) is punched, and returned to the free
+    ///    pool once the punch is synced;
+    /// 3. the device takes writes again, and every copy of a replicated volume on it is made
+    ///    equal to a copy on a healthy device (it missed the writes made while it was
+    ///    failed); meanwhile reads of those volumes go to the other copies;
+    /// 4. the device is synced, its record's `failed` flag cleared durably, its error count
+    ///    (what `fail_device_after_errors` counts) starts from zero, and its volumes are
+    ///    healthy again.
+    ///
+    /// A 1-replica volume with data on it can FLUSH again; what it wrote before the failure
+    /// and never flushed may be lost (a failed sync may have dropped it), which is why its
+    /// FLUSHes failed. Restoring a device in service does nothing (`restored: false`).
+    /// Unknown ids are `DeviceNotFound`; a RADOS store refuses (Ceph handles its own
+    /// failures). Serialised with the other management operations.
+    pub fn restore_device(&self, id: u32) -> Result<DeviceRestore, StoreError> {
+        let _management = lock(&self.management);
+        let invalid = |reason: String| StoreError::InvalidDevice {
+            path: format!("device {id}"),
+            reason,
+        };
+        let Some(device) = self.shared.devices.get(id as usize) else {
+            return Err(StoreError::DeviceNotFound(id));
+        };
+        if !device.is_memory() && !device.is_file_backed() {
+            return Err(invalid(
+                "a RADOS store has one device, whose failures Ceph handles".into(),
+            ));
+        }
+        let bit = 1u64 << (id % 64);
+        let retired = self.shared.retired.load(Ordering::Acquire) & bit != 0;
+        let info = |restored: bool, reclaimed: u64, resync: crate::volume::Resync| {
+            let device = self
+                .pool_info()
+                .devices
+                .into_iter()
+                .find(|d| d.id == id)
+                .ok_or(StoreError::DeviceNotFound(id))?;
+            Ok(DeviceRestore {
+                device,
+                restored,
+                extents_reclaimed: reclaimed,
+                copies_checked: resync.extents_checked,
+                chunks_rewritten: resync.chunks_rewritten,
+                copies_without_source: resync.without_source,
+            })
+        };
+        let mut resync = crate::volume::Resync::default();
+        if !device.is_failed() && !retired {
+            return info(false, 0, resync);
+        }
+        device
+            .probe()
+            .map_err(|e| invalid(format!("still failing, left failed: {e}")))?;
+        // Frees pending on the device become leaked (it is failed), so that what is not free
+        // and not mapped below is exactly what no durable map entry points at.
+        self.shared.commit(&[], false)?;
+        let volumes: Vec<Arc<Volume>> = read(&self.volumes).values().cloned().collect();
+        let mut mapped = std::collections::BTreeSet::new();
+        let mut replicated = Vec::new();
+        for v in &volumes {
+            let on = v.extents_on(id);
+            if !on.is_empty() && v.replicas() > 1 {
+                v.set_stale(id, true);
+                replicated.push(Arc::clone(v));
+            }
+            mapped.extend(on);
+        }
+        // Nothing new is mapped on a failed device, so an extent unmapped now stays so. With
+        // the commit lock no commit is half done: every free not yet durable is pending.
+        let orphans: Vec<u32> = {
+            let _serial = lock(&self.shared.commit_lock);
+            let pool = lock(&self.shared.pool);
+            let pending: std::collections::BTreeSet<u32> = pool
+                .pending
+                .iter()
+                .filter_map(|c| match c {
+                    Change::Free { phys, .. } if phys.device == id => Some(phys.index),
+                    _ => None,
+                })
+                .collect();
+            (0..device.extent_count)
+                .filter(|e| {
+                    !mapped.contains(e)
+                        && !pending.contains(e)
+                        && !pool.allocator.is_free(PhysExtent {
+                            device: id,
+                            index: *e,
+                        })
+                })
+                .collect()
+        };
+        let fail_again = |e: StoreError| {
+            for v in &replicated {
+                v.set_stale(id, false);
+            }
+            device.mark_failed();
+            e
+        };
+        let mut i = 0;
+        while i < orphans.len() {
+            let mut j = i + 1;
+            while j < orphans.len() && orphans[j] == orphans[j - 1] + 1 {
+                j += 1;
+            }
+            device
+                .punch_extents(orphans[i], (j - i) as u32)
+                .map_err(|e| fail_again(e.into()))?;
+            i = j;
+        }
+        device.restore();
+        for v in &replicated {
+            let done = v.resync_copies_on(id).map_err(fail_again)?;
+            resync.extents_checked += done.extents_checked;
+            resync.chunks_rewritten += done.chunks_rewritten;
+            resync.without_source += done.without_source;
+        }
+        device.sync_now().map_err(|e| fail_again(e.into()))?;
+        for v in &replicated {
+            v.set_stale(id, false);
+        }
+        let ops: Vec<MetaOp> = if retired {
+            vec![MetaOp::RestoreDevice(id)]
+        } else {
+            Vec::new()
+        };
+        self.shared.commit(&ops, false).map_err(fail_again)?;
+        self.shared.retired.fetch_and(!bit, Ordering::AcqRel);
+        {
+            let mut pool = lock(&self.shared.pool);
+            for &e in &orphans {
+                pool.allocator.release(PhysExtent {
+                    device: id,
+                    index: e,
+                });
+            }
+            pool.leaked = pool.leaked.saturating_sub(orphans.len() as u64);
+        }
+        tracing::warn!(
+            device = id,
+            path = %device.label,
+            reclaimed = orphans.len(),
+            copies_checked = resync.extents_checked,
+            chunks_rewritten = resync.chunks_rewritten,
+            "device returned to service by the operator"
+        );
+        info(true, orphans.len() as u64, resync)
+    }
+
     /// A store whose devices and metadata live in RAM (tests, benchmarks). `capacity_bytes`
     /// is rounded down to whole extents and split over two devices (one if it holds a single
     /// extent). Same code paths as the file store except device I/O and redb's backend.
@@ -1603,6 +1795,16 @@ impl Store {
         Ok(vol.info())
     }
 
+    /// Whether the store can commit metadata now (for a readiness probe): the last metadata
+    /// write succeeded (or a probe commit does now) and the metadata reserve is intact.
+    /// After a failed write or with the reserve released it commits an empty transaction
+    /// (reopening a poisoned database) and tries to take the reserve again, so the answer
+    /// turns ready again once the cause is gone without waiting for a FLUSH. Cheap when
+    /// healthy (no I/O); one redb commit otherwise. Call it from a blocking thread.
+    pub fn commit_health(&self) -> crate::meta::CommitHealth {
+        self.shared.meta.health(true)
+    }
+
     /// Saves the node's runtime QoS state (opaque bytes, e.g. credit balances) for each
     /// `(volume id, bytes)`, replacing earlier rows, in one redb transaction committed with
     /// immediate durability. Rows naming a volume that no longer exists are skipped, so a
@@ -1876,6 +2078,7 @@ impl Store {
                 device: d.label.clone(),
                 ops: d.stats(),
                 timed: !d.is_memory(),
+                errors_in_service: d.errors_in_service(),
             })
             .collect()
     }
@@ -2083,7 +2286,30 @@ fn rebuild(
     loaded: &crate::meta::Loaded,
 ) -> Result<(Allocator, Vec<LoadedVolume>), StoreError> {
     let counts: Vec<u32> = devices.iter().map(|d| d.extent_count).collect();
-    let mut allocator = Allocator::new(&counts);
+    rebuild_on(&counts, reserved, loaded)
+}
+
+/// `rebuild` on devices of these extent counts (`headroom check` runs it without opening
+/// the devices; the reserved extents come from the device records).
+pub(crate) fn check_rows(counts: &[u32], loaded: &crate::meta::Loaded) -> Result<(), StoreError> {
+    let reserved: Vec<u32> = (0..counts.len())
+        .map(|d| {
+            loaded
+                .devices
+                .iter()
+                .find(|(id, _)| *id as usize == d)
+                .map_or(0, |(_, r)| r.reserved_extents)
+        })
+        .collect();
+    rebuild_on(counts, &reserved, loaded).map(|_| ())
+}
+
+fn rebuild_on(
+    counts: &[u32],
+    reserved: &[u32],
+    loaded: &crate::meta::Loaded,
+) -> Result<(Allocator, Vec<LoadedVolume>), StoreError> {
+    let mut allocator = Allocator::new(counts);
     for (d, &n) in reserved.iter().enumerate() {
         if !allocator.reserve_prefix(d, n) {
             return Err(corrupt(format!(
@@ -2126,9 +2352,9 @@ fn rebuild(
     }
     // A physical extent a map row names must exist and belong to nobody else yet.
     let claim = |allocator: &mut Allocator, volume_id, phys: PhysExtent| {
-        devices
+        counts
             .get(phys.device as usize)
-            .is_some_and(|d| phys.index < d.extent_count)
+            .is_some_and(|&n| phys.index < n)
             && allocator.mark_used(volume_id, phys)
     };
     for &(volume_id, extent, phys) in &loaded.extents {

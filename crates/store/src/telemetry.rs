@@ -205,12 +205,14 @@ mod tests {
         out[DeviceOp::Read as usize] = DeviceOpStats {
             ops: reads,
             errors: 0,
+            no_space: 0,
             bytes: reads * bytes,
             latency: timed(reads, read_ns),
         };
         out[DeviceOp::Write as usize] = DeviceOpStats {
             ops: writes,
             errors: 0,
+            no_space: 0,
             bytes: writes * bytes,
             latency: timed(writes, write_ns),
         };

@@ -30,6 +30,7 @@ use crate::layout::{
     EXTENT_SIZE_BYTES, MAX_REPLICAS, PENDING_BIT, PhysExtent, Piece, extent_count, pieces,
 };
 use crate::meta::{MetaOp, VolumeRecord};
+use crate::stats::is_no_space;
 use crate::store::{Change, DeviceSet, Shared};
 use crate::sync::{lock, read};
 
@@ -37,6 +38,8 @@ use crate::sync::{lock, read};
 #[path = "volume_aio.rs"]
 mod aio;
 mod repair;
+mod restore;
+pub(crate) use restore::Resync;
 
 pub use aio::{AioDone, AioRequest};
 pub use repair::{RebuildStep, ScrubReport};
@@ -167,6 +170,12 @@ pub struct Volume {
     /// Asynchronous reads and writes in flight (volume_aio.rs); whoever takes `state`'s
     /// write lock waits for them, as it waits for synchronous I/O through the read lock.
     in_flight: Arc<aio::InFlight>,
+    /// Per device, its `Device::lost_syncs` when this volume's FLUSH last looked: a FLUSH
+    /// fails with ENOSPC if a device it has data on lost a sync since.
+    lost_syncs_seen: Mutex<Vec<u64>>,
+    /// Devices whose copies of this volume's extents are being made equal to the others
+    /// (`Store::restore_device`): a bit set. Writes reach them; reads go elsewhere first.
+    pub(crate) stale_devices: AtomicU64,
 }
 
 /// Warnings logged per volume and second about failed requests; the rest are counted and
@@ -233,6 +242,16 @@ const COPY_LOCK_STRIPES: usize = 64;
 /// Commits a full pool may run to recycle quarantined extents before a write gives up with
 /// `NoSpace` (others may take the recycled extents first).
 const MAX_RECLAIMS: u32 = 8;
+
+/// What `Volume::place` found for a new logical extent.
+enum Placed {
+    /// Another writer allocated it first: its map entry.
+    Already(u64),
+    /// The pool is full but some extents wait in quarantine: commit, then retry.
+    Reclaim,
+    /// Extents taken for it (one per copy), not yet reserved nor published.
+    New(Vec<PhysExtent>),
+}
 
 enum WriteOutcome {
     Done {
@@ -311,6 +330,7 @@ impl Volume {
         replicas: Vec<ExtentMap>,
         allocated_extents: u64,
     ) -> Arc<Volume> {
+        let lost_syncs_seen = shared.devices.iter().map(Device::lost_syncs).collect();
         Arc::new_cyclic(|me| Volume {
             id,
             name: record.name,
@@ -337,6 +357,8 @@ impl Volume {
             rebuilding: AtomicBool::new(false),
             errors: ErrorLog::default(),
             in_flight: Arc::default(),
+            lost_syncs_seen: Mutex::new(lost_syncs_seen),
+            stale_devices: AtomicU64::new(0),
         })
     }
 
@@ -472,7 +494,7 @@ impl Volume {
         match err {
             StoreError::Io(e)
                 if e.kind() == io::ErrorKind::StorageFull
-                    && matches!(op, "write" | "write_zeroes") =>
+                    && matches!(op, "write" | "write_zeroes" | "flush") =>
             {
                 StoreError::NoSpace
             }
@@ -534,7 +556,8 @@ impl Volume {
     /// The order in which a replicated volume's read tries the copies of logical extent
     /// `extent`: copy `first` (the node's routing decision, `headroom_qos::routing`; 0 when
     /// the caller has none), then the ones after it in turn, copies on healthy devices before
-    /// copies on failed ones (tried only when nothing else is left).
+    /// copies on failed ones and stale ones (a restore is bringing them up to date; tried
+    /// only when nothing else is left).
     fn route_read(&self, st: &VolumeState, extent: u64, first: usize) -> [Option<PhysExtent>; 3] {
         let mut order = [None; MAX_REPLICAS as usize];
         let mut n = 0;
@@ -544,7 +567,7 @@ impl Volume {
                 if let Some(phys) = st
                     .map_of((first + k) % copies)
                     .and_then(|map| PhysExtent::from_entry(map.get(extent)))
-                    && self.device_failed(phys) == failed_pass
+                    && (self.device_failed(phys) || self.is_stale(phys.device)) == failed_pass
                     && n < order.len()
                 {
                     order[n] = Some(phys);
@@ -760,6 +783,7 @@ impl Volume {
 
     fn write_inner(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
         let mut reclaims = 0;
+        let lost_before = if fua { self.lost_syncs_total() } else { 0 };
         loop {
             match self.write_once(offset, data)? {
                 WriteOutcome::Done {
@@ -769,6 +793,7 @@ impl Volume {
                     if fua {
                         self.inject(IoClass::Sync, offset, data.len() as u64)?;
                         self.make_durable(touched, needs_commit)?;
+                        self.check_no_sync_lost_since(lost_before)?;
                     }
                     return Ok(());
                 }
@@ -822,6 +847,15 @@ impl Volume {
 
     /// Allocates logical extent `extent` (caller holds the read lock). `Ok(None)`: the pool is
     /// full but a commit would free quarantined extents.
+    ///
+    /// The extents are taken under the pool mutex, their filesystem blocks reserved outside
+    /// it (`Device::reserve`, one `fallocate` of 2 MiB per copy), and only then published in
+    /// the map, so no write lands in an extent whose blocks are not reserved. A device whose
+    /// filesystem has no room for the reservation is avoided for this extent and the
+    /// placement tried again; when no device has room the write gets ENOSPC now, instead of
+    /// later writes into the extent. An extent given back (no room, or another writer
+    /// allocated the same logical extent meanwhile) is punched first, so it is free and
+    /// reads zeros with no blocks held.
     fn allocate(&self, st: &VolumeState, extent: u64) -> Result<Option<u64>, StoreError> {
         let Some(slot) = st.map.slot(extent) else {
             return Err(StoreError::OutOfRange {
@@ -830,12 +864,75 @@ impl Volume {
                 size_bytes: st.size_bytes,
             });
         };
+        // The disk of the metadata filled and its reserve was given to the metadata's
+        // commits: new data extents would take that room (FLUSH must go on committing).
+        if self.shared.metadata_reserve_in_use() {
+            return Err(StoreError::NoSpace);
+        }
         // New extents go to devices that can still make data durable.
-        let avoid = self.shared.failed_devices();
+        let mut avoid = self.shared.failed_devices();
+        let mut full = None;
+        loop {
+            let placed = match (self.place(slot, avoid), &full) {
+                (Ok(Placed::Already(current)), _) => return Ok(Some(current)),
+                (Ok(Placed::New(placed)), _) => placed,
+                // Every device with a free extent has a full filesystem under it: recycling
+                // the quarantine would not help (its extents were punched already).
+                (_, Some(_)) => return Err(StoreError::NoSpace),
+                (Ok(Placed::Reclaim), None) => return Ok(None),
+                (Err(e), None) => return Err(e),
+            };
+            match self.reserve_all(&placed) {
+                Ok(()) => {}
+                Err((device, e)) if is_no_space(&e) => {
+                    tracing::debug!(volume = %self.name, device, error = %e, "no room to reserve a new extent; trying another device");
+                    self.give_back(&placed);
+                    avoid.insert(device);
+                    full = Some(e);
+                    continue;
+                }
+                Err((_, e)) => {
+                    self.give_back(&placed);
+                    return Err(StoreError::Io(e));
+                }
+            }
+            let mut pool = lock(&self.shared.pool);
+            let current = slot.load(Ordering::Acquire);
+            if current != 0 {
+                drop(pool);
+                self.give_back(&placed);
+                return Ok(Some(current)); // another writer allocated it meanwhile
+            }
+            // Replicas 1.. first: a reader that sees replica 0's entry sees them all.
+            for (replica, &phys) in placed.iter().enumerate().rev() {
+                pool.pending.push(Change::Alloc {
+                    volume: self.me.clone(),
+                    volume_id: self.id,
+                    replica: replica as u8,
+                    extent,
+                    phys,
+                });
+                let entry = phys.to_entry() | PENDING_BIT;
+                if replica == 0 {
+                    slot.store(entry, Ordering::Release);
+                } else if let Some(s) = st.replicas.get(replica - 1).and_then(|m| m.slot(extent)) {
+                    s.store(entry, Ordering::Release);
+                }
+            }
+            drop(pool);
+            self.allocated_extents
+                .fetch_add(placed.len() as u64, Ordering::Relaxed);
+            return Ok(Some(slot.load(Ordering::Acquire)));
+        }
+    }
+
+    /// Takes the extents for one new logical extent under the pool mutex, outside `avoid`,
+    /// or says why not.
+    fn place(&self, slot: &AtomicU64, avoid: DeviceSet) -> Result<Placed, StoreError> {
         let mut pool = lock(&self.shared.pool);
         let current = slot.load(Ordering::Acquire);
         if current != 0 {
-            return Ok(Some(current)); // another writer allocated it first
+            return Ok(Placed::Already(current)); // another writer allocated it first
         }
         let copies = usize::from(self.replicas);
         let placed = if copies <= 1 {
@@ -845,45 +942,67 @@ impl Volume {
         } else {
             pool.allocator.allocate_replicas(self.id, copies, avoid.0)
         };
-        let Some(placed) = placed else {
-            if pool.quarantined > 0 {
-                return Ok(None);
+        if let Some(placed) = placed {
+            return Ok(Placed::New(placed));
+        }
+        if pool.quarantined > 0 {
+            return Ok(Placed::Reclaim);
+        }
+        let failed = self.shared.failed_devices();
+        if copies > 1 && pool.allocator.devices_with_space(0) >= copies {
+            if failed.is_empty() {
+                return Err(StoreError::NoSpace); // the filesystems under them are full
             }
-            if copies > 1 && pool.allocator.devices_with_space(0) >= copies {
-                return Err(StoreError::Io(io::Error::other(format!(
-                    "no free extent on {copies} distinct healthy devices (some devices with \
-                     free space failed)"
-                ))));
-            }
-            if copies > 1 && pool.allocator.devices_with_space(0) > 0 {
-                return Err(StoreError::NoSpace);
-            }
-            if avoid.iter().any(|d| pool.allocator.free_extents(d) > 0) {
-                return Err(StoreError::Io(io::Error::other(
-                    "no free extent on a healthy device (the devices with free space failed)",
-                )));
-            }
+            return Err(StoreError::Io(io::Error::other(format!(
+                "no free extent on {copies} distinct healthy devices (some devices with \
+                 free space failed)"
+            ))));
+        }
+        if copies > 1 && pool.allocator.devices_with_space(0) > 0 {
             return Err(StoreError::NoSpace);
-        };
-        // Replicas 1.. first: a reader that sees replica 0's entry sees them all.
-        for (replica, &phys) in placed.iter().enumerate().rev() {
-            pool.pending.push(Change::Alloc {
-                volume: self.me.clone(),
-                volume_id: self.id,
-                replica: replica as u8,
-                extent,
-                phys,
-            });
-            let entry = phys.to_entry() | PENDING_BIT;
-            if replica == 0 {
-                slot.store(entry, Ordering::Release);
-            } else if let Some(s) = st.replicas.get(replica - 1).and_then(|m| m.slot(extent)) {
-                s.store(entry, Ordering::Release);
+        }
+        if failed.iter().any(|d| pool.allocator.free_extents(d) > 0) {
+            return Err(StoreError::Io(io::Error::other(
+                "no free extent on a healthy device (the devices with free space failed)",
+            )));
+        }
+        Err(StoreError::NoSpace)
+    }
+
+    /// Reserves the blocks of every extent of `placed`; the device and the error of the
+    /// first that could not be reserved.
+    fn reserve_all(&self, placed: &[PhysExtent]) -> Result<(), (u32, io::Error)> {
+        for &phys in placed {
+            let result = match self.shared.device(phys) {
+                Ok(d) => d.reserve(phys.index),
+                Err(e) => Err(io::Error::other(e.to_string())),
+            };
+            result.map_err(|e| (phys.device, e))?;
+        }
+        Ok(())
+    }
+
+    /// Returns extents taken by `place` and never published: punched (a reservation may
+    /// hold blocks) and freed at once. Nothing was written to them and nothing durable maps
+    /// them, so no quarantine is needed; one whose punch fails counts as leaked.
+    fn give_back(&self, placed: &[PhysExtent]) {
+        let punched: Vec<bool> = placed
+            .iter()
+            .map(|&p| {
+                self.shared
+                    .device(p)
+                    .is_ok_and(|d| d.punch_extents(p.index, 1).is_ok())
+            })
+            .collect();
+        let mut pool = lock(&self.shared.pool);
+        for (&p, ok) in placed.iter().zip(punched) {
+            pool.allocator.disown(self.id, p);
+            if ok {
+                pool.allocator.release(p);
+            } else {
+                pool.leaked += 1;
             }
         }
-        self.allocated_extents
-            .fetch_add(placed.len() as u64, Ordering::Relaxed);
-        Ok(Some(slot.load(Ordering::Acquire)))
     }
 
     /// After a commit: the allocation of `extent` of replica `replica` at `phys` is durable.
@@ -901,6 +1020,26 @@ impl Volume {
                 Ordering::Relaxed,
             );
         }
+    }
+
+    /// Syncs that failed with ENOSPC on any device of the pool so far (`Device::lost_syncs`).
+    fn lost_syncs_total(&self) -> u64 {
+        self.shared.devices.iter().map(Device::lost_syncs).sum()
+    }
+
+    /// After a FUA request's durability step: ENOSPC if any device lost a sync since
+    /// `before` (`lost_syncs_total` when the request started). Such a sync may have dropped
+    /// this request's data before the sync that then succeeded, so the FUA cannot be
+    /// promised. Conservative: a loss on a device the request did not touch fails it too
+    /// (rare, and only while a filesystem reports ENOSPC at writeback).
+    fn check_no_sync_lost_since(&self, before: u64) -> Result<(), StoreError> {
+        if self.lost_syncs_total() == before {
+            return Ok(());
+        }
+        Err(StoreError::Io(io::Error::new(
+            io::ErrorKind::StorageFull,
+            "a device sync failed with ENOSPC while this FUA request was made durable",
+        )))
     }
 
     /// FUA completion: sync the devices written, or run a full commit if an allocation the
@@ -949,6 +1088,7 @@ impl Volume {
             return self.discard(offset, len, fua);
         }
         let mut reclaims = 0;
+        let lost_before = if fua { self.lost_syncs_total() } else { 0 };
         loop {
             match self.zero_provisioned_once(offset, len)? {
                 WriteOutcome::Done {
@@ -958,6 +1098,7 @@ impl Volume {
                     if fua {
                         self.inject(IoClass::Sync, offset, len)?;
                         self.make_durable(touched, needs_commit)?;
+                        self.check_no_sync_lost_since(lost_before)?;
                     }
                     return Ok(());
                 }
@@ -1017,6 +1158,7 @@ impl Volume {
     /// TRIM and releasing WRITE_ZEROES: punch the allocated partial pieces, release the
     /// allocated whole extents (under the write lock, so no I/O of this volume is in flight).
     fn discard(&self, offset: u64, len: u64, fua: bool) -> Result<(), StoreError> {
+        let lost_before = if fua { self.lost_syncs_total() } else { 0 };
         let (head, (first, end), tail) = split(offset, len);
         let needs_release = {
             let st = read(&self.state);
@@ -1039,12 +1181,14 @@ impl Volume {
             let failed = self.shared.commit(&[], false)?;
             if fua {
                 self.check_failed(failed)?;
+                self.check_no_sync_lost_since(lost_before)?;
             }
         }
         Ok(())
     }
 
-    /// Punches the allocated parts of the partial head and tail pieces of a discard.
+    /// Zeroes the allocated parts of the partial head and tail pieces of a discard, keeping
+    /// their blocks (`Device::clear`).
     fn punch_partials(
         &self,
         st: &VolumeState,
@@ -1057,7 +1201,8 @@ impl Volume {
                 if let Some(phys) = PhysExtent::from_entry(map.get(p.extent)) {
                     let device = self.shared.device(phys)?;
                     if st.replicas.is_empty() || !device.is_failed() {
-                        device.punch(phys.index, p.offset_in_extent, p.len)?;
+                        // Keeps the extent's reserved blocks (`Device::clear`).
+                        device.clear(phys.index, p.offset_in_extent, p.len)?;
                     }
                 }
             }
@@ -1139,7 +1284,48 @@ impl Volume {
             .and_then(|()| self.inject(IoClass::Sync, 0, 0))
             .and_then(|()| self.shared.commit(&[], false))
             .and_then(|failed| self.check_failed(failed))
+            .and_then(|()| self.check_lost_syncs())
             .map_err(|e| self.failed("flush", 0, 0, e))
+    }
+
+    /// After a FLUSH's commit: ENOSPC if a device this volume has data on lost a sync
+    /// (`Device::lost_syncs`, a sync that failed with ENOSPC) since this volume's last FLUSH
+    /// looked, in this commit or in another volume's. Writes before a failed sync may be
+    /// lost, and a later sync that succeeds says nothing about them, so each loss fails the
+    /// next FLUSH of every volume with data on that device once; the FLUSH after it covers
+    /// what is on the device then.
+    fn check_lost_syncs(&self) -> Result<(), StoreError> {
+        let mut lost = DeviceSet::default();
+        {
+            let mut seen = lock(&self.lost_syncs_seen);
+            for d in &self.shared.devices {
+                let now = d.lost_syncs();
+                let i = d.id as usize;
+                if seen.len() <= i {
+                    seen.resize(i + 1, 0);
+                }
+                if now != seen[i] {
+                    seen[i] = now;
+                    lost.insert(d.id);
+                }
+            }
+        }
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let holder = lock(&self.shared.pool)
+            .allocator
+            .first_device_holding(self.id, lost.0);
+        match holder.and_then(|d| self.shared.devices.get(d)) {
+            Some(d) => Err(StoreError::Io(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!(
+                    "device {}: a sync failed with ENOSPC; writes since the last FLUSH may be lost",
+                    d.label
+                ),
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Advisory prefetch of `[offset, offset + len)` (NBD CACHE): read-ahead hints for the

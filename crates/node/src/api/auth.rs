@@ -7,7 +7,7 @@
 //!
 //! The check is one middleware layer over the whole router ([`require_token`]), so routes
 //! other modules merge in later are covered without doing anything. A short allow-list
-//! ([`is_public`]) names what needs no token: `/healthz` (liveness probes carry no secret) and
+//! ([`is_public`]) names what needs no token: `/healthz` and `/readyz` (probes carry no secret) and
 //! the dashboard's static page and assets (they hold no data; the page asks for the token and
 //! sends it on its data requests). Tokens are compared in constant time.
 
@@ -100,9 +100,10 @@ fn constant_time_eq(expected: &[u8], offered: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// Paths served without a token: liveness, and the dashboard's static files (no data).
+/// Paths served without a token: liveness, readiness, and the dashboard's static files (no
+/// data).
 pub fn is_public(path: &str) -> bool {
-    path == "/healthz" || path == "/" || path.starts_with("/assets/")
+    path == "/healthz" || path == "/readyz" || path == "/" || path.starts_with("/assets/")
 }
 
 /// Why a request was refused.
@@ -218,10 +219,12 @@ mod tests {
     #[test]
     fn public_paths() {
         assert!(is_public("/healthz"));
+        assert!(is_public("/readyz"));
         assert!(is_public("/"));
         assert!(is_public("/assets/app.js"));
         assert!(!is_public("/v1/volumes"));
         assert!(!is_public("/healthz/x"));
+        assert!(!is_public("/readyz/x"));
         assert!(!is_public("/assetsx"));
         assert!(!is_public("/openapi.json"));
     }

@@ -27,6 +27,10 @@ pub(super) fn routes() -> Router<ApiState> {
         .route("/v1/pool", get(pool))
         .route("/v1/devices", get(devices).post(add_device))
         .route("/v1/devices/{id}/fail", axum::routing::post(fail_device))
+        .route(
+            "/v1/devices/{id}/restore",
+            axum::routing::post(restore_device),
+        )
         .route("/v1/node", get(node))
         .route("/v1/arbitration", get(arbitration))
 }
@@ -255,6 +259,55 @@ pub(super) async fn fail_device(
     }
     let extent_size_bytes = state.store.pool_info().extent_size_bytes;
     Ok(Json(DeviceView::new(&info, extent_size_bytes)))
+}
+
+/// Body of the answer to `POST /v1/devices/{id}/restore`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct DeviceRestoreView {
+    /// The device, as it is now.
+    pub device: DeviceView,
+    /// False: it was in service already and nothing was done.
+    pub restored: bool,
+    /// Extents on it no volume mapped any more (copies a rebuild moved away, frees that
+    /// could not be made durable there): punched and returned to the free pool.
+    pub extents_reclaimed: u64,
+    /// Copies of replicated volumes on it compared with a copy on a healthy device.
+    pub copies_checked: u64,
+    /// 64 KiB chunks of those that differed (writes it missed while failed), rewritten.
+    pub chunks_rewritten: u64,
+    /// Copies with no other copy on a healthy device to compare with, left as they were.
+    pub copies_without_source: u64,
+}
+
+/// Returns a failed device to service (the operator's decision, after the cause was fixed,
+/// e.g. a full filesystem given space): the device is probed (a read and a sync; one that
+/// still fails is refused and stays failed), every extent on it no volume maps is punched and
+/// freed, every copy of a replicated volume on it is made equal to a healthy copy, and then
+/// its `failed` flag is cleared durably and its error count starts again from zero. Its
+/// volumes are healthy again; a 1-replica volume there can FLUSH again (what it wrote and
+/// never flushed before the failure may be lost). Restoring a device in service does nothing
+/// (`restored: false`).
+#[utoipa::path(post, path = "/v1/devices/{id}/restore", tag = "node",
+    params(("id" = u32, Path, description = "Device id (`GET /v1/devices`)")),
+    responses((status = 200, body = DeviceRestoreView),
+        (status = 400, description = "The device of a RADOS store, or a device that still fails (`invalid_device`)", body = ApiErrorBody),
+        (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 404, description = "No such device", body = ApiErrorBody)))]
+pub(super) async fn restore_device(
+    State(state): State<ApiState>,
+    axum::extract::Path(id): axum::extract::Path<u32>,
+) -> ApiResult<Json<DeviceRestoreView>> {
+    let store = std::sync::Arc::clone(&state.store);
+    let r = blocking(move || store.restore_device(id)).await?;
+    let extent_size_bytes = state.store.pool_info().extent_size_bytes;
+    Ok(Json(DeviceRestoreView {
+        device: DeviceView::new(&r.device, extent_size_bytes),
+        restored: r.restored,
+        extents_reclaimed: r.extents_reclaimed,
+        copies_checked: r.copies_checked,
+        chunks_rewritten: r.chunks_rewritten,
+        copies_without_source: r.copies_without_source,
+    }))
 }
 
 /// Body of `GET /v1/pool`: the pool's extents and devices.

@@ -87,12 +87,13 @@ impl Modify for BearerAuth {
 #[openapi(
     info(
         title = "Headroom management API",
-        description = "Volumes, tenants and the node's state. Every operation but /healthz \
+        description = "Volumes, tenants and the node's state. Every operation but /healthz and /readyz \
                        needs `Authorization: Bearer <token>` (docs/operations.md, \
                        \"Management API\"). Errors are `{\"error\", \"kind\"}`."
     ),
     paths(
         super::healthz,
+        super::readyz,
         super::health,
         super::connections,
         super::list_volumes,
@@ -104,6 +105,7 @@ impl Modify for BearerAuth {
         super::node::devices,
         super::node::add_device,
         super::node::fail_device,
+        super::node::restore_device,
         super::repair::show_rebuild,
         super::repair::set_rebuild,
         super::repair::scrub_volume,

@@ -430,6 +430,13 @@ impl Collector for Scrape {
             MetricType::Gauge,
         )?;
         gauge(m, gauge_u64(folded))?;
+        let m = encoder.encode_descriptor(
+            "headroom_metadata_ready",
+            "1 while the node can commit metadata and its metadata reserve is intact (GET /readyz), 0 otherwise",
+            None,
+            MetricType::Gauge,
+        )?;
+        gauge(m, i64::from(self.store.commit_health().is_ready()))?;
 
         if let Some(rebuild) = &self.rebuild {
             let m = encoder.encode_descriptor(
@@ -539,7 +546,7 @@ impl Collector for Scrape {
             ),
             (
                 "headroom_device_errors",
-                "Failed operations on a backing device",
+                "Failed operations on a backing device (ENOSPC not included)",
                 |s: &DeviceOpStats| s.errors,
             ),
             (

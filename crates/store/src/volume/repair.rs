@@ -150,6 +150,9 @@ impl Volume {
             let mut pool = lock(&self.shared.pool);
             slot.store(target.to_entry() | PENDING_BIT, Ordering::Release);
             pool.allocator.disown(self.id, lost);
+            // The lost copy is mapped by nothing now but not free: leaked until a restart
+            // punches it or `Store::restore_device` reclaims it.
+            pool.leaked += 1;
             pool.pending.push(Change::Alloc {
                 volume: self.me.clone(),
                 volume_id: self.id,
@@ -170,6 +173,8 @@ impl Volume {
     fn copy_extent(&self, source: PhysExtent, target: PhysExtent) -> Result<(), StoreError> {
         let src = self.shared.device(source)?;
         let dst = self.shared.device(target)?;
+        // The new copy's blocks, as for any new extent (`Device::reserve`).
+        dst.reserve(target.index)?;
         let mut buf = vec![0u8; REPAIR_CHUNK_BYTES];
         let mut off = 0u64;
         while off < EXTENT_SIZE_BYTES {
