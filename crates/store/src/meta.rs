@@ -249,6 +249,16 @@ pub(crate) fn open_failure_err(path: &Path, f: OpenFailure) -> StoreError {
     }
 }
 
+/// `e`, or the damaged-file error for `path` if redb found the file corrupted.
+pub(crate) fn damaged_if_corrupt(e: StoreError, path: &Path) -> StoreError {
+    match e {
+        StoreError::Metadata(MetadataError::Redb(redb::Error::Corrupted(d))) => {
+            open_failure_err(path, OpenFailure::Damaged(d))
+        }
+        other => other,
+    }
+}
+
 /// The second durable copy of the metadata (`meta-copy.redb`): every extent-map and
 /// management commit is applied to it after the primary, with the same commit number, so
 /// it is the primary's state or (after a crash between the two) one commit behind. A write
@@ -1198,5 +1208,33 @@ mod tests {
         // This disk has room: the successful commit took the reserve again.
         assert!(m.health(false).is_ready());
         assert!(m.reserve.as_ref().unwrap().is_held());
+    }
+
+    /// A write to the copy that fails leaves the commit done (the primary has it), marks the
+    /// copy stale in the health, and the next commit rewrites the copy from the primary.
+    #[test]
+    fn a_failed_copy_write_is_reported_and_repaired_by_the_next_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let primary = dir.path().join("meta.redb");
+        let copy = dir.path().join("meta-copy.redb");
+        let m = Meta::open_file(&primary, 0, Some(&copy)).unwrap();
+        m.commit(&[map(1, 0)], &[MetaOp::Init]).unwrap();
+        assert!(m.health(false).is_ready());
+        // The copy's handle is gone (as after a failed reopen of its disk).
+        drop(write(&m.copy.as_ref().unwrap().0.db).take());
+        m.commit(&[map(1, 1)], &[]).unwrap();
+        let h = m.health(false);
+        assert!(
+            h.reasons.len() == 1 && h.reasons[0].starts_with("metadata copy out of date"),
+            "{h:?}"
+        );
+        m.commit(&[map(1, 2)], &[]).unwrap();
+        assert!(m.health(false).is_ready(), "{:?}", m.health(false));
+        drop(m);
+        // The copy holds every commit, the one it missed included.
+        let db = open_checked(&copy).unwrap();
+        let (loaded, seq) = load_loaded(&db).unwrap();
+        assert_eq!(seq, 3);
+        assert_eq!(loaded.unwrap().extents.len(), 3);
     }
 }

@@ -645,7 +645,20 @@ impl Store {
         }
         std::fs::create_dir_all(&cfg.data_dir)?;
         let (meta, session) = open_meta(cfg)?;
-        let stored = meta.load()?;
+        // A page that fails its checksum when read, or a redb panic on a malformed one: the
+        // file is damaged (the integrity check at open should have caught it first).
+        let stored = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| meta.load())) {
+            Ok(Err(e)) if session.is_none() => {
+                Err(crate::meta::damaged_if_corrupt(e, &cfg.meta_path()))
+            }
+            Ok(other) => other,
+            Err(_) => Err(crate::meta::damaged_if_corrupt(
+                StoreError::Metadata(MetadataError::Redb(redb::Error::Corrupted(
+                    "redb panicked reading it".into(),
+                ))),
+                &cfg.meta_path(),
+            )),
+        }?;
         let fresh = stored.is_none();
         let mut loaded = stored.unwrap_or_default();
         if fresh {
