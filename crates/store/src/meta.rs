@@ -379,11 +379,17 @@ impl Meta {
                     .then(|| format!("it is at commit {copy_seq}, the primary at {primary_seq}"))
             }
             Err(OpenFailure::Damaged(d)) => Some(format!("it is damaged ({d})")),
-            Err(e) => return Err(open_failure_err(copy_path, e)),
+            Err(OpenFailure::Busy) => return Err(open_failure_err(copy_path, OpenFailure::Busy)),
+            // A full disk or an I/O error on the copy does not stop the start: the primary
+            // is intact. The copy is stale until a commit rewrites it.
+            Err(e) => Some(format!("it cannot be opened ({e})")),
         };
         if let Some(why) = resync_why {
             tracing::warn!(copy = %copy_path.display(), "rewriting the metadata copy from meta.redb: {why}");
-            c.resync(&meta.db, path).map_err(MetadataError::Closed)?;
+            if let Err(e) = c.resync(&meta.db, path) {
+                tracing::error!(copy = %copy_path.display(), error = %e, "metadata copy not rewritten; it is rewritten at the next commit");
+                *lock(&c.stale) = Some(e);
+            }
         }
         meta.copy = Some((c, path.to_path_buf()));
         Ok(meta)

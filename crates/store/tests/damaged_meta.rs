@@ -238,3 +238,32 @@ fn a_damaged_or_stale_copy_is_rewritten_from_the_primary() {
     assert!(report.is_clean(), "{report:?}");
     assert!(report.repairs[0].starts_with("rewrote"), "{report:?}");
 }
+
+#[test]
+fn a_copy_that_cannot_be_opened_does_not_stop_the_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let volumes = fixture(dir);
+    let copy = dir.join("meta-copy.redb");
+    // Not a file at all: opening it and writing over it fail (as on a broken disk).
+    std::fs::remove_file(&copy).unwrap();
+    std::fs::create_dir(&copy).unwrap();
+    std::fs::write(copy.join("x"), b"keeps the directory non-empty").unwrap();
+    let store = Store::open(&config(dir)).unwrap();
+    assert_intact(&store, &volumes, "with the copy unopenable");
+    let h = store.commit_health();
+    assert!(
+        h.reasons.len() == 1 && h.reasons[0].starts_with("metadata copy out of date"),
+        "{h:?}"
+    );
+    // The copy's place is usable again: the next commit rewrites it.
+    std::fs::remove_dir_all(&copy).unwrap();
+    store.create_volume("d", 4 * MIB).unwrap();
+    assert!(
+        store.commit_health().is_ready(),
+        "{:?}",
+        store.commit_health()
+    );
+    drop(store);
+    assert!(check_data_dir(dir, false).unwrap().is_clean());
+}
