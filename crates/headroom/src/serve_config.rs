@@ -309,6 +309,9 @@ pub struct ServerSection {
     pub net_threads: Option<usize>,
 }
 
+/// Largest `[storage] metadata_reserve`: far more than any pool's metadata needs.
+const MAX_METADATA_RESERVE_BYTES: u64 = 64 << 30;
+
 /// `[storage]`: where the data lives, and an optional emulated device in front of it.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -884,6 +887,22 @@ impl ConfigFile {
                 "storage.memory",
                 size,
                 "must be greater than 0",
+            ));
+        }
+        if let (Some(size), Some(_)) = (st.metadata_reserve, st.memory) {
+            return Err(Invalid::new(
+                "storage.metadata_reserve",
+                size,
+                "a RAM store keeps no metadata on disk; leave it out with storage.memory",
+            ));
+        }
+        if let Some(size) = st.metadata_reserve
+            && size.0 > MAX_METADATA_RESERVE_BYTES
+        {
+            return Err(Invalid::new(
+                "storage.metadata_reserve",
+                size,
+                "must be at most 64GiB (0: no reserve)",
             ));
         }
         if let Some(ratio) = st.overcommit_ratio
@@ -2190,6 +2209,14 @@ mod tests {
             (
                 "[storage]\ndevices = 0",
                 "storage.devices = 0: must be at least 1",
+            ),
+            (
+                "[storage]\nmemory = \"1GiB\"\nmetadata_reserve = \"64MiB\"",
+                "storage.metadata_reserve = \"64MiB\": a RAM store keeps no metadata on disk",
+            ),
+            (
+                "[storage]\nmetadata_reserve = \"65GiB\"",
+                "storage.metadata_reserve = \"65GiB\": must be at most 64GiB",
             ),
             ("[storage]\nmemory = \"4XB\"", "invalid size \"4XB\""),
             (

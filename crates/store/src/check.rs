@@ -82,14 +82,22 @@ fn inspect(path: &Path) -> Result<Opened, CheckError> {
         });
     }
     match open_checked(path) {
-        Ok(db) => match load_loaded(&db) {
-            Ok((loaded, commit)) => Ok(Opened {
+        // redb may panic on a malformed page the check let through: damaged too.
+        Ok(db) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load_loaded(&db)))
+        {
+            Ok(Ok((loaded, commit))) => Ok(Opened {
                 state: FileState::Intact { commit },
                 loaded,
             }),
-            Err(e) => Ok(Opened {
+            Ok(Err(e)) => Ok(Opened {
                 state: FileState::Damaged {
                     reason: e.to_string(),
+                },
+                loaded: None,
+            }),
+            Err(_) => Ok(Opened {
+                state: FileState::Damaged {
+                    reason: "redb panicked reading it".into(),
                 },
                 loaded: None,
             }),

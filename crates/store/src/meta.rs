@@ -267,6 +267,16 @@ pub(crate) fn open_failure_err(path: &Path, f: OpenFailure) -> StoreError {
     }
 }
 
+/// `e`, or the damaged-file error for `path` if redb found the file corrupted.
+pub(crate) fn damaged_if_corrupt(e: StoreError, path: &Path) -> StoreError {
+    match e {
+        StoreError::Metadata(MetadataError::Redb(redb::Error::Corrupted(d))) => {
+            open_failure_err(path, OpenFailure::Damaged(d))
+        }
+        other => other,
+    }
+}
+
 /// The second durable copy of the metadata (`meta-copy.redb`): every extent-map and
 /// management commit is applied to it after the primary, with the same commit number, so
 /// it is the primary's state or (after a crash between the two) one commit behind. A write
@@ -387,11 +397,17 @@ impl Meta {
                     .then(|| format!("it is at commit {copy_seq}, the primary at {primary_seq}"))
             }
             Err(OpenFailure::Damaged(d)) => Some(format!("it is damaged ({d})")),
-            Err(e) => return Err(open_failure_err(copy_path, e)),
+            Err(OpenFailure::Busy) => return Err(open_failure_err(copy_path, OpenFailure::Busy)),
+            // A full disk or an I/O error on the copy does not stop the start: the primary
+            // is intact. The copy is stale until a commit rewrites it.
+            Err(e) => Some(format!("it cannot be opened ({e})")),
         };
         if let Some(why) = resync_why {
             tracing::warn!(copy = %copy_path.display(), "rewriting the metadata copy from meta.redb: {why}");
-            c.resync(&meta.db, path).map_err(MetadataError::Closed)?;
+            if let Err(e) = c.resync(&meta.db, path) {
+                tracing::error!(copy = %copy_path.display(), error = %e, "metadata copy not rewritten; it is rewritten at the next commit");
+                *lock(&c.stale) = Some(e);
+            }
         }
         meta.copy = Some((c, path.to_path_buf()));
         Ok(meta)
@@ -1249,5 +1265,33 @@ mod tests {
         // This disk has room: the successful commit took the reserve again.
         assert!(m.health(false).is_ready());
         assert!(m.reserve.as_ref().unwrap().is_held());
+    }
+
+    /// A write to the copy that fails leaves the commit done (the primary has it), marks the
+    /// copy stale in the health, and the next commit rewrites the copy from the primary.
+    #[test]
+    fn a_failed_copy_write_is_reported_and_repaired_by_the_next_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let primary = dir.path().join("meta.redb");
+        let copy = dir.path().join("meta-copy.redb");
+        let m = Meta::open_file(&primary, 0, Some(&copy)).unwrap();
+        m.commit(&[map(1, 0)], &[MetaOp::Init]).unwrap();
+        assert!(m.health(false).is_ready());
+        // The copy's handle is gone (as after a failed reopen of its disk).
+        drop(write(&m.copy.as_ref().unwrap().0.db).take());
+        m.commit(&[map(1, 1)], &[]).unwrap();
+        let h = m.health(false);
+        assert!(
+            h.reasons.len() == 1 && h.reasons[0].starts_with("metadata copy out of date"),
+            "{h:?}"
+        );
+        m.commit(&[map(1, 2)], &[]).unwrap();
+        assert!(m.health(false).is_ready(), "{:?}", m.health(false));
+        drop(m);
+        // The copy holds every commit, the one it missed included.
+        let db = open_checked(&copy).unwrap();
+        let (loaded, seq) = load_loaded(&db).unwrap();
+        assert_eq!(seq, 3);
+        assert_eq!(loaded.unwrap().extents.len(), 3);
     }
 }

@@ -676,8 +676,24 @@ fn extents_of(capacity_bytes: u64) -> Result<u32, StoreError> {
 }
 
 /// Loads the metadata and checks the device ids; (loaded, fresh: never initialised).
-fn load_checked(meta: &Meta) -> Result<(crate::meta::Loaded, bool), StoreError> {
-    let stored = meta.load()?;
+fn load_checked(
+    meta: &Meta,
+    meta_path: Option<&Path>,
+) -> Result<(crate::meta::Loaded, bool), StoreError> {
+    // A page that fails its checksum when read, or a redb panic on a malformed one: the
+    // file is damaged (the integrity check at open should have caught it first). With the
+    // file's path (file stores), the error names it and says what to do.
+    let damaged = |e: StoreError| match meta_path {
+        Some(path) => crate::meta::damaged_if_corrupt(e, path),
+        None => e,
+    };
+    let stored = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| meta.load())) {
+        Ok(Err(e)) => Err(damaged(e)),
+        Ok(other) => other,
+        Err(_) => Err(damaged(StoreError::Metadata(MetadataError::Redb(
+            redb::Error::Corrupted("redb panicked reading it".into()),
+        )))),
+    }?;
     let fresh = stored.is_none();
     let mut loaded = stored.unwrap_or_default();
     if fresh {
@@ -737,7 +753,8 @@ impl Store {
         }
         std::fs::create_dir_all(&cfg.data_dir)?;
         let (meta, session) = open_meta(cfg)?;
-        let (loaded, fresh) = load_checked(&meta)?;
+        let meta_path = session.is_none().then(|| cfg.meta_path());
+        let (loaded, fresh) = load_checked(&meta, meta_path.as_deref())?;
         // The pool's id (written on its device signatures): new pools and pools of builds
         // before signatures get a random one, recorded with this open's first commit.
         let new_pool_id = match loaded.pool_id {
@@ -1035,7 +1052,7 @@ impl Store {
     #[doc(hidden)]
     pub fn open_simulated(pool: &Arc<crate::sim_disk::SimPool>) -> Result<Store, StoreError> {
         let meta = Meta::open_simulated(pool.meta_disk())?;
-        let (loaded, fresh) = load_checked(&meta)?;
+        let (loaded, fresh) = load_checked(&meta, None)?;
         let mut records: Vec<(DeviceRecord, bool)> = loaded
             .devices
             .iter()

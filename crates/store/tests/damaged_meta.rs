@@ -120,17 +120,18 @@ fn flipped_bytes_and_truncation_never_panic_and_repair_restores_every_volume() {
     let len = pristine[0].1.len() as u64;
     assert!(len >= 8192, "{len}");
 
-    // Seeded positions: every 64 bytes of the header page (magic, god byte, both commit
-    // slots), then spread over the file.
-    let mut positions: Vec<u64> = (0..4096).step_by(64).collect();
+    // Positions: every 16 bytes of the header's first 512 (magic, god byte, both commit
+    // slots), every 4093 bytes over the whole file (one in each 4 KiB page, at a moving
+    // offset), and 16 seeded random ones.
+    let mut positions: Vec<u64> = (0..512).step_by(16).collect();
+    positions.extend((512..len).step_by(4093));
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for _ in 0..48 {
+    for _ in 0..16 {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         positions.push(x % len);
     }
-    positions.push(len / 2);
     positions.push(len - 1);
     let mut repaired = 0;
     for &pos in &positions {
@@ -144,6 +145,10 @@ fn flipped_bytes_and_truncation_never_panic_and_repair_restores_every_volume() {
         }
     }
     // Some damage is in pages in use: those opens must have failed and been repaired.
+    eprintln!(
+        "{repaired} of {} flips in {len} bytes were refused and repaired",
+        positions.len()
+    );
     assert!(repaired > 0, "no flip was detected");
 
     for cut in [0, len / 2, 4096, len - 4096, len - 1] {
@@ -232,4 +237,33 @@ fn a_damaged_or_stale_copy_is_rewritten_from_the_primary() {
     let report = check_data_dir(dir, true).unwrap();
     assert!(report.is_clean(), "{report:?}");
     assert!(report.repairs[0].starts_with("rewrote"), "{report:?}");
+}
+
+#[test]
+fn a_copy_that_cannot_be_opened_does_not_stop_the_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let volumes = fixture(dir);
+    let copy = dir.join("meta-copy.redb");
+    // Not a file at all: opening it and writing over it fail (as on a broken disk).
+    std::fs::remove_file(&copy).unwrap();
+    std::fs::create_dir(&copy).unwrap();
+    std::fs::write(copy.join("x"), b"keeps the directory non-empty").unwrap();
+    let store = Store::open(&config(dir)).unwrap();
+    assert_intact(&store, &volumes, "with the copy unopenable");
+    let h = store.commit_health();
+    assert!(
+        h.reasons.len() == 1 && h.reasons[0].starts_with("metadata copy out of date"),
+        "{h:?}"
+    );
+    // The copy's place is usable again: the next commit rewrites it.
+    std::fs::remove_dir_all(&copy).unwrap();
+    store.create_volume("d", 4 * MIB).unwrap();
+    assert!(
+        store.commit_health().is_ready(),
+        "{:?}",
+        store.commit_health()
+    );
+    drop(store);
+    assert!(check_data_dir(dir, false).unwrap().is_clean());
 }
