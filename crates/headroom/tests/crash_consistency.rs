@@ -514,7 +514,7 @@ impl Harness {
     /// Scrubs volume `v` if it is replicated: its copies must agree (every write reaches
     /// both before its reply, and each unclean start resynchronised them).
     fn scrub(&mut self, v: usize, api: &Api, server: &Server) -> Result<(), Broken> {
-        if self.vols[v].uid % 2 == 0 || !self.replicated {
+        if self.vols[v].uid.is_multiple_of(2) || !self.replicated {
             return Ok(());
         }
         let name = self.vols[v].name.clone();
