@@ -90,6 +90,9 @@ pub(crate) struct Shared {
     /// Devices the operator failed (`Store::fail_device`, recorded durably): a bit set. They
     /// are failed devices, but no surprise: a shutdown with only these failed is clean.
     pub retired: std::sync::atomic::AtomicU64,
+    /// Devices recorded failed in the metadata (by the operator, or by the commit that found
+    /// their sync failing): a bit set. A restart keeps them failed until `restore_device`.
+    pub recorded_failed: std::sync::atomic::AtomicU64,
 }
 
 /// A set of device ids (ids are < `MAX_DEVICES` = 64).
@@ -184,6 +187,15 @@ impl Shared {
         };
         let retried_ops = all_ops.len();
         all_ops.extend_from_slice(ops);
+        // A device whose sync failed (not with ENOSPC) may have dropped acknowledged data:
+        // record it failed in this very commit, so a restart does not take it back and, above
+        // all, does not resynchronise a replicated volume's copies from its stale copy (its
+        // copies missed every write since). Not the devices failed in memory only (unsigned,
+        // taken back when their signature is found again).
+        let retired = self.retired.load(Ordering::Acquire);
+        let recorded = self.recorded_failed.load(Ordering::Acquire);
+        let to_record = DeviceSet(failed.0 & !retired & !recorded);
+        all_ops.extend(to_record.iter().map(|d| MetaOp::FailDevice(d as u32)));
         if batch.is_empty() && all_ops.is_empty() {
             if sync_after {
                 (failed, lost) = self.sync_devices();
@@ -232,6 +244,15 @@ impl Shared {
             let newer_ops = std::mem::replace(&mut pool.pending_ops, all_ops);
             pool.pending_ops.extend(newer_ops);
             return Err(e);
+        }
+        if !to_record.is_empty() {
+            self.recorded_failed.fetch_or(to_record.0, Ordering::AcqRel);
+            for d in to_record.iter() {
+                tracing::error!(
+                    device = d,
+                    "device failed by a sync error: recorded failed (restore it with `headroom device restore`)"
+                );
+            }
         }
         if sync_after {
             (failed, lost) = self.sync_devices();
@@ -973,8 +994,12 @@ impl Store {
         let reserved: Vec<u32> = records.iter().map(|(r, _)| r.reserved_extents).collect();
         let (mut allocator, volumes) = rebuild(&devices, &reserved, loaded)?;
         let mut retired = DeviceSet::default();
+        let mut recorded = DeviceSet::default();
         for (d, (rec, _)) in records.iter().enumerate() {
             allocator.set_failure_domain(d, rec.failure_domain.clone());
+            if rec.failed {
+                recorded.insert(d as u32);
+            }
             // An unsigned device counts like one the operator failed, in memory only: a
             // restart that finds its signature takes it back.
             if rec.failed || unsigned.contains(d as u32) {
@@ -1037,6 +1062,7 @@ impl Store {
         Ok(Store::assemble(
             meta,
             retired.0,
+            recorded.0,
             devices,
             allocator,
             volumes,
@@ -1370,6 +1396,7 @@ impl Store {
             self.shared.commit(&[MetaOp::FailDevice(id)], false)?;
             device.mark_failed();
             self.shared.retired.fetch_or(bit, Ordering::AcqRel);
+            self.shared.recorded_failed.fetch_or(bit, Ordering::AcqRel);
             tracing::warn!(device = id, path = %device.label, "device failed by the operator");
         }
         self.pool_info()
@@ -1465,7 +1492,11 @@ impl Store {
                     _ => None,
                 })
                 .collect();
-            (0..device.extent_count)
+            // The reserved prefix (the device's signature) is Headroom's own, never a volume's.
+            let reserved = u64::from(device.extent_count)
+                .saturating_sub(pool.allocator.usable_extents(id as usize));
+            let reserved = u32::try_from(reserved).unwrap_or(device.extent_count);
+            (reserved..device.extent_count)
                 .filter(|e| {
                     !mapped.contains(e)
                         && !pending.contains(e)
@@ -1505,13 +1536,17 @@ impl Store {
         for v in &replicated {
             v.set_stale(id, false);
         }
-        let ops: Vec<MetaOp> = if retired {
+        let recorded = self.shared.recorded_failed.load(Ordering::Acquire) & bit != 0;
+        let ops: Vec<MetaOp> = if retired || recorded {
             vec![MetaOp::RestoreDevice(id)]
         } else {
             Vec::new()
         };
         self.shared.commit(&ops, false).map_err(fail_again)?;
         self.shared.retired.fetch_and(!bit, Ordering::AcqRel);
+        self.shared
+            .recorded_failed
+            .fetch_and(!bit, Ordering::AcqRel);
         {
             let mut pool = lock(&self.shared.pool);
             for &e in &orphans {
@@ -1567,6 +1602,7 @@ impl Store {
         Ok(Store::assemble(
             meta,
             0,
+            0,
             devices,
             Allocator::new(&counts),
             Vec::new(),
@@ -1578,6 +1614,7 @@ impl Store {
     fn assemble(
         meta: Meta,
         retired: u64,
+        recorded_failed: u64,
         devices: Vec<Device>,
         allocator: Allocator,
         volumes: Vec<LoadedVolume>,
@@ -1599,6 +1636,7 @@ impl Store {
             commit_lock: Mutex::new(()),
             volume_faults: OnceLock::new(),
             retired: std::sync::atomic::AtomicU64::new(retired),
+            recorded_failed: std::sync::atomic::AtomicU64::new(recorded_failed),
         });
         let by_name = volumes
             .into_iter()

@@ -345,12 +345,13 @@ fn the_pool_reopens_after_a_device_failed_and_keeps_what_was_flushed() {
         assert!(store.flush_all().is_err());
         drop((a, b));
     }
-    // The device files are intact (the failure was injected): the restart punches the free
-    // space and serves what was committed.
+    // The device files are intact (the failure was injected), but a device whose sync failed
+    // may have dropped acknowledged data: the commit that saw it recorded it failed, so the
+    // restart keeps it out of service and serves what was committed.
     let store = Store::open(&config).unwrap();
     let pool = store.pool_info();
-    // 2 × 16 extents, less each device's reserved first extent and a's one extent.
-    assert_eq!((pool.leaked_extents, pool.free_extents), (0, 29));
+    assert!(pool.devices[0].failed, "a sync-failed device stays failed");
+    assert!(!pool.devices[1].failed);
     let mut buf = vec![1u8; BLOCK];
     let a = store.open_volume("a").unwrap();
     a.read_at(0, &mut buf).unwrap();
@@ -358,9 +359,84 @@ fn the_pool_reopens_after_a_device_failed_and_keeps_what_was_flushed() {
     let b = store.open_volume("b").unwrap();
     b.read_at(4096, &mut buf).unwrap();
     assert_eq!(buf, block(2, 1, 2));
+    // Only the operator returns it to service (after its scrub). Nothing to reclaim: the
+    // freed extent was free already, and the signature's reserved extent is not an orphan.
+    let done = store.restore_device(0).unwrap();
+    assert_eq!(done.extents_reclaimed, 0);
+    let pool = store.pool_info();
+    // 2 × 16 extents, less each device's reserved first extent and b's one extent.
+    assert_eq!((pool.leaked_extents, pool.free_extents), (0, 29));
     a.write_at(4096, &block(1, 1, 3), true).unwrap();
     store.flush_all().unwrap();
     assert!(store.pool_info().devices.iter().all(|d| !d.failed));
+}
+
+/// A device whose sync fails stays failed across a restart: otherwise, after an unclean
+/// stop, the replica resync took the copy on it (which missed every write since it failed)
+/// as the source and copied it over the good copy, losing FLUSHed data of a replicated
+/// volume. Found by the power-cut work (its first model counted replies after the cut).
+#[test]
+fn a_sync_failed_device_is_recorded_failed_and_its_stale_copy_never_wins_the_resync() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = StoreConfig {
+        device_count: 2,
+        device_capacity_bytes: 32 * MIB,
+        ..StoreConfig::new(dir.path())
+    };
+    let first;
+    {
+        let store = Store::open(&config).unwrap();
+        store
+            .create_volume_with(
+                "r",
+                E,
+                headroom_store::NewVolume {
+                    replicas: 2,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let r = store.open_volume("r").unwrap();
+        r.write_at(0, &block(3, 0, 1), false).unwrap();
+        r.flush().unwrap();
+        first = r.replica_location(0, 0).unwrap().device;
+        // Replica 0's device starts failing its syncs: v2 reaches both copies, the FLUSH is
+        // acknowledged from the other copy; v3 skips the failed copy.
+        install(
+            &store,
+            1,
+            vec![rule(FaultScope::Device(first), |r| {
+                r.eio_sync_permille = 1000
+            })],
+        );
+        r.write_at(0, &block(3, 0, 2), false).unwrap();
+        r.flush().unwrap();
+        assert!(store.pool_info().devices[first as usize].failed);
+        r.write_at(0, &block(3, 0, 3), false).unwrap();
+        r.flush().unwrap();
+        // An unclean stop: the failed device makes the close unclean.
+        drop(r);
+    }
+    let store = Store::open(&config).unwrap();
+    assert!(store.pool_info().devices[first as usize].failed);
+    let r = store.open_volume("r").unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    r.read_at(0, &mut buf).unwrap();
+    assert!(
+        buf == block(3, 0, 3),
+        "the FLUSHed version 3 must survive the restart; found version {}",
+        buf[9]
+    );
+    let other = 1 - first as u8;
+    let replica = (0..2u8)
+        .find(|&i| r.replica_location(i, 0).unwrap().device == u32::from(other))
+        .unwrap();
+    r.read_replica_at(replica, 0, &mut buf).unwrap();
+    assert!(
+        buf == block(3, 0, 3),
+        "the good copy was overwritten with version {}",
+        buf[9]
+    );
 }
 
 #[test]
