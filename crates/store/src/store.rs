@@ -95,6 +95,15 @@ pub(crate) struct Shared {
     pub recorded_failed: std::sync::atomic::AtomicU64,
 }
 
+/// The failed devices a store opens with: `retired` (failed by the operator, or unsigned:
+/// a shutdown with only these failed is clean) and `recorded` (recorded failed in the
+/// metadata, by the operator or by a failed sync).
+#[derive(Clone, Copy, Debug, Default)]
+struct FailedAtOpen {
+    retired: DeviceSet,
+    recorded: DeviceSet,
+}
+
 /// A set of device ids (ids are < `MAX_DEVICES` = 64).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct DeviceSet(pub u64);
@@ -1061,8 +1070,7 @@ impl Store {
         meta.commit(&[], &ops)?;
         Ok(Store::assemble(
             meta,
-            retired.0,
-            recorded.0,
+            FailedAtOpen { retired, recorded },
             devices,
             allocator,
             volumes,
@@ -1601,8 +1609,7 @@ impl Store {
         let counts: Vec<u32> = devices.iter().map(|d| d.extent_count).collect();
         Ok(Store::assemble(
             meta,
-            0,
-            0,
+            FailedAtOpen::default(),
             devices,
             Allocator::new(&counts),
             Vec::new(),
@@ -1613,8 +1620,7 @@ impl Store {
 
     fn assemble(
         meta: Meta,
-        retired: u64,
-        recorded_failed: u64,
+        failed: FailedAtOpen,
         devices: Vec<Device>,
         allocator: Allocator,
         volumes: Vec<LoadedVolume>,
@@ -1635,8 +1641,8 @@ impl Store {
             }),
             commit_lock: Mutex::new(()),
             volume_faults: OnceLock::new(),
-            retired: std::sync::atomic::AtomicU64::new(retired),
-            recorded_failed: std::sync::atomic::AtomicU64::new(recorded_failed),
+            retired: std::sync::atomic::AtomicU64::new(failed.retired.0),
+            recorded_failed: std::sync::atomic::AtomicU64::new(failed.recorded.0),
         });
         let by_name = volumes
             .into_iter()
