@@ -38,7 +38,7 @@ use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::layout::MAX_VOLUME_SIZE_BYTES;
+use crate::layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES};
 use crate::signature::{PROBE_LEN, Signature, foreign_signature};
 
 /// Default largest device `device add` takes: 64 TiB.
@@ -381,8 +381,7 @@ impl AdmissionContext<'_> {
         let mut head = vec![0u8; probe];
         file.read_exact_at(&mut head, 0).map_err(io_err)?;
         // A signature of this pool naming one of its devices: that device under another
-        // name. (One naming a device id the pool does not have is left over from an add that
-        // failed before its commit: like any other signature, it needs `force`.)
+        // name.
         if let Ok(sig) = Signature::decode(&head)
             && sig.pool_id == self.pool_id
             && (sig.device_id as usize) < self.existing.len()
@@ -396,16 +395,30 @@ impl AdmissionContext<'_> {
         if force {
             return Ok(());
         }
-        if let Some(what) = foreign_signature(&head) {
+        // This pool's signature naming the device being added (the next id): an add of this
+        // very device that stopped (a crash, an error) after it signed the device and before
+        // its record was committed. Nothing was allocated on it, and past its reserved
+        // extent it holds what the add's punch left, zeros; so it is taken back without
+        // `force`, and a `device add` retried after a crash works. Any data past the reserved
+        // extent is still refused. (One naming another id the pool does not have needs
+        // `force`, like any other signature.)
+        let own_leftover = matches!(
+            Signature::decode(&head),
+            Ok(sig) if sig.pool_id == self.pool_id && sig.device_id as usize == self.existing.len()
+        );
+        if own_leftover {
+            tracing::info!(path = %shown, "taking back a device signed by an add that did not finish");
+        } else if let Some(what) = foreign_signature(&head) {
             return Err(refused(format!(
                 "{shown} holds {what}; nothing was written. If its contents may be destroyed, \
                  add it with --force"
             )));
         }
+        let from = if own_leftover { EXTENT_SIZE_BYTES } else { 0 };
         let found = if is_block {
-            first_nonzero_sampled(file, capacity)
+            first_nonzero_sampled(file, from, capacity)
         } else {
-            first_nonzero_allocated(file, capacity)
+            first_nonzero_allocated(file, from, capacity)
         }
         .map_err(io_err)?;
         if let Some(offset) = found {
@@ -463,8 +476,8 @@ fn first_nonzero_in(file: &File, start: u64, end: u64) -> io::Result<Option<u64>
 
 /// The first non-zero byte of a regular file, reading only its allocated ranges
 /// (`SEEK_DATA`/`SEEK_HOLE`; the whole file where the filesystem lacks them).
-pub(crate) fn first_nonzero_allocated(file: &File, len: u64) -> io::Result<Option<u64>> {
-    let mut pos = 0u64;
+pub(crate) fn first_nonzero_allocated(file: &File, from: u64, len: u64) -> io::Result<Option<u64>> {
+    let mut pos = from;
     while pos < len {
         let data = match rustix::fs::seek(file, SeekFrom::Data(pos)) {
             Ok(d) => d,
@@ -489,7 +502,7 @@ pub(crate) fn first_nonzero_allocated(file: &File, len: u64) -> io::Result<Optio
 
 /// The first non-zero byte found in a block device's bounded sample: its first and last
 /// `BLOCK_EDGE_BYTES` and `BLOCK_SAMPLES` reads of `BLOCK_SAMPLE_BYTES` spread between them.
-pub(crate) fn first_nonzero_sampled(file: &File, len: u64) -> io::Result<Option<u64>> {
+pub(crate) fn first_nonzero_sampled(file: &File, from: u64, len: u64) -> io::Result<Option<u64>> {
     let mut ranges = vec![
         (0, BLOCK_EDGE_BYTES.min(len)),
         (len.saturating_sub(BLOCK_EDGE_BYTES), len),
@@ -500,6 +513,10 @@ pub(crate) fn first_nonzero_sampled(file: &File, len: u64) -> io::Result<Option<
         ranges.push((at, (at + BLOCK_SAMPLE_BYTES).min(len)));
     }
     for (start, end) in ranges {
+        let start = start.max(from);
+        if start >= end {
+            continue;
+        }
         if let Some(at) = first_nonzero_in(file, start, end)? {
             return Ok(Some(at));
         }
@@ -527,19 +544,19 @@ mod tests {
         let path = dir.path().join("f");
         let file = File::create_new(&path).unwrap();
         file.set_len(64 << 20).unwrap();
-        assert_eq!(first_nonzero_allocated(&file, 64 << 20).unwrap(), None);
+        assert_eq!(first_nonzero_allocated(&file, 0, 64 << 20).unwrap(), None);
         // Zeros written (allocated) are still zeros.
         file.write_all_at(&[0u8; 8192], 1 << 20).unwrap();
-        assert_eq!(first_nonzero_allocated(&file, 64 << 20).unwrap(), None);
+        assert_eq!(first_nonzero_allocated(&file, 0, 64 << 20).unwrap(), None);
         file.write_all_at(&[0, 0, 9], (40 << 20) + 5).unwrap();
         assert_eq!(
-            first_nonzero_allocated(&file, 64 << 20).unwrap(),
+            first_nonzero_allocated(&file, 0, 64 << 20).unwrap(),
             Some((40 << 20) + 7)
         );
         // The sampled scan of the same content: its sample points miss the byte at 40 MiB
         // + 7 unless one lands there; its edges see a byte at the end.
         file.write_all_at(&[1], (64 << 20) - 1).unwrap();
-        assert!(first_nonzero_sampled(&file, 64 << 20).unwrap().is_some());
+        assert!(first_nonzero_sampled(&file, 0, 64 << 20).unwrap().is_some());
     }
 
     #[test]

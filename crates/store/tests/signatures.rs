@@ -273,3 +273,39 @@ fn a_file_left_signed_by_a_failed_add_needs_force_and_a_pool_device_is_refused_e
     assert!(err.to_string().contains("device 0 of this pool"), "{err}");
     assert_eq!(&std::fs::read(&dev0).unwrap()[..64], &head[..]);
 }
+
+/// An add that stopped after it signed the device and before its record was committed (the
+/// crash harness kills the server there) leaves this pool's signature naming the next
+/// device id: a retried `device add` takes it back without `force`, unless something other
+/// than zeros lies past the reserved extent.
+#[test]
+fn a_file_left_signed_by_an_unfinished_add_of_the_next_device_is_taken_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let store = Store::open(&StoreConfig {
+        device_count: 1,
+        device_capacity_bytes: 4 * E,
+        ..StoreConfig::new(&data)
+    })
+    .unwrap();
+    let dev0 = data.join("devices/dev-0.img");
+    let head = std::fs::read(&dev0).unwrap()[..64].to_vec();
+    let mut sig = head.clone();
+    sig[32..36].copy_from_slice(&1u32.to_le_bytes());
+    let crc = crc32c::crc32c(&sig[..60]);
+    sig[60..64].copy_from_slice(&crc.to_le_bytes());
+    let next = data.join("devices/dev-1.img");
+    // With data past the reserved extent: refused, untouched.
+    let mut bytes = vec![0u8; (4 * E) as usize];
+    bytes[..64].copy_from_slice(&sig);
+    bytes[(E + 4096) as usize] = 1;
+    std::fs::write(&next, &bytes).unwrap();
+    let err = store.add_device(None, 4 * E).unwrap_err();
+    assert!(err.to_string().contains("holds data"), "{err}");
+    assert!(std::fs::read(&next).unwrap() == bytes);
+    // Only the signature: taken back.
+    bytes[(E + 4096) as usize] = 0;
+    std::fs::write(&next, &bytes).unwrap();
+    let info = store.add_device(None, 4 * E).unwrap();
+    assert_eq!(info.id, 1);
+}
