@@ -442,9 +442,26 @@ impl Harness {
                         }
                     }
                     Kind::Flush => self.flush(v),
-                    Kind::DeviceAdd => self.add_device(api),
-                    Kind::Scrub => self.scrub(v, api, server),
-                    Kind::DeviceFail => self.fail_device(api),
+                    // A target that cannot be placed (the pool at its most devices, a device
+                    // failed already, a volume with one copy) is dropped: the kill comes on
+                    // the timer, and the writer does not spin without touching the network.
+                    Kind::DeviceAdd if self.devices + self.devices_maybe < MAX_DEVICES => {
+                        self.add_device(api)
+                    }
+                    Kind::DeviceFail
+                        if self.failed_device.is_none()
+                            && self.fail_maybe.is_none()
+                            && self.devices >= 3 =>
+                    {
+                        self.fail_device(api)
+                    }
+                    Kind::Scrub if self.replicated && self.vols[v].uid % 2 == 1 => {
+                        self.scrub(v, api, server)
+                    }
+                    Kind::DeviceAdd | Kind::DeviceFail | Kind::Scrub => {
+                        self.target = None;
+                        self.write(v)
+                    }
                     Kind::Trim => self.discard(v, NBD_CMD_TRIM),
                     Kind::WriteZeroes => self.discard(v, NBD_CMD_WRITE_ZEROES),
                     _ => self.write(v),
