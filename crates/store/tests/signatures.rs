@@ -250,10 +250,7 @@ fn a_file_left_signed_by_a_failed_add_needs_force_and_a_pool_device_is_refused_e
     let head = std::fs::read(&dev0).unwrap()[..64].to_vec();
     // This pool's signature naming device 5, which the pool does not have (an add that
     // failed after signing): a signature like any other, taken with force only.
-    let mut sig = head.clone();
-    sig[32..36].copy_from_slice(&5u32.to_le_bytes());
-    let crc = crc32c::crc32c(&sig[..60]);
-    sig[60..64].copy_from_slice(&crc.to_le_bytes());
+    let sig = signature_naming(&head, 5);
     let leftover = data.join("devices/leftover.img");
     let mut bytes = vec![0u8; (4 * E) as usize];
     bytes[..64].copy_from_slice(&sig);
@@ -288,12 +285,8 @@ fn a_file_left_signed_by_an_unfinished_add_of_the_next_device_is_taken_back() {
         ..StoreConfig::new(&data)
     })
     .unwrap();
-    let dev0 = data.join("devices/dev-0.img");
-    let head = std::fs::read(&dev0).unwrap()[..64].to_vec();
-    let mut sig = head.clone();
-    sig[32..36].copy_from_slice(&1u32.to_le_bytes());
-    let crc = crc32c::crc32c(&sig[..60]);
-    sig[60..64].copy_from_slice(&crc.to_le_bytes());
+    let head = std::fs::read(data.join("devices/dev-0.img")).unwrap()[..64].to_vec();
+    let sig = signature_naming(&head, 1);
     let next = data.join("devices/dev-1.img");
     // With data past the reserved extent: refused, untouched.
     let mut bytes = vec![0u8; (4 * E) as usize];
@@ -308,4 +301,14 @@ fn a_file_left_signed_by_an_unfinished_add_of_the_next_device_is_taken_back() {
     std::fs::write(&next, &bytes).unwrap();
     let info = store.add_device(None, 4 * E).unwrap();
     assert_eq!(info.id, 1);
+}
+
+/// The first 64 bytes of a device signature of this pool (`head`, device 0's) made to name
+/// device `id`, with its CRC32C recomputed.
+fn signature_naming(head: &[u8], id: u32) -> Vec<u8> {
+    let mut sig = head.to_vec();
+    sig[32..36].copy_from_slice(&id.to_le_bytes());
+    let crc = crc32c::crc32c(&sig[..60]);
+    sig[60..64].copy_from_slice(&crc.to_le_bytes());
+    sig
 }
