@@ -1095,6 +1095,25 @@ mod tests {
         }
     }
 
+    /// redb on `FailingBackend` over the file at `path`, failing with `errno` when set.
+    fn open_failing(
+        path: &Path,
+        errno: &std::sync::Arc<std::sync::atomic::AtomicI32>,
+    ) -> Result<Database, StoreError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        redb::Builder::new()
+            .create_with_backend(FailingBackend {
+                inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
+                errno: errno.clone(),
+            })
+            .map_err(redb_err)
+    }
+
     /// A `Meta` on `FailingBackend` over `dir/meta.redb`, and its error switch.
     fn failing_meta(
         dir: &Path,
@@ -1103,20 +1122,7 @@ mod tests {
         let errno = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
         let path = dir.join("meta.redb");
         let e = errno.clone();
-        let opener: Opener = Box::new(move || {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)?;
-            redb::Builder::new()
-                .create_with_backend(FailingBackend {
-                    inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
-                    errno: e.clone(),
-                })
-                .map_err(redb_err)
-        });
+        let opener: Opener = Box::new(move || open_failing(&path, &e));
         (Meta::open_with(opener, reserve).unwrap(), errno)
     }
 
@@ -1185,18 +1191,7 @@ mod tests {
             // Every open clears the error: the fault lasted one attempt.
             o.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             e.store(0, std::sync::atomic::Ordering::SeqCst);
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)?;
-            redb::Builder::new()
-                .create_with_backend(FailingBackend {
-                    inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
-                    errno: e.clone(),
-                })
-                .map_err(redb_err)
+            open_failing(&path, &e)
         });
         let m = Meta::open_with(opener, None).unwrap();
         m.commit(&[], &[MetaOp::Init]).unwrap();
@@ -1239,18 +1234,7 @@ mod tests {
                 },
                 std::sync::atomic::Ordering::SeqCst,
             );
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)?;
-            redb::Builder::new()
-                .create_with_backend(FailingBackend {
-                    inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
-                    errno: e.clone(),
-                })
-                .map_err(redb_err)
+            open_failing(&path, &e)
         });
         let m = Meta::open_with(opener, Some(reserve)).unwrap();
         // The open itself hit the full disk (a fresh file is written at creation), released

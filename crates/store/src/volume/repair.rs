@@ -68,6 +68,16 @@ impl Volume {
         out
     }
 
+    /// The allocated logical extents (of replica 0, which every copy mirrors), in order,
+    /// read under the state lock once: what a scrub or a restore's resync walks.
+    pub(crate) fn allocated_extents(&self) -> Vec<u64> {
+        let st = read(&self.state);
+        st.map
+            .allocated_in(0, st.map.extent_count())
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// Marks a rebuild of this volume as running or not (its driver's call): while it runs, a
     /// degraded volume reports `Rebuilding`.
     pub fn set_rebuilding(&self, running: bool) {
@@ -198,13 +208,7 @@ impl Volume {
         if self.replicas < 2 {
             return Ok(report);
         }
-        let extents: Vec<u64> = {
-            let st = read(&self.state);
-            st.map
-                .allocated_in(0, st.map.extent_count())
-                .map(|(i, _)| i)
-                .collect()
-        };
+        let extents = self.allocated_extents();
         let copies_n = usize::from(self.replicas);
         let mut bufs: Vec<Vec<u8>> = (0..copies_n)
             .map(|_| vec![0u8; EXTENT_SIZE_BYTES as usize])

@@ -66,13 +66,7 @@ impl Volume {
         if self.replicas < 2 {
             return Ok(out);
         }
-        let extents: Vec<u64> = {
-            let st = read(&self.state);
-            st.map
-                .allocated_in(0, st.map.extent_count())
-                .map(|(i, _)| i)
-                .collect()
-        };
+        let extents = self.allocated_extents();
         let mut good = vec![0u8; REPAIR_CHUNK_BYTES];
         let mut mine = vec![0u8; REPAIR_CHUNK_BYTES];
         for extent in extents {
