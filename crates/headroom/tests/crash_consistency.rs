@@ -1374,7 +1374,7 @@ fn acknowledged_durable_data_survives_sigkill_at_random_moments() {
 /// The same harness against a Headroom whose store is a Ceph RADOS pool (the test cluster
 /// `scripts/test` starts): one copy per extent (Ceph keeps the replicas), no device adds or
 /// scrubs (the pool is one device); each restart waits for the killed node's lease to expire
-/// (1 s here). `HEADROOM_CRASH_RADOS_CYCLES` (default 12) sets the cycles.
+/// (2 s here: a 1 s lease ran out on a loaded CI machine while the node fenced). `HEADROOM_CRASH_RADOS_CYCLES` (default 12) sets the cycles.
 #[test]
 fn rados_acknowledged_durable_data_survives_sigkill_at_random_moments() {
     let Some(conf) = std::env::var_os("HEADROOM_TEST_CEPH_CONF") else {
@@ -1404,7 +1404,7 @@ fn rados_acknowledged_durable_data_survives_sigkill_at_random_moments() {
             "--device-size".into(),
             "1GiB".into(),
             "--rados-lease-ms".into(),
-            "1000".into(),
+            "2000".into(),
         ],
         replicated: false,
         device_ops: false,

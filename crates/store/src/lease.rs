@@ -8,7 +8,8 @@
 //!
 //! **The lease** is a RADOS exclusive lock (`cls_lock`, `rados_lock_exclusive`) named
 //! `headroom` on the object `lease` of the store's namespace, taken with a random cookie for
-//! a duration (`StoreConfig::rados`, `lease`) and renewed every third of it. A node that
+//! a duration (`StoreConfig::rados`, `lease`), renewed once more after fencing and from then on a
+//! third of a lease after the last renewal that succeeded. A node that
 //! finds it held polls until it expires (or gives up after the configured wait).
 //!
 //! **Fencing.** The holder's client address (`rados_getaddrs`) is kept in the lock object's
@@ -128,6 +129,21 @@ impl Lease {
             ..OmapBatch::default()
         };
         pool.omap_commit(LEASE_OBJECT, &batch).map_err(io_err)?;
+        // Fencing waits for the newest OSD map, which can take most of a lease on a loaded
+        // cluster: renew before serving, so the node starts with a whole lease ahead of it
+        // (and learns now, not mid-request, if the lease ran out while it fenced).
+        let sent = Instant::now();
+        if !pool
+            .lock_exclusive(LEASE_OBJECT, LOCK_NAME, &cookie, duration, true)
+            .map_err(io_err)?
+        {
+            return Err(StoreError::InvalidConfig(format!(
+                "the lease of {} expired while this node fenced the previous holder, and \
+                 another node holds it now",
+                pool.label
+            )));
+        }
+        *renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent;
         tracing::info!(
             store = pool.label.as_str(),
             client = addr.as_str(),
@@ -178,7 +194,15 @@ fn renew_loop(
     renewed: &Mutex<Instant>,
 ) {
     let last = || *renewed.lock().unwrap_or_else(|e| e.into_inner());
-    while !stopped(stop, duration / 3) {
+    // A third of a lease after the last renewal that succeeded (at once if that is past), so
+    // a slow renewal does not push the next one later.
+    // Never closer than a sixteenth of a lease apart (a failing cluster is not hammered).
+    let next = || {
+        (duration / 3)
+            .saturating_sub(last().elapsed())
+            .max(duration / 16)
+    };
+    while !stopped(stop, next()) {
         let sent = Instant::now();
         match pool.lock_exclusive(LEASE_OBJECT, LOCK_NAME, cookie, duration, true) {
             Ok(true) => *renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent,
