@@ -203,6 +203,14 @@ struct ServeArgs {
     /// Refuse clients that do not start TLS (NBD_REP_ERR_TLS_REQD).
     #[arg(long)]
     tls_required: bool,
+    /// The tenant a client certificate acts for: CN=TENANT, split at the first `=`
+    /// (repeatable; required with ca-cert.pem; a CN holding `=` needs the configuration
+    /// file's [tls.certificate_tenants]).
+    #[arg(long, value_name = "CN=TENANT")]
+    tls_cert_tenant: Vec<String>,
+    /// Also offer TLS 1.2 suites without forward secrecy (plain PSK) and CBC suites.
+    #[arg(long)]
+    tls_legacy_ciphers: bool,
     /// Log lines on stderr as text (no colour unless stderr is a terminal) or as one JSON
     /// object per line (for journald, Loki, Elasticsearch).
     #[arg(long, value_enum, env = "HEADROOM_LOG_FORMAT", default_value_t = LogFormat::Text)]
@@ -284,6 +292,17 @@ impl ServeArgs {
                 psk_file: self.tls_psk_file.clone(),
                 cert_dir: self.tls_cert_dir.clone(),
                 required: self.tls_required.then_some(true),
+                certificate_tenants: (!self.tls_cert_tenant.is_empty()).then(|| {
+                    self.tls_cert_tenant
+                        .iter()
+                        .map(|pair| match pair.split_once('=') {
+                            Some((cn, tenant)) => (cn.to_string(), tenant.to_string()),
+                            // Refused by the check: an empty tenant id is not one.
+                            None => (pair.clone(), String::new()),
+                        })
+                        .collect()
+                }),
+                legacy_cipher_suites: self.tls_legacy_ciphers.then_some(true),
             },
             metrics: serve_config::MetricsSection::default(),
             api: serve_config::ApiSection::default(),

@@ -200,6 +200,11 @@ pub struct TlsSection {
     pub cert_dir: Option<PathBuf>,
     /// Refuse clients that do not start TLS.
     pub required: Option<bool>,
+    /// Client certificate common name to tenant id; required when `ca-cert.pem` is there.
+    /// Taken whole from the highest layer that has it.
+    pub certificate_tenants: Option<std::collections::BTreeMap<String, String>>,
+    /// Also offer TLS 1.2 suites without forward secrecy (plain PSK) and CBC suites.
+    pub legacy_cipher_suites: Option<bool>,
 }
 
 /// `[faults]`: fault injection, a testing tool, off unless the section is there. Taken whole
@@ -803,6 +808,8 @@ impl ConfigFile {
             psk_file: s.psk_file.or(l.psk_file),
             cert_dir: s.cert_dir.or(l.cert_dir),
             required: s.required.or(l.required),
+            certificate_tenants: s.certificate_tenants.or(l.certificate_tenants),
+            legacy_cipher_suites: s.legacy_cipher_suites.or(l.legacy_cipher_suites),
         };
         let (s, l) = (self.metrics, lower.metrics);
         let metrics = MetricsSection {
@@ -1617,7 +1624,13 @@ fn limits_invalid(err: LimitsError) -> Invalid {
 /// `None` unless credentials are given; `tls.required` alone has nothing to require.
 fn tls_config(t: &TlsSection) -> Result<Option<TlsConfig>, Invalid> {
     let required = t.required.unwrap_or(false);
-    if !headroom_node::TLS_SUPPORTED && (t.psk_file.is_some() || t.cert_dir.is_some() || required) {
+    let legacy = t.legacy_cipher_suites.unwrap_or(false);
+    let asked = t.psk_file.is_some()
+        || t.cert_dir.is_some()
+        || required
+        || legacy
+        || t.certificate_tenants.is_some();
+    if !headroom_node::TLS_SUPPORTED && asked {
         return Err(Invalid::new(
             "tls",
             "",
@@ -1633,12 +1646,45 @@ fn tls_config(t: &TlsSection) -> Result<Option<TlsConfig>, Invalid> {
                 "needs tls.psk_file or tls.cert_dir (--tls-psk-file, --tls-cert-dir)",
             ));
         }
+        if let Some(key) = [
+            ("tls.legacy_cipher_suites", legacy),
+            ("tls.certificate_tenants", t.certificate_tenants.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(key, set)| set.then_some(key))
+        {
+            return Err(Invalid::new(
+                key,
+                "",
+                "needs tls.psk_file or tls.cert_dir (--tls-psk-file, --tls-cert-dir)",
+            ));
+        }
         return Ok(None);
+    }
+    if let Some(map) = &t.certificate_tenants {
+        for (cn, tenant) in map {
+            if cn.is_empty() || cn.len() > 1024 {
+                return Err(Invalid::new(
+                    "tls.certificate_tenants",
+                    cn,
+                    "a certificate common name of 1 to 1024 bytes",
+                ));
+            }
+            headroom_store::validate_tenant_id(tenant).map_err(|e| {
+                Invalid::new(
+                    "tls.certificate_tenants",
+                    tenant,
+                    format!("a tenant id for CN {cn:?} ({e})"),
+                )
+            })?;
+        }
     }
     Ok(Some(TlsConfig {
         psk_file: t.psk_file.clone(),
         cert_dir: t.cert_dir.clone(),
         required,
+        certificate_tenants: t.certificate_tenants.clone(),
+        legacy_cipher_suites: legacy,
     }))
 }
 
@@ -2613,7 +2659,41 @@ mod tests {
             assert_eq!(tls.psk_file, Some(PathBuf::from("keys.psk")));
             assert_eq!(tls.cert_dir, Some(PathBuf::from("pki")));
             assert!(tls.required);
+            assert!(!tls.legacy_cipher_suites);
+            assert_eq!(tls.certificate_tenants, None);
             assert!(err("[tls]\nrequired = true\n").contains("needs tls.psk_file"));
+            let mapped = resolved(
+                "[tls]\ncert_dir = \"pki\"\nlegacy_cipher_suites = true\n\
+                 [tls.certificate_tenants]\n\"host-1.example\" = \"alice\"\n",
+            )
+            .tls
+            .unwrap();
+            assert!(mapped.legacy_cipher_suites);
+            assert_eq!(
+                mapped.certificate_tenants,
+                Some([("host-1.example".to_string(), "alice".to_string())].into())
+            );
+            for (bad, says) in [
+                (
+                    "[tls]\nlegacy_cipher_suites = true\n",
+                    "tls.legacy_cipher_suites",
+                ),
+                (
+                    "[tls.certificate_tenants]\n\"h\" = \"alice\"\n",
+                    "tls.certificate_tenants",
+                ),
+                (
+                    "[tls]\ncert_dir = \"pki\"\n[tls.certificate_tenants]\n\"h\" = \" alice\"\n",
+                    "a tenant id for CN \"h\"",
+                ),
+                (
+                    "[tls]\ncert_dir = \"pki\"\n[tls.certificate_tenants]\n\"\" = \"alice\"\n",
+                    "a certificate common name of 1 to 1024 bytes",
+                ),
+            ] {
+                let text = err(bad);
+                assert!(text.contains(says), "{bad}: {text}");
+            }
         } else {
             let err = result.unwrap_err().to_string();
             assert!(

@@ -4,52 +4,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use common::{BIN, Server, have_tool, run_ok};
-
-/// Starts `serve` with `extra` and expects it to exit before it is ready. Returns its stderr.
-/// (Reads stdout to its end: a server that wrongly starts prints its ready line, is killed
-/// and fails the test, so nothing waits on a timer.)
-fn start_fails(dir: &Path, extra: &[&str]) -> String {
-    let mut child = Command::new(BIN)
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
-        .args(extra)
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn headroom serve");
-    let stdout = child.stdout.take().expect("stdout");
-    for line in BufReader::new(stdout).lines() {
-        let line = line.unwrap_or_default();
-        if line.starts_with("nbd://") {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("serve {extra:?} started: {line}");
-        }
-    }
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .expect("read stderr");
-    let status = child.wait().expect("wait");
-    assert_eq!(
-        status.code(),
-        Some(1),
-        "serve {extra:?}: {status}\n{stderr}"
-    );
-    stderr
-}
+use common::{BIN, Server, have_tool, run_ok, start_fails};
 
 fn write(path: &Path, text: &str) -> PathBuf {
     std::fs::write(path, text).expect("write config");

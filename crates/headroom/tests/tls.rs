@@ -44,7 +44,7 @@ mod with_tls {
     use serde_json::Value;
 
     use super::common::raw::*;
-    use super::common::{Server, have_tool, random_file, run_ok, text};
+    use super::common::{Server, have_tool, random_file, run_ok, start_fails, text};
 
     const REP_ERR_TLS_REQD: u32 = 0x8000_0005;
     const OPT_STARTTLS: u32 = 5;
@@ -124,13 +124,57 @@ mod with_tls {
         );
     }
 
-    /// Directories in qemu's layout: `server/` for headroom, `client/` (trusted client
-    /// certificate), `rogue/` (a client certificate from another CA), `nocert/` (CA only).
+    /// Directories in qemu's layout: `server/` for headroom (with `ca-crl.pem`, which revokes
+    /// `revoked/`'s certificate), `client/` (trusted client certificate, CN `tenant-a`),
+    /// `hostb/` (trusted, CN `host-b.example`), `unmapped/` (trusted, CN `tenant-b`, which
+    /// `CERT_TENANTS` does not map), `revoked/` (signed by the CA, CN `host-r.example`, then
+    /// revoked), `rogue/` (a client certificate from another CA), `nocert/` (CA only).
     struct Certs {
         server: PathBuf,
         client: PathBuf,
+        hostb: PathBuf,
+        unmapped: PathBuf,
+        revoked: PathBuf,
         rogue: PathBuf,
         nocert: PathBuf,
+    }
+
+    /// The certificate-to-tenant map the servers get: CN `tenant-a` acts for tenant-a,
+    /// `host-b.example` and `host-r.example` for tenant-b; a certificate with CN `tenant-b`
+    /// (`unmapped/`) acts for nobody, its name notwithstanding.
+    const CERT_TENANTS: [&str; 6] = [
+        "--tls-cert-tenant",
+        "tenant-a=tenant-a",
+        "--tls-cert-tenant",
+        "host-b.example=tenant-b",
+        "--tls-cert-tenant",
+        "host-r.example=tenant-b",
+    ];
+
+    /// Revokes `name-cert.pem` with `openssl ca` and writes the CA's list to `ca-crl.pem`.
+    fn revoke(dir: &Path, name: &str) {
+        std::fs::write(
+            dir.join("ca.cnf"),
+            "[ca]\ndefault_ca = headroom_test\n[headroom_test]\ndatabase = index.txt\n\
+             crlnumber = crlnumber\ndefault_md = sha256\ndefault_crl_days = 2\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("index.txt"), "").unwrap();
+        std::fs::write(dir.join("crlnumber"), "01\n").unwrap();
+        let ca = [
+            "-config",
+            "ca.cnf",
+            "-keyfile",
+            "ca-key.pem",
+            "-cert",
+            "ca-cert.pem",
+        ];
+        let cert = format!("{name}-cert.pem");
+        openssl(dir, &[&["ca"], &ca[..], &["-revoke", &cert]].concat());
+        openssl(
+            dir,
+            &[&["ca"], &ca[..], &["-gencrl", "-out", "ca-crl.pem"]].concat(),
+        );
     }
 
     fn make_certs(root: &Path) -> Certs {
@@ -140,7 +184,11 @@ mod with_tls {
         ca(&work, "otherca");
         signed(&work, "ca", "server", "localhost", true);
         signed(&work, "ca", "client", "tenant-a", false);
+        signed(&work, "ca", "hostb", "host-b.example", false);
+        signed(&work, "ca", "unmapped", "tenant-b", false);
+        signed(&work, "ca", "revoked", "host-r.example", false);
         signed(&work, "otherca", "rogue", "tenant-a", false);
+        revoke(&work, "revoked");
         let layout = |dir: &str, files: &[(&str, &str)]| {
             let path = root.join(dir);
             std::fs::create_dir_all(&path).unwrap();
@@ -149,11 +197,22 @@ mod with_tls {
             }
             path
         };
+        let client_layout = |name: &str| {
+            layout(
+                name,
+                &[
+                    ("ca-cert.pem", "ca-cert.pem"),
+                    (&format!("{name}-cert.pem"), "client-cert.pem"),
+                    (&format!("{name}-key.pem"), "client-key.pem"),
+                ],
+            )
+        };
         Certs {
             server: layout(
                 "server",
                 &[
                     ("ca-cert.pem", "ca-cert.pem"),
+                    ("ca-crl.pem", "ca-crl.pem"),
                     ("server-cert.pem", "server-cert.pem"),
                     ("server-key.pem", "server-key.pem"),
                 ],
@@ -166,6 +225,9 @@ mod with_tls {
                     ("client-key.pem", "client-key.pem"),
                 ],
             ),
+            hostb: client_layout("hostb"),
+            unmapped: client_layout("unmapped"),
+            revoked: client_layout("revoked"),
             rogue: layout(
                 "rogue",
                 &[
@@ -358,6 +420,8 @@ mod with_tls {
                 good.join("keys.psk").to_str().unwrap(),
                 "--tls-cert-dir",
                 certs.server.to_str().unwrap(),
+                CERT_TENANTS[0],
+                CERT_TENANTS[1],
             ],
         );
         // `v` has no tenant (the plaintext watcher's); the good clients open their own.
@@ -435,7 +499,9 @@ mod with_tls {
         let out = nbdinfo(&nbds(&server, "va", Some("alice"), &query));
         assert!(out.status.success(), "good PSK: {}", text(&out));
         assert!(
-            server.log().contains("peer CertificateCn(\"tenant-a\")")
+            server
+                .log()
+                .contains("peer Certificate { cn: \"tenant-a\", tenant: \"tenant-a\" }")
                 && server.log().contains("peer PskIdentity(\"alice\")"),
             "the server knows who connected"
         );
@@ -456,6 +522,8 @@ mod with_tls {
             &[
                 "--tls-cert-dir",
                 certs.server.to_str().unwrap(),
+                CERT_TENANTS[0],
+                CERT_TENANTS[1],
                 "--tls-required",
             ],
         );
@@ -641,21 +709,36 @@ mod with_tls {
     }
 
     #[test]
-    fn certificate_cn_is_the_tenant_and_anonymous_tls_sees_only_volumes_without_one() {
+    fn certificates_act_for_the_tenant_their_cn_is_mapped_to_and_anonymous_tls_sees_only_volumes_without_one()
+     {
         if !tools() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         let certs = make_certs(root);
-        let server = tls_server(
-            &root.join("mem"),
+        // Verifying client certificates without saying which tenant each acts for is refused
+        // at start, naming the fix.
+        let err = start_fails(
+            &root.join("mem0"),
             &[
+                "--memory",
+                "1GiB",
                 "--tls-cert-dir",
                 certs.server.to_str().unwrap(),
-                "--tls-required",
             ],
         );
+        assert!(
+            err.contains("certificate_tenants") && err.contains("--tls-cert-tenant CN=TENANT"),
+            "{err}"
+        );
+        let mut flags = vec![
+            "--tls-cert-dir",
+            certs.server.to_str().unwrap(),
+            "--tls-required",
+        ];
+        flags.extend_from_slice(&CERT_TENANTS);
+        let server = tls_server(&root.join("mem"), &flags);
         server.create_tenant("tenant-a");
         server.create_volume_with("ta", "16MiB", &["--tenant", "tenant-a"]);
         server.create_tenant("tenant-b");
@@ -681,6 +764,29 @@ mod with_tls {
         );
         let out = qemu_img(&["info"], &object, &server, "ta");
         assert!(out.status.success(), "CN tenant-a opens ta: {}", text(&out));
+        // The map, not the name: host-b.example acts for tenant-b; a certificate whose CN is
+        // `tenant-b` but is not in the map, and a revoked one (ca-crl.pem), get no session.
+        let query = format!("tls-certificates={}", certs.hostb.display());
+        assert_eq!(listed(&nbds(&server, "", None, &query)), ["tb"]);
+        for refused in [&certs.unmapped, &certs.revoked] {
+            let query = format!("tls-certificates={}", refused.display());
+            let out = nbdinfo(&nbds(&server, "tb", None, &query));
+            assert!(
+                !out.status.success(),
+                "{} opened tb: {}",
+                refused.display(),
+                text(&out)
+            );
+        }
+        let log = server.log();
+        assert!(
+            log.contains("its CN is not in [tls] certificate_tenants") && log.contains("tenant-b"),
+            "the unmapped CN is logged: {log}"
+        );
+        assert!(
+            log.contains("revoked"),
+            "the revoked certificate is logged: {log}"
+        );
         server.stop();
 
         // Without ca-cert.pem the server asks for no client certificate: every TLS client is

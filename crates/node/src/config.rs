@@ -247,6 +247,14 @@ pub struct TlsConfig {
     /// FORCEDTLS: every option but STARTTLS and ABORT is refused with `NBD_REP_ERR_TLS_REQD`
     /// until TLS is up. Otherwise TLS is the client's choice.
     pub required: bool,
+    /// The tenant each client certificate acts for, by its common name (`[tls]
+    /// certificate_tenants`). Required when `ca-cert.pem` makes the server verify client
+    /// certificates: a certificate whose CN is not in it fails the handshake. Certificate
+    /// names and PSK identities are two namespaces; only this map joins a CN to a tenant.
+    pub certificate_tenants: Option<std::collections::BTreeMap<String, String>>,
+    /// Also offer the TLS 1.2 suites without forward secrecy (plain PSK) and the CBC ones,
+    /// for old clients (`[tls] legacy_cipher_suites`). Off: only ephemeral (EC)DHE with AEAD.
+    pub legacy_cipher_suites: bool,
 }
 
 /// Everything `Node::start` needs.

@@ -9,7 +9,7 @@
 //! One [`TlsAcceptor`] is built at start-up from [`TlsConfig`] and shared by every session;
 //! a failed handshake (wrong key, untrusted certificate) ends that session only.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,16 +19,26 @@ use openssl::ssl::{
     Ssl, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslRef,
     SslSessionCacheMode, SslVerifyMode, SslVersion,
 };
-use openssl::x509::X509Name;
+use openssl::x509::store::X509Lookup;
+use openssl::x509::verify::X509VerifyFlags;
+use openssl::x509::{X509Name, X509Ref};
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
 use crate::config::TlsConfig;
 
-/// TLS 1.2 cipher suites: forward-secret AEAD suites for certificates, and the PSK suites
-/// GnuTLS clients offer (qemu and libnbd add `+ECDHE-PSK:+DHE-PSK:+PSK` to their priority).
-/// TLS 1.3 uses OpenSSL's default suites, which cover PSK too.
-const TLS12_CIPHERS: &str = "ECDHE+AESGCM:ECDHE+CHACHA20:ECDHE-PSK-CHACHA20-POLY1305:\
+/// TLS 1.2 cipher suites by default: forward-secret AEAD suites only — ECDHE with AES-GCM or
+/// ChaCha20-Poly1305 for certificates, and ECDHE-PSK with ChaCha20-Poly1305 (the one
+/// forward-secret AEAD PSK suite OpenSSL and GnuTLS share; qemu and libnbd add `+ECDHE-PSK`
+/// to their priority). TLS 1.3 is forward-secret as it is: OpenSSL accepts a PSK only with
+/// an (EC)DHE exchange (`psk_dhe_ke`) unless told otherwise, and it is not.
+const TLS12_CIPHERS: &str =
+    "ECDHE+AESGCM:ECDHE+CHACHA20:ECDHE-PSK-CHACHA20-POLY1305:!aNULL:!eNULL:!SHA1";
+
+/// TLS 1.2 suites with `legacy_cipher_suites`: the default ones, then the CBC ECDHE-PSK
+/// suites and the plain PSK suites (no forward secrecy: one leaked key opens every recorded
+/// session), for clients that offer nothing better.
+const TLS12_LEGACY_CIPHERS: &str = "ECDHE+AESGCM:ECDHE+CHACHA20:ECDHE-PSK-CHACHA20-POLY1305:\
     ECDHE-PSK-AES256-CBC-SHA384:ECDHE-PSK-AES128-CBC-SHA256:PSK-AES256-GCM-SHA384:\
     PSK-AES128-GCM-SHA256:PSK-CHACHA20-POLY1305:!aNULL:!eNULL";
 
@@ -72,6 +82,18 @@ pub enum TlsError {
     },
     #[error("TLS needs --tls-psk-file or --tls-cert-dir")]
     NoCredentials,
+    #[error(
+        "client certificates are verified ({ca} exists), but no [tls] certificate_tenants map \
+         says which tenant each certificate acts for: add one (--tls-cert-tenant CN=TENANT, or \
+         [tls.certificate_tenants] in the configuration file; an empty map admits no \
+         certificate), or remove ca-cert.pem to ask clients for no certificate"
+    )]
+    NoCertificateTenants { ca: PathBuf },
+    #[error(
+        "[tls] certificate_tenants maps client certificates, but {ca} does not exist, so no \
+         client certificate is asked for: add the CA that signs them, or drop the map"
+    )]
+    CertificateTenantsWithoutCa { ca: PathBuf },
     #[error("setting up TLS: {0}")]
     Setup(#[from] openssl::error::ErrorStack),
     #[error("TLS handshake: {0}")]
@@ -83,19 +105,20 @@ pub enum TlsError {
 pub enum Peer {
     /// The PSK identity the client used.
     PskIdentity(String),
-    /// The common name of the client certificate (verified against `ca-cert.pem`).
-    CertificateCn(String),
+    /// A client certificate verified against `ca-cert.pem`: its common name, and the tenant
+    /// `[tls] certificate_tenants` maps it to.
+    Certificate { cn: String, tenant: String },
     /// Neither (a server certificate without client verification).
     Anonymous,
 }
 
 impl Peer {
-    /// The tenant this client acts for: its PSK identity or certificate CN as it is (an
-    /// identity no tenant id can equal, say one with a control character, sees no volume),
-    /// `None` for an anonymous client.
+    /// The tenant this client acts for: its PSK identity as it is (an identity no tenant id
+    /// can equal, say one with a control character, sees no volume), the tenant its
+    /// certificate's CN is mapped to, `None` for an anonymous client.
     pub fn into_tenant(self) -> Option<String> {
         match self {
-            Peer::PskIdentity(identity) | Peer::CertificateCn(identity) => Some(identity),
+            Peer::PskIdentity(tenant) | Peer::Certificate { tenant, .. } => Some(tenant),
             Peer::Anonymous => None,
         }
     }
@@ -104,6 +127,8 @@ impl Peer {
 /// Accepts TLS on sessions that asked for it with `NBD_OPT_STARTTLS`.
 pub struct TlsAcceptor {
     context: SslContext,
+    /// CN to tenant (`TlsConfig::certificate_tenants`); empty without client certificates.
+    certificate_tenants: Arc<BTreeMap<String, String>>,
     /// Where the PSK callback leaves the identity it accepted (OpenSSL does not report the
     /// identity of a TLS 1.3 external PSK through `SSL_get_psk_identity`).
     identity_index: Index<Ssl, String>,
@@ -140,9 +165,58 @@ impl TlsAcceptor {
         );
         builder.set_session_cache_mode(SslSessionCacheMode::OFF);
         builder.set_num_tickets(0)?;
-        builder.set_cipher_list(TLS12_CIPHERS)?;
+        builder.set_cipher_list(if config.legacy_cipher_suites {
+            TLS12_LEGACY_CIPHERS
+        } else {
+            TLS12_CIPHERS
+        })?;
+        let mut certificate_tenants = Arc::new(BTreeMap::new());
         if let Some(dir) = &config.cert_dir {
-            load_certificates(&mut builder, dir)?;
+            let verifies_clients = load_certificates(&mut builder, dir)?;
+            let ca = dir.join("ca-cert.pem");
+            match (&config.certificate_tenants, verifies_clients) {
+                (Some(map), true) => certificate_tenants = Arc::new(map.clone()),
+                (None, true) => return Err(TlsError::NoCertificateTenants { ca }),
+                (Some(_), false) => return Err(TlsError::CertificateTenantsWithoutCa { ca }),
+                (None, false) => {}
+            }
+            if verifies_clients {
+                // A chain that verifies is not enough: its CN must be mapped to a tenant, or
+                // the handshake fails (the client sees a certificate alert, not a session
+                // that lists nothing).
+                let map = Arc::clone(&certificate_tenants);
+                builder.set_verify_callback(
+                    SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT,
+                    move |verified, chain| {
+                        if !verified {
+                            tracing::info!(
+                                error = chain.error().error_string(),
+                                depth = chain.error_depth(),
+                                cn = chain.current_cert().and_then(common_name).as_deref(),
+                                "TLS client certificate refused"
+                            );
+                            return false;
+                        }
+                        if chain.error_depth() != 0 {
+                            return true;
+                        }
+                        let cn = chain.current_cert().and_then(common_name);
+                        let mapped = cn.as_ref().is_some_and(|cn| map.contains_key(cn));
+                        if !mapped {
+                            tracing::info!(
+                                cn = cn.as_deref().unwrap_or("(none)"),
+                                "TLS client certificate verified, but its CN is not in \
+                                 [tls] certificate_tenants: handshake refused"
+                            );
+                        }
+                        mapped
+                    },
+                );
+            }
+        } else if config.certificate_tenants.is_some() {
+            return Err(TlsError::CertificateTenantsWithoutCa {
+                ca: PathBuf::from("ca-cert.pem"),
+            });
         }
         if let Some(path) = &config.psk_file {
             // OpenSSL binds a TLS 1.3 PSK from this callback to SHA-256, and picks the suite
@@ -167,6 +241,7 @@ impl TlsAcceptor {
         }
         Ok(TlsAcceptor {
             context: builder.build(),
+            certificate_tenants,
             identity_index,
         })
     }
@@ -197,21 +272,26 @@ impl TlsAcceptor {
         if let Some(identity) = ssl.ex_data(self.identity_index) {
             return Peer::PskIdentity(identity.clone());
         }
-        certificate_peer(ssl)
+        // The verify callback admitted only mapped CNs; a certificate without a CN, or a
+        // server that asks for none, makes an anonymous client.
+        let cn = ssl.peer_certificate().and_then(|cert| common_name(&cert));
+        match cn.and_then(|cn| Some((self.certificate_tenants.get(&cn)?.clone(), cn))) {
+            Some((tenant, cn)) => Peer::Certificate { cn, tenant },
+            None => Peer::Anonymous,
+        }
     }
 }
 
-fn certificate_peer(ssl: &SslRef) -> Peer {
-    let cn = ssl.peer_certificate().and_then(|cert| {
-        cert.subject_name()
-            .entries_by_nid(openssl::nid::Nid::COMMONNAME)
-            .next()
-            .and_then(|entry| entry.data().to_string().ok())
-    });
-    cn.map_or(Peer::Anonymous, Peer::CertificateCn)
+fn common_name(cert: &X509Ref) -> Option<String> {
+    cert.subject_name()
+        .entries_by_nid(openssl::nid::Nid::COMMONNAME)
+        .next()
+        .and_then(|entry| entry.data().to_string().ok())
 }
 
-fn load_certificates(builder: &mut SslContextBuilder, dir: &Path) -> Result<(), TlsError> {
+/// Loads qemu's layout from `dir`; true when `ca-cert.pem` is there, so client certificates
+/// are required and verified (and `ca-crl.pem`, when there, revokes some of them).
+fn load_certificates(builder: &mut SslContextBuilder, dir: &Path) -> Result<bool, TlsError> {
     let credentials = |path: PathBuf| {
         move |source| TlsError::Credentials {
             path: path.clone(),
@@ -235,8 +315,22 @@ fn load_certificates(builder: &mut SslContextBuilder, dir: &Path) -> Result<(), 
         let names = X509Name::load_client_ca_file(&ca).map_err(credentials(ca.clone()))?;
         builder.set_client_ca_list(names);
         builder.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
+        // qemu's layout names the revocation list `ca-crl.pem`. Read at start: a new list
+        // takes effect on restart.
+        let crl = dir.join("ca-crl.pem");
+        if crl.exists() {
+            let store = builder.cert_store_mut();
+            store
+                .add_lookup(X509Lookup::file())
+                .and_then(|lookup| lookup.load_crl_file(&crl, SslFiletype::PEM))
+                .map_err(credentials(crl.clone()))?;
+            store
+                .set_flags(X509VerifyFlags::CRL_CHECK)
+                .map_err(credentials(crl))?;
+        }
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 /// Copies the key of `identity` into `key_out`; 0 (handshake failure) for an unknown one.
@@ -423,88 +517,139 @@ mod tests {
         assert_eq!(load_psk_file(&path).unwrap().len(), 1);
     }
 
+    const TEST_KEY: [u8; 32] = [0x5a; 32];
+
+    /// An acceptor with one PSK, `alice` = `TEST_KEY`.
+    fn psk_acceptor(dir: &Path, legacy_cipher_suites: bool) -> Arc<TlsAcceptor> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let path = dir.join("keys.psk");
+        let hex: String = TEST_KEY.iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::write(&path, format!("alice:{hex}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Arc::new(
+            TlsAcceptor::new(&TlsConfig {
+                psk_file: Some(path),
+                legacy_cipher_suites,
+                ..TlsConfig::default()
+            })
+            .unwrap(),
+        )
+    }
+
+    /// What a PSK handshake as `alice` at exactly `version`, offering only `ciphers` (TLS
+    /// 1.2 suites), gives: the server's peer and the sessions the client was handed, or the
+    /// server's handshake error.
+    fn psk_handshake(
+        acceptor: &Arc<TlsAcceptor>,
+        version: SslVersion,
+        ciphers: &str,
+    ) -> Result<(Peer, usize), String> {
+        use std::io::{Read as _, Write as _};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sessions = Arc::new(AtomicUsize::new(0));
+        let client = {
+            let sessions = Arc::clone(&sessions);
+            let ciphers = ciphers.to_string();
+            std::thread::spawn(move || {
+                let mut b = openssl::ssl::SslConnector::builder(SslMethod::tls_client()).unwrap();
+                b.set_min_proto_version(Some(version)).unwrap();
+                b.set_max_proto_version(Some(version)).unwrap();
+                b.set_verify(SslVerifyMode::NONE);
+                b.set_cipher_list(&ciphers).unwrap();
+                b.set_ciphersuites("TLS_AES_128_GCM_SHA256").unwrap();
+                b.set_session_cache_mode(SslSessionCacheMode::CLIENT);
+                b.set_new_session_callback(move |_, _| {
+                    sessions.fetch_add(1, Ordering::SeqCst);
+                });
+                b.set_psk_client_callback(move |_, _, identity, psk| {
+                    identity[..6].copy_from_slice(b"alice\0");
+                    psk[..TEST_KEY.len()].copy_from_slice(&TEST_KEY);
+                    Ok(TEST_KEY.len())
+                });
+                let connector = b.build();
+                let tcp = std::net::TcpStream::connect(addr).unwrap();
+                let mut config = connector.configure().unwrap();
+                config.set_verify_hostname(false);
+                config.set_use_server_name_indication(false);
+                // A refused handshake ends here, on the client's side too.
+                let Ok(mut tls) = config.connect("headroom", tcp) else {
+                    return;
+                };
+                // TLS 1.3 tickets come after the handshake: read past them.
+                let mut byte = [0u8; 1];
+                if tls.read_exact(&mut byte).is_ok() {
+                    let _ = tls.write_all(&byte);
+                }
+            })
+        };
+        let peer = runtime.block_on(async {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let (mut tls, peer) = acceptor.accept(tcp).await.map_err(|e| e.to_string())?;
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            tls.write_all(b"x").await.unwrap();
+            tls.flush().await.unwrap();
+            let mut byte = [0u8; 1];
+            tls.read_exact(&mut byte).await.unwrap();
+            Ok::<_, String>(peer)
+        });
+        client.join().unwrap();
+        peer.map(|peer| (peer, sessions.load(Ordering::SeqCst)))
+    }
+
     /// A resumed TLS session would skip the PSK callback and come back without its tenant,
     /// so the server hands out no session to resume: a client that asks for tickets (TLS 1.3)
     /// and caches sessions (TLS 1.2) receives none, and every connection authenticates anew.
     #[test]
     fn the_server_offers_no_session_to_resume() {
-        use std::io::{Read as _, Write as _};
-        use std::os::unix::fs::PermissionsExt as _;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("keys.psk");
-        let key = [0x5au8; 32];
-        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-        std::fs::write(&path, format!("alice:{hex}\n")).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let acceptor = Arc::new(
-            TlsAcceptor::new(&TlsConfig {
-                psk_file: Some(path),
-                ..TlsConfig::default()
-            })
-            .unwrap(),
-        );
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let acceptor = psk_acceptor(dir.path(), false);
         for version in [SslVersion::TLS1_3, SslVersion::TLS1_2] {
-            let listener = runtime
-                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-                .unwrap();
-            let addr = listener.local_addr().unwrap();
-            let sessions = Arc::new(AtomicUsize::new(0));
-            let client = {
-                let sessions = Arc::clone(&sessions);
-                std::thread::spawn(move || {
-                    let mut b =
-                        openssl::ssl::SslConnector::builder(SslMethod::tls_client()).unwrap();
-                    b.set_min_proto_version(Some(version)).unwrap();
-                    b.set_max_proto_version(Some(version)).unwrap();
-                    b.set_verify(SslVerifyMode::NONE);
-                    b.set_cipher_list("ECDHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256")
-                        .unwrap();
-                    b.set_ciphersuites("TLS_AES_128_GCM_SHA256").unwrap();
-                    b.set_session_cache_mode(SslSessionCacheMode::CLIENT);
-                    b.set_new_session_callback(move |_, _| {
-                        sessions.fetch_add(1, Ordering::SeqCst);
-                    });
-                    b.set_psk_client_callback(move |_, _, identity, psk| {
-                        identity[..6].copy_from_slice(b"alice\0");
-                        psk[..key.len()].copy_from_slice(&key);
-                        Ok(key.len())
-                    });
-                    let connector = b.build();
-                    let tcp = std::net::TcpStream::connect(addr).unwrap();
-                    let mut config = connector.configure().unwrap();
-                    config.set_verify_hostname(false);
-                    config.set_use_server_name_indication(false);
-                    let mut tls = config.connect("headroom", tcp).unwrap();
-                    // TLS 1.3 tickets come after the handshake: read past them.
-                    let mut byte = [0u8; 1];
-                    tls.read_exact(&mut byte).unwrap();
-                    tls.write_all(&byte).unwrap();
-                })
-            };
-            let peer = runtime.block_on(async {
-                let (tcp, _) = listener.accept().await.unwrap();
-                let (mut tls, peer) = acceptor.accept(tcp).await.unwrap();
-                use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-                tls.write_all(b"x").await.unwrap();
-                tls.flush().await.unwrap();
-                let mut byte = [0u8; 1];
-                tls.read_exact(&mut byte).await.unwrap();
-                peer
-            });
             // (`session_reused` says nothing here: OpenSSL reports a TLS 1.3 external PSK
             // handshake as a reuse.)
-            client.join().unwrap();
+            let (peer, sessions) =
+                psk_handshake(&acceptor, version, "ECDHE-PSK-CHACHA20-POLY1305").unwrap();
             assert_eq!(peer, Peer::PskIdentity("alice".into()), "{version:?}");
             assert_eq!(
-                sessions.load(Ordering::SeqCst),
-                0,
+                sessions, 0,
                 "{version:?}: the server handed the client a session it could resume"
+            );
+        }
+    }
+
+    /// By default TLS 1.2 offers forward-secret AEAD suites only: a client that offers only
+    /// plain PSK (no ephemeral key exchange: one leaked key decrypts every recorded session)
+    /// or a CBC suite is refused, and accepted once `legacy_cipher_suites` allows it.
+    #[test]
+    fn tls_1_2_without_forward_secrecy_or_with_cbc_only_by_explicit_choice() {
+        let dir = tempfile::tempdir().unwrap();
+        let strict = psk_acceptor(dir.path(), false);
+        let legacy = psk_acceptor(dir.path(), true);
+        let alice = Peer::PskIdentity("alice".into());
+        let fs_aead = "ECDHE-PSK-CHACHA20-POLY1305";
+        assert_eq!(
+            psk_handshake(&strict, SslVersion::TLS1_2, fs_aead).map(|r| r.0),
+            Ok(alice.clone())
+        );
+        for weak in [
+            "PSK-AES128-GCM-SHA256",
+            "PSK-CHACHA20-POLY1305",
+            "ECDHE-PSK-AES128-CBC-SHA256",
+        ] {
+            let refused = psk_handshake(&strict, SslVersion::TLS1_2, weak);
+            assert!(refused.is_err(), "{weak} was accepted by default");
+            assert_eq!(
+                psk_handshake(&legacy, SslVersion::TLS1_2, weak).map(|r| r.0),
+                Ok(alice.clone()),
+                "{weak} with legacy_cipher_suites"
             );
         }
     }
@@ -516,9 +661,12 @@ mod tests {
             Some("alice")
         );
         assert_eq!(
-            Peer::CertificateCn("tenant-a".into())
-                .into_tenant()
-                .as_deref(),
+            Peer::Certificate {
+                cn: "host-17.example".into(),
+                tenant: "tenant-a".into()
+            }
+            .into_tenant()
+            .as_deref(),
             Some("tenant-a")
         );
         assert_eq!(Peer::Anonymous.into_tenant(), None);

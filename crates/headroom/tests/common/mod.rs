@@ -6,7 +6,7 @@
 pub mod openmetrics;
 pub mod raw;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -290,4 +290,44 @@ pub fn random_file(path: &Path, size_bytes: usize, seed: u64) {
         chunk.copy_from_slice(&bytes[..chunk.len()]);
     }
     std::fs::write(path, data).expect("write random file");
+}
+
+/// Starts `serve` with `extra` and expects it to exit before it is ready. Returns its stderr.
+/// (Reads stdout to its end: a server that wrongly starts prints its ready line, is killed
+/// and fails the test, so nothing waits on a timer.)
+pub fn start_fails(dir: &Path, extra: &[&str]) -> String {
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn headroom serve");
+    let stdout = child.stdout.take().expect("stdout");
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap_or_default();
+        if line.starts_with("nbd://") {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve {extra:?} started: {line}");
+        }
+    }
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    let status = child.wait().expect("wait");
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "serve {extra:?}: {status}\n{stderr}"
+    );
+    stderr
 }
