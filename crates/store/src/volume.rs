@@ -597,28 +597,19 @@ impl Volume {
         first: usize,
     ) -> Result<(), StoreError> {
         let mut last_error = None;
-        // Copies whose blocks failed checksum verification: rewritten from the copy that
-        // verifies, once one does.
-        let mut bad: [Option<PhysExtent>; MAX_REPLICAS as usize] = [None; MAX_REPLICAS as usize];
-        for (k, phys) in self.route_read(st, p.extent, first).into_iter().enumerate() {
-            let Some(phys) = phys else { continue };
+        let order = self.route_read(st, p.extent, first);
+        for phys in order.into_iter().flatten() {
             let result = self
                 .shared
                 .device(phys)
                 .and_then(|d| Ok(d.read(phys.index, p.offset_in_extent, dst)?));
             match result {
-                Ok(()) => {
-                    for b in bad.iter().flatten() {
-                        if let Err(e) = self.repair_copy(p, *b, phys, true) {
-                            tracing::warn!(volume = %self.name, device = b.device, error = %e, "repairing a copy that failed verification failed");
-                        }
-                    }
-                    return Ok(());
-                }
+                Ok(()) => return Ok(()),
+                // Some block of this copy fails verification: block by block from here, so
+                // damage in different blocks of different copies is still read around.
                 Err(StoreError::Io(e)) if mismatch_of(&e).is_some() => {
-                    tracing::warn!(volume = %self.name, device = phys.device, error = %e, "a replica failed checksum verification; reading another copy");
-                    bad[k] = Some(phys);
-                    last_error = Some(StoreError::Io(e));
+                    tracing::warn!(volume = %self.name, device = phys.device, error = %e, "a replica failed checksum verification; reading its blocks from the other copies");
+                    return self.read_blockwise(p, dst, &order);
                 }
                 Err(e) => {
                     tracing::warn!(volume = %self.name, device = phys.device, error = %e, "read of a replica failed; trying the next");
@@ -633,6 +624,64 @@ impl Volume {
                 Ok(())
             }
         }
+    }
+
+    /// Reads piece `p` 4 KiB block by block, each from the first copy in `order` whose block
+    /// verifies; the copies whose block failed are rewritten from it (`repair_copy`). A block
+    /// that no copy verifies fails the read (the mismatch of the last copy tried).
+    fn read_blockwise(
+        &self,
+        p: &Piece,
+        dst: &mut [u8],
+        order: &[Option<PhysExtent>; MAX_REPLICAS as usize],
+    ) -> Result<(), StoreError> {
+        let end = p.offset_in_extent + p.len;
+        let mut off = p.offset_in_extent;
+        while off < end {
+            let next = ((off / BLOCK_BYTES + 1) * BLOCK_BYTES).min(end);
+            let sub = Piece {
+                extent: p.extent,
+                offset_in_extent: off,
+                len: next - off,
+                pos: 0,
+            };
+            let out =
+                &mut dst[(off - p.offset_in_extent) as usize..(next - p.offset_in_extent) as usize];
+            let mut bad: [Option<PhysExtent>; MAX_REPLICAS as usize] =
+                [None; MAX_REPLICAS as usize];
+            let mut last_error = None;
+            let mut done = false;
+            for (k, phys) in order.iter().enumerate() {
+                let Some(phys) = *phys else { continue };
+                match self
+                    .shared
+                    .device(phys)
+                    .and_then(|d| Ok(d.read(phys.index, off, out)?))
+                {
+                    Ok(()) => {
+                        for b in bad.iter().flatten() {
+                            if let Err(e) = self.repair_copy(&sub, *b, phys, true) {
+                                tracing::warn!(volume = %self.name, device = b.device, error = %e, "repairing a copy that failed verification failed");
+                            }
+                        }
+                        done = true;
+                        break;
+                    }
+                    Err(StoreError::Io(e)) if mismatch_of(&e).is_some() => {
+                        bad[k] = Some(phys);
+                        last_error = Some(StoreError::Io(e));
+                    }
+                    Err(e) => last_error = Some(e),
+                }
+            }
+            if !done {
+                return Err(last_error.unwrap_or_else(|| {
+                    StoreError::Io(io::Error::other("no copy of the block to read"))
+                }));
+            }
+            off = next;
+        }
+        Ok(())
     }
 
     /// Rewrites the blocks enclosing piece `p` on copy `bad` (which failed verification) from
