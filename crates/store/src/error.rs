@@ -90,6 +90,19 @@ pub enum StoreError {
     /// The volume behind this handle was deleted.
     #[error("volume {0:?} was deleted")]
     VolumeDeleted(String),
+    /// A block of a volume's data failed checksum verification and no copy that verifies was
+    /// found (a 1-replica volume, or every copy damaged): the request fails (EIO) instead of
+    /// returning data that is not what was written.
+    #[error(
+        "checksum mismatch in volume {volume:?} at byte {offset}: device {device} returned data \
+         that is not what was written (no good copy to repair it from)"
+    )]
+    Checksum {
+        volume: String,
+        /// Byte offset in the volume of the bad 4 KiB block.
+        offset: u64,
+        device: u32,
+    },
     /// A device read, write, punch or sync failed.
     #[error("device I/O error: {0}")]
     Io(#[from] std::io::Error),

@@ -16,6 +16,7 @@
 mod alloc;
 pub mod arbiter;
 pub mod check;
+mod checksum;
 mod config;
 mod device;
 mod device_admission;

@@ -1,4 +1,4 @@
-//! Deliberate bugs in the commit protocol, for the power-cut test to prove it catches them
+//! Deliberate bugs in the commit protocol and the checksums' write-intent bitmap, for the power-cut test to prove it catches them
 //! (`tests/power_cut.rs`).
 //!
 //! Why: a durability test that passes is only worth something if it fails when durability
@@ -14,6 +14,9 @@ pub enum Mutant {
     SkipDeviceSync,
     /// Commit the metadata first and sync the devices after it.
     SyncAfterCommit,
+    /// Set a checksummed device's write-intent bit in memory only, never durably before the
+    /// data write (`checksum.rs`): after a power cut, torn blocks are not recomputed.
+    SkipBitmapWrite,
 }
 
 #[cfg(feature = "mutants")]

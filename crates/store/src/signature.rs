@@ -17,13 +17,14 @@
 //!
 //! ```text
 //! 0   16  magic "HEADROOM-DEVICE\0"
-//! 16   4  format version (1)
+//! 16   4  format version (2; 1 is read as 2 without checksums)
 //! 20   4  bytes covered by the checksum (64)
 //! 24   8  pool id
 //! 32   4  device id
 //! 36   4  reserved extents at the start of the device
 //! 40   8  capacity in bytes (whole extents)
-//! 48  12  zero (room for later fields of version 1)
+//! 48   4  features: bit 0 = per-block checksums and write-intent bitmap (checksum.rs)
+//! 52   8  zero (room for later fields of version 2)
 //! 60   4  CRC32C (Castagnoli) of bytes 0..60
 //! ```
 
@@ -32,12 +33,15 @@ use thiserror::Error;
 /// Bytes read and written for the superblock (one 4 KiB block: an atomic write on every
 /// device we support).
 pub(crate) const SIGNATURE_LEN: usize = 4096;
-/// Extents reserved at the start of every device Headroom signs.
+/// Fewest extents reserved at the start of a device Headroom signs (the checksum layout of a
+/// large device reserves more: `checksum::Layout::reserved_extents`).
 pub(crate) const RESERVED_EXTENTS: u32 = 1;
 /// Magic at byte 0 of a Headroom device.
 pub(crate) const SIGNATURE_MAGIC: [u8; 16] = *b"HEADROOM-DEVICE\0";
 /// Version of the superblock layout above.
-pub(crate) const SIGNATURE_FORMAT_VERSION: u32 = 1;
+pub(crate) const SIGNATURE_FORMAT_VERSION: u32 = 2;
+/// Feature bit: the device carries per-block checksums (`checksum.rs`).
+const FEATURE_CHECKSUMS: u32 = 1;
 /// Bytes covered by the CRC32C, which follows them.
 const COVERED_LEN: usize = 60;
 /// Bytes of a device's start that `foreign_signature` looks at (btrfs's superblock magic is
@@ -51,6 +55,8 @@ pub(crate) struct Signature {
     pub device_id: u32,
     pub reserved_extents: u32,
     pub capacity_bytes: u64,
+    /// Per-block checksums and the write-intent bitmap live in the reserved prefix.
+    pub checksums: bool,
 }
 
 /// Why a device's first block is not a valid Headroom signature.
@@ -60,7 +66,7 @@ pub(crate) enum SignatureError {
     Missing,
     #[error("the Headroom signature is damaged: {0}")]
     Damaged(String),
-    #[error("the Headroom signature has format version {0}, this build reads 1")]
+    #[error("the Headroom signature has format version {0}, this build reads 1 and 2")]
     UnknownVersion(u32),
 }
 
@@ -87,6 +93,8 @@ impl Signature {
         buf[32..36].copy_from_slice(&self.device_id.to_le_bytes());
         buf[36..40].copy_from_slice(&self.reserved_extents.to_le_bytes());
         buf[40..48].copy_from_slice(&self.capacity_bytes.to_le_bytes());
+        let features = if self.checksums { FEATURE_CHECKSUMS } else { 0 };
+        buf[48..52].copy_from_slice(&features.to_le_bytes());
         let crc = crc32c::crc32c(&buf[..COVERED_LEN]);
         buf[60..64].copy_from_slice(&crc.to_le_bytes());
         buf
@@ -98,7 +106,7 @@ impl Signature {
             return Err(SignatureError::Missing);
         }
         let version = u32_at(buf, 16);
-        if version != SIGNATURE_FORMAT_VERSION {
+        if version != SIGNATURE_FORMAT_VERSION && version != 1 {
             return Err(SignatureError::UnknownVersion(version));
         }
         let covered = u32_at(buf, 20);
@@ -119,6 +127,7 @@ impl Signature {
             device_id: u32_at(buf, 32),
             reserved_extents: u32_at(buf, 36),
             capacity_bytes: u64_at(buf, 40),
+            checksums: version >= 2 && u32_at(buf, 48) & FEATURE_CHECKSUMS != 0,
         })
     }
 }
@@ -177,7 +186,26 @@ mod tests {
             device_id: 3,
             reserved_extents: 1,
             capacity_bytes: 64 << 20,
+            checksums: true,
         }
+    }
+
+    #[test]
+    fn a_version_1_signature_reads_as_one_without_checksums() {
+        let mut buf = sig().encode();
+        buf[16..20].copy_from_slice(&1u32.to_le_bytes());
+        buf[48..52].copy_from_slice(&0u32.to_le_bytes());
+        let crc = crc32c::crc32c(&buf[..COVERED_LEN]);
+        buf[60..64].copy_from_slice(&crc.to_le_bytes());
+        let read = Signature::decode(&buf).unwrap();
+        assert!(!read.checksums);
+        assert_eq!(read.pool_id, sig().pool_id);
+        let mut v3 = buf.clone();
+        v3[16..20].copy_from_slice(&3u32.to_le_bytes());
+        assert_eq!(
+            Signature::decode(&v3),
+            Err(SignatureError::UnknownVersion(3))
+        );
     }
 
     #[test]

@@ -328,6 +328,22 @@ impl SimDisk {
         Ok(())
     }
 
+    /// Writes `data` at `off` and makes that range durable before returning (a 4 KiB
+    /// `pwritev2(RWF_DSYNC)`): the other unsynced operations stay volatile, except earlier
+    /// writes lying wholly inside the range, which this one supersedes (the page cache holds
+    /// one version of a page, and the flush that makes it durable flushes the disk's cache).
+    pub fn write_durable(&self, off: u64, data: &[u8]) -> io::Result<()> {
+        self.power.tick()?;
+        let end = off + data.len() as u64;
+        let mut s = lock(&self.state);
+        s.log.retain(|op| {
+            !matches!(op, Op::Write { off: o, data: d } if *o >= off && *o + d.len() as u64 <= end)
+        });
+        s.current.write(off, data);
+        s.durable.write(off, data);
+        Ok(())
+    }
+
     fn record(&self, op: Op) -> io::Result<()> {
         self.power.tick()?;
         let mut s = lock(&self.state);

@@ -250,6 +250,11 @@ pub struct DeviceStats {
     /// Read and write errors (ENOSPC not included) since the device last entered service
     /// (its start, or `Store::restore_device`): what `fail_device_after_errors` counts.
     pub errors_in_service: u64,
+    /// 4 KiB blocks that failed checksum verification since the store opened (bit rot, a
+    /// torn or lost write). Always 0 on a device without checksums.
+    pub checksum_errors: u64,
+    /// 4 KiB blocks of this device rewritten from a good copy after they failed verification.
+    pub repaired_blocks: u64,
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::alloc::Allocator;
+use crate::checksum::Layout;
 use crate::config::{MAX_DEVICES, StoreConfig};
 use crate::device::{Device, open_device_file};
 use crate::device_admission::{AdmissionContext, AdmissionError, AdmissionPolicy};
@@ -406,6 +407,11 @@ pub struct DeviceInfo {
     /// a replicated volume go to distinct domains when the pool has enough. Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_domain: Option<String>,
+    /// Its data carries per-block checksums, verified on every read (file and block devices
+    /// added by this build, simulated disks). False: unprotected (unsigned devices of older
+    /// builds, RAM, and RADOS, which Ceph checksums itself).
+    #[serde(default)]
+    pub checksums: bool,
 }
 
 /// What `Store::restore_device` did.
@@ -896,6 +902,7 @@ impl Store {
                 }
                 created_relative = true;
             }
+            let mut checksums = false;
             let (file, capacity, is_block) =
                 open_device_file(&path, cfg.device_capacity_bytes, *is_new).map_err(|e| {
                     StoreError::Io(std::io::Error::new(
@@ -913,7 +920,17 @@ impl Store {
                     )));
                 }
                 rec.capacity_bytes = capacity - capacity % EXTENT_SIZE_BYTES;
-                rec.reserved_extents = RESERVED_EXTENTS;
+                rec.reserved_extents = Layout::for_extents(extents_of(rec.capacity_bytes)?)
+                    .reserved_extents
+                    .max(RESERVED_EXTENTS);
+                if u64::from(rec.reserved_extents) * EXTENT_SIZE_BYTES >= rec.capacity_bytes {
+                    return Err(StoreError::InvalidConfig(format!(
+                        "device {} holds no extent beside the {} reserved for its signature                          and checksums",
+                        path.display(),
+                        rec.reserved_extents
+                    )));
+                }
+                checksums = true;
                 // Signed (and synced) before the record that names it is committed.
                 write_signature(&file, pool_id, i as u32, rec).map_err(|e| {
                     StoreError::Io(std::io::Error::new(
@@ -930,7 +947,12 @@ impl Store {
                 )));
             } else if rec.reserved_extents > 0 {
                 match check_signature(&file, pool_id, i as u32) {
-                    SignatureCheck::Ours => {}
+                    SignatureCheck::Ours(sig) => {
+                        checksums = sig.checksums
+                            && Layout::for_extents(extents_of(rec.capacity_bytes)?)
+                                .reserved_extents
+                                <= rec.reserved_extents;
+                    }
                     SignatureCheck::Foreign(sig) => {
                         return Err(StoreError::InvalidConfig(format!(
                             "device {i} ({}) carries the signature of device {} of pool \
@@ -957,13 +979,31 @@ impl Store {
                 }
             }
             let extent_count = extents_of(rec.capacity_bytes)?;
-            devices.push(Device::from_file(
+            let device = Device::from_file(
                 i as u32,
                 path.display().to_string(),
                 file,
                 is_block,
                 extent_count,
-            ));
+            );
+            let device = if checksums && !unsigned.contains(i as u32) {
+                if *is_new {
+                    // Nothing left of what the space held before: a fresh bitmap, zero entries.
+                    device.zero_checksum_region()?;
+                }
+                device.with_checksums().map_err(|e| {
+                    StoreError::Io(std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "device {}: reading its write-intent bitmap: {e}",
+                            path.display()
+                        ),
+                    ))
+                })?
+            } else {
+                device
+            };
+            devices.push(device);
         }
         if created_relative {
             sync_dir(&cfg.data_dir.join("devices"))?;
@@ -1021,11 +1061,38 @@ impl Store {
         // may hold data of an allocation that never became durable. Punch all free space and
         // make the punches durable before anything can be allocated.
         let punch_all = fresh || !loaded.clean;
+        // Checksums: after an unclean start, the entries of the allocated extents written
+        // since their last sync may not match their data (checksum.rs): recompute them from
+        // the data before anything is read. Free extents are punched below (entries zeroed).
+        let mut recomputed = 0;
+        for d in devices
+            .iter()
+            .filter(|d| d.has_checksums() && !d.is_failed())
+        {
+            if !loaded.clean && !fresh {
+                let free = allocator.free_runs(d.id as usize);
+                recomputed += d.recompute_dirty(&|ext| {
+                    let i = free.partition_point(|&(first, _)| first <= ext);
+                    !(i > 0 && ext - free[i - 1].0 < free[i - 1].1)
+                })?;
+            }
+        }
         for (d, (_, is_new)) in devices.iter().zip(records.iter()) {
             if (punch_all || *is_new) && !d.is_failed() {
                 d.punch_free_runs(&allocator.free_runs(d.id as usize))?;
                 d.sync_if_dirty()?;
             }
+            // Everything is durable and consistent now (after a clean stop it was already).
+            if d.has_checksums() && !d.is_failed() {
+                d.sync_if_dirty()?;
+                d.clear_intent_bits()?;
+            }
+        }
+        if recomputed > 0 {
+            tracing::info!(
+                extents = recomputed,
+                "unclean shutdown: recomputed the checksums of the extents written since their last sync"
+            );
         }
         if punch_all && !fresh {
             tracing::info!("unclean shutdown detected: punched all free extents");
@@ -1100,7 +1167,10 @@ impl Store {
                     capacity_bytes: pool.device_bytes() - pool.device_bytes() % EXTENT_SIZE_BYTES,
                     failure_domain: None,
                     failed: false,
-                    reserved_extents: 0,
+                    reserved_extents: Layout::for_extents(extents_of(
+                        pool.device_bytes() - pool.device_bytes() % EXTENT_SIZE_BYTES,
+                    )?)
+                    .reserved_extents,
                 };
                 records.push((rec, true));
             }
@@ -1115,11 +1185,15 @@ impl Store {
                 )));
             }
             let extent_count = extents_of(rec.capacity_bytes)?;
-            devices.push(Device::simulated(
-                i as u32,
-                pool.disk(i, rec.capacity_bytes),
-                extent_count,
-            ));
+            let device =
+                Device::simulated(i as u32, pool.disk(i, rec.capacity_bytes), extent_count);
+            // Simulated disks carry checksums when their record reserves room for them.
+            let device = if rec.reserved_extents > 0 {
+                device.with_checksums()?
+            } else {
+                device
+            };
+            devices.push(device);
             if *is_new {
                 new_device_ops.push(MetaOp::PutDevice(i as u32, rec.clone()));
             }
@@ -1167,11 +1241,13 @@ impl Store {
             capacity_bytes: capacity,
             failure_domain: failure_domain.clone(),
             failed: false,
-            reserved_extents: 0,
+            reserved_extents: Layout::for_extents(extents_of(capacity)?).reserved_extents,
         };
+        let reserved = rec.reserved_extents;
         let extent_count = extents_of(capacity)?;
         let device = Device::simulated(id as u32, pool.disk(id, capacity), extent_count);
         device.punch_extents(0, extent_count)?;
+        let device = device.with_checksums()?;
         device.sync_if_dirty()?;
         self.shared
             .commit(&[MetaOp::PutDevice(id as u32, rec)], false)?;
@@ -1179,9 +1255,11 @@ impl Store {
             .devices
             .push(device)
             .map_err(|_| invalid("the device list changed underneath".into()))?;
-        lock(&self.shared.pool)
-            .allocator
-            .add_device(extent_count, failure_domain);
+        {
+            let mut p = lock(&self.shared.pool);
+            p.allocator.add_device(extent_count, failure_domain);
+            p.allocator.reserve_prefix(id, reserved);
+        }
         self.pool_info()
             .devices
             .into_iter()
@@ -1318,15 +1396,24 @@ impl Store {
             None => (relative, true),
             Some(_) => (text, false),
         };
+        let extent_count = extents_of(capacity - capacity % EXTENT_SIZE_BYTES)?;
+        let reserved = Layout::for_extents(extent_count)
+            .reserved_extents
+            .max(RESERVED_EXTENTS);
+        if reserved >= extent_count {
+            return Err(invalid(format!(
+                "{capacity} bytes hold no extent beside the {reserved} reserved for the \
+                 device's signature and checksums"
+            )));
+        }
         let rec = DeviceRecord {
             path: record_path,
             relative: is_relative,
             capacity_bytes: capacity - capacity % EXTENT_SIZE_BYTES,
             failure_domain: failure_domain.clone(),
             failed: false,
-            reserved_extents: RESERVED_EXTENTS,
+            reserved_extents: reserved,
         };
-        let extent_count = extents_of(rec.capacity_bytes)?;
         let created = admitted.created;
         let device = Device::from_file(
             id as u32,
@@ -1341,10 +1428,12 @@ impl Store {
         let sig = Signature {
             pool_id: self.pool_id,
             device_id: id as u32,
-            reserved_extents: RESERVED_EXTENTS,
+            reserved_extents: reserved,
             capacity_bytes: rec.capacity_bytes,
+            checksums: true,
         };
         device.write(0, 0, &sig.encode())?;
+        let device = device.with_checksums()?;
         device.sync_if_dirty()?;
         if created && let Some(parent) = abs.parent() {
             sync_dir(parent)?;
@@ -1358,7 +1447,7 @@ impl Store {
         {
             let mut pool = lock(&self.shared.pool);
             pool.allocator.add_device(extent_count, failure_domain);
-            pool.allocator.reserve_prefix(id, RESERVED_EXTENTS);
+            pool.allocator.reserve_prefix(id, reserved);
         }
         tracing::info!(device = id, path = %abs.display(), extents = extent_count, forced = force, "device added to the pool");
         self.pool_info()
@@ -2113,6 +2202,7 @@ impl Store {
                 physical_used_bytes: d.physical_used_bytes(),
                 failed: d.is_failed(),
                 failure_domain,
+                checksums: d.has_checksums(),
             })
             .collect();
         let total: u64 = devices.iter().map(|d| d.extent_count).sum();
@@ -2140,6 +2230,8 @@ impl Store {
                 ops: d.stats(),
                 timed: !d.is_memory(),
                 errors_in_service: d.errors_in_service(),
+                checksum_errors: d.checksum_errors(),
+                repaired_blocks: d.repaired_blocks(),
             })
             .collect()
     }
@@ -2259,7 +2351,23 @@ fn resync_replicas(devices: &[Device], volumes: &[LoadedVolume]) -> Result<(u64,
             extents += 1;
             for (_, &p) in copies.iter().enumerate().filter(|&(i, _)| i != source) {
                 let d = device(p)?;
-                d.read(p.index, 0, &mut dst)?;
+                match d.read(p.index, 0, &mut dst) {
+                    Ok(()) => {}
+                    // Blocks of this copy fail verification: every chunk is rewritten from
+                    // the source (which verified), as if all of them differed.
+                    Err(e) if crate::checksum::mismatch_of(&e).is_some() => {
+                        tracing::warn!(
+                            volume = v.record.name.as_str(),
+                            extent,
+                            device = p.device,
+                            "resync: a copy fails checksum verification; rewriting it from the source"
+                        );
+                        for (t, s) in dst.iter_mut().zip(src.iter()) {
+                            *t = !*s;
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
                 for (k, (s, t)) in src
                     .chunks(RESYNC_CHUNK_BYTES)
                     .zip(dst.chunks(RESYNC_CHUNK_BYTES))
@@ -2311,6 +2419,7 @@ fn write_signature(
         device_id,
         reserved_extents: rec.reserved_extents,
         capacity_bytes: rec.capacity_bytes,
+        checksums: true,
     };
     file.write_all_at(&sig.encode(), 0)?;
     file.sync_data()
@@ -2318,7 +2427,7 @@ fn write_signature(
 
 /// What a recorded-as-signed device's first block says at open.
 enum SignatureCheck {
-    Ours,
+    Ours(Signature),
     /// Another pool's device, or another device of this pool.
     Foreign(Signature),
     /// No valid signature (missing, damaged, unreadable): why.
@@ -2332,7 +2441,9 @@ fn check_signature(file: &std::fs::File, pool_id: u64, device_id: u32) -> Signat
         return SignatureCheck::Unreadable(format!("reading it: {e}"));
     }
     match Signature::decode(&buf) {
-        Ok(sig) if sig.pool_id == pool_id && sig.device_id == device_id => SignatureCheck::Ours,
+        Ok(sig) if sig.pool_id == pool_id && sig.device_id == device_id => {
+            SignatureCheck::Ours(sig)
+        }
         Ok(sig) => SignatureCheck::Foreign(sig),
         Err(e) => SignatureCheck::Unreadable(e.to_string()),
     }

@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::checksum::{BLOCK_BYTES, mismatch_of};
 use crate::device::Device;
 use crate::error::StoreError;
 use crate::extent_map::{CHUNK_EXTENTS, ExtentMap};
@@ -492,6 +493,14 @@ impl Volume {
             self.errors.log(&self.name, op, offset, length, &err);
         }
         match err {
+            StoreError::Io(e) if mismatch_of(&e).is_some() => {
+                let device = mismatch_of(&e).map_or(0, |m| m.device);
+                StoreError::Checksum {
+                    volume: self.name.clone(),
+                    offset,
+                    device,
+                }
+            }
             StoreError::Io(e)
                 if e.kind() == io::ErrorKind::StorageFull
                     && matches!(op, "write" | "write_zeroes" | "flush") =>
@@ -588,13 +597,20 @@ impl Volume {
         first: usize,
     ) -> Result<(), StoreError> {
         let mut last_error = None;
-        for phys in self.route_read(st, p.extent, first).into_iter().flatten() {
+        let order = self.route_read(st, p.extent, first);
+        for phys in order.into_iter().flatten() {
             let result = self
                 .shared
                 .device(phys)
                 .and_then(|d| Ok(d.read(phys.index, p.offset_in_extent, dst)?));
             match result {
                 Ok(()) => return Ok(()),
+                // Some block of this copy fails verification: block by block from here, so
+                // damage in different blocks of different copies is still read around.
+                Err(StoreError::Io(e)) if mismatch_of(&e).is_some() => {
+                    tracing::warn!(volume = %self.name, device = phys.device, error = %e, "a replica failed checksum verification; reading its blocks from the other copies");
+                    return self.read_blockwise(p, dst, &order);
+                }
                 Err(e) => {
                     tracing::warn!(volume = %self.name, device = phys.device, error = %e, "read of a replica failed; trying the next");
                     last_error = Some(e);
@@ -608,6 +624,89 @@ impl Volume {
                 Ok(())
             }
         }
+    }
+
+    /// Reads piece `p` 4 KiB block by block, each from the first copy in `order` whose block
+    /// verifies; the copies whose block failed are rewritten from it (`repair_copy`). A block
+    /// that no copy verifies fails the read (the mismatch of the last copy tried).
+    fn read_blockwise(
+        &self,
+        p: &Piece,
+        dst: &mut [u8],
+        order: &[Option<PhysExtent>; MAX_REPLICAS as usize],
+    ) -> Result<(), StoreError> {
+        let end = p.offset_in_extent + p.len;
+        let mut off = p.offset_in_extent;
+        while off < end {
+            let next = ((off / BLOCK_BYTES + 1) * BLOCK_BYTES).min(end);
+            let sub = Piece {
+                extent: p.extent,
+                offset_in_extent: off,
+                len: next - off,
+                pos: 0,
+            };
+            let out =
+                &mut dst[(off - p.offset_in_extent) as usize..(next - p.offset_in_extent) as usize];
+            let mut bad: [Option<PhysExtent>; MAX_REPLICAS as usize] =
+                [None; MAX_REPLICAS as usize];
+            let mut last_error = None;
+            let mut done = false;
+            for (k, phys) in order.iter().enumerate() {
+                let Some(phys) = *phys else { continue };
+                match self
+                    .shared
+                    .device(phys)
+                    .and_then(|d| Ok(d.read(phys.index, off, out)?))
+                {
+                    Ok(()) => {
+                        for b in bad.iter().flatten() {
+                            if let Err(e) = self.repair_copy(&sub, *b, phys, true) {
+                                tracing::warn!(volume = %self.name, device = b.device, error = %e, "repairing a copy that failed verification failed");
+                            }
+                        }
+                        done = true;
+                        break;
+                    }
+                    Err(StoreError::Io(e)) if mismatch_of(&e).is_some() => {
+                        bad[k] = Some(phys);
+                        last_error = Some(StoreError::Io(e));
+                    }
+                    Err(e) => last_error = Some(e),
+                }
+            }
+            if !done {
+                return Err(last_error.unwrap_or_else(|| {
+                    StoreError::Io(io::Error::other("no copy of the block to read"))
+                }));
+            }
+            off = next;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the blocks enclosing piece `p` on copy `bad` (which failed verification) from
+    /// copy `good`: read again (verified) and written whole, under the extent's copy lock
+    /// (`lock`: false when the caller holds it), so no client write comes between.
+    fn repair_copy(
+        &self,
+        p: &Piece,
+        bad: PhysExtent,
+        good: PhysExtent,
+        lock: bool,
+    ) -> Result<(), StoreError> {
+        let _ordered = if lock { self.copy_lock(p.extent) } else { None };
+        let b0 = p.offset_in_extent / BLOCK_BYTES * BLOCK_BYTES;
+        let b1 = (p.offset_in_extent + p.len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let mut buf = vec![0u8; (b1 - b0) as usize];
+        self.shared.device(good)?.read(good.index, b0, &mut buf)?;
+        let target = self.shared.device(bad)?;
+        if target.is_failed() {
+            return Ok(());
+        }
+        target.write(bad.index, b0, &buf)?;
+        target.note_repaired((b1 - b0) / BLOCK_BYTES);
+        tracing::warn!(volume = %self.name, device = bad.device, extent = p.extent, offset = b0, bytes = b1 - b0, "rewrote blocks that failed checksum verification from a good copy");
+        Ok(())
     }
 
     /// Runs `op` on every copy of piece `p` of a replicated volume whose device is healthy,
@@ -636,7 +735,21 @@ impl Volume {
                 skipped = Some(phys.device);
                 continue;
             }
-            op(device, phys)?;
+            match op(device, phys) {
+                Ok(()) => {}
+                // A partial-block write found the enclosing block of this copy bad: repair
+                // it from another copy (the copy lock is held), then write again.
+                Err(e) if mismatch_of(&e).is_some() => {
+                    let good = st
+                        .maps()
+                        .filter_map(|m| PhysExtent::from_entry(m.get(p.extent)))
+                        .find(|g| *g != phys && !self.device_failed(*g))
+                        .ok_or(StoreError::Io(e))?;
+                    self.repair_copy(p, phys, good, false)?;
+                    op(device, phys)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
             touched.insert(phys.device);
             written = true;
         }

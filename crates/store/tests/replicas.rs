@@ -621,7 +621,7 @@ fn corrupt_copy(dir: &TempDir, v: &Volume, replica: u8, extent: u64, offset: u64
 }
 
 #[test]
-fn a_scrub_repairs_a_corrupted_copy_from_the_majority_and_reports_two_disagreeing_copies() {
+fn a_scrub_repairs_corrupted_blocks_from_a_copy_that_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&config(&dir, 3)).unwrap();
     let v = replicated(&store, "three", 4 * E, 3);
@@ -629,15 +629,24 @@ fn a_scrub_repairs_a_corrupted_copy_from_the_majority_and_reports_two_disagreein
     v.write_at(0, &data, false).unwrap();
     v.flush().unwrap();
     assert_eq!(v.scrub().unwrap().mismatches, 0);
-    // Two chunks of replica 2 and one of replica 0 go bad.
+    // Two blocks of replica 2 and one of replica 0 go bad.
     corrupt_copy(&dir, &v, 2, 0, 4096, &[0xAB; 512]);
     corrupt_copy(&dir, &v, 2, 1, 700 * 1024, &[0xCD; 4096]);
     corrupt_copy(&dir, &v, 0, 1, 0, &[0xEF; 100]);
-    assert!(replica_bytes(&v, 2, 4096, 512) != data[4096..4608]);
+    // A read of the bad copy alone is refused (checksum), never the corrupted bytes.
+    let mut buf = vec![0u8; 512];
+    assert!(matches!(
+        v.read_replica_at(2, 4096, &mut buf),
+        Err(StoreError::Io(_))
+    ));
     let report = v.scrub().unwrap();
     assert_eq!(report.extents_checked, 2);
-    assert_eq!(report.mismatches, 3);
-    assert_eq!(report.repaired, 3);
+    assert_eq!(report.blocks_verified, 2 * 3 * 512);
+    assert_eq!(report.checksum_mismatches, 3);
+    assert_eq!(report.checksum_repaired, 3);
+    assert_eq!(report.unrepairable, 0);
+    // Repaired before the comparison: the copies agree.
+    assert_eq!(report.mismatches, 0);
     for r in 0..3 {
         assert!(
             replica_bytes(&v, r, 0, data.len()) == data,
@@ -648,11 +657,13 @@ fn a_scrub_repairs_a_corrupted_copy_from_the_majority_and_reports_two_disagreein
         v.scrub().unwrap(),
         ScrubReport {
             extents_checked: 2,
-            mismatches: 0,
-            repaired: 0
+            blocks_verified: 2 * 3 * 512,
+            ..ScrubReport::default()
         }
     );
 
+    // Two copies: the checksum says which one is right, so this repairs too (without
+    // checksums two disagreeing copies had no majority).
     let two = replicated(&store, "two", 4 * E, 2);
     two.write_at(0, &data[..E as usize], false).unwrap();
     two.flush().unwrap();
@@ -662,8 +673,14 @@ fn a_scrub_repairs_a_corrupted_copy_from_the_majority_and_reports_two_disagreein
         report,
         ScrubReport {
             extents_checked: 1,
-            mismatches: 1,
-            repaired: 0
+            blocks_verified: 2 * 512,
+            checksum_mismatches: 1,
+            checksum_repaired: 1,
+            ..ScrubReport::default()
         }
     );
+    assert!(replica_bytes(&two, 1, 0, E as usize) == data[..E as usize]);
+    let errors: u64 = store.device_stats().iter().map(|d| d.checksum_errors).sum();
+    // The refused read of replica 2, the three blocks of the first scrub, the one of the second.
+    assert_eq!(errors, 5);
 }

@@ -42,6 +42,7 @@ fn new_devices_are_signed_and_their_first_extent_is_never_allocated() {
     assert_eq!(store.pool_info().free_extents, 0);
     let added = store.add_device(None, 4 * E).unwrap();
     assert_eq!((added.extent_count, added.reserved_extents), (3, 1));
+    assert!(added.checksums, "{added:?}");
     drop(store);
     let head = std::fs::read(&dev).unwrap();
     assert_eq!(&head[..16], MAGIC);
@@ -208,6 +209,8 @@ fn a_pool_of_an_older_build_loads_unchanged_and_its_devices_are_not_checked() {
     let store = Store::open(&config(&data, &[&dev])).unwrap();
     let pool = store.pool_info();
     assert!(!pool.devices[0].failed, "{pool:?}");
+    // No room was reserved for checksums on it: it serves without them, and says so.
+    assert!(!pool.devices[0].checksums, "{pool:?}");
     // All 8 extents are the volumes' (nothing reserved), extent 0 included.
     assert_eq!(
         (pool.devices[0].reserved_extents, pool.free_extents),

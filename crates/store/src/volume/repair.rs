@@ -1,6 +1,7 @@
 //! Repair of replicated volumes: the store's half of a rebuild (copy a lost copy of an extent
-//! onto a healthy device and swap it into the map, durably) and of a scrub (compare the copies
-//! of every extent, repair a minority from the majority). Pure store code without threads of
+//! onto a healthy device and swap it into the map, durably) and of a scrub (verify every
+//! block's checksum on every copy and repair bad blocks from a good copy; compare the copies of
+//! every extent, repair a minority from the majority). Pure store code without threads of
 //! its own: the node's rebuild task decides when and how fast (it paces each call through the
 //! scheduler), so the repair rate follows a QoS setting rather than a loop here.
 
@@ -9,6 +10,7 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 
 use super::Volume;
+use crate::checksum::{BLOCK_BYTES, BLOCKS_PER_EXTENT};
 use crate::error::StoreError;
 use crate::layout::{EXTENT_SIZE_BYTES, PENDING_BIT, PhysExtent};
 use crate::store::Change;
@@ -42,6 +44,33 @@ pub struct ScrubReport {
     /// Of those, chunks rewritten from the majority (3 copies); with 2 copies that disagree
     /// there is no majority and nothing is rewritten.
     pub repaired: u64,
+    /// 4 KiB blocks read and verified against their checksums (every copy on a device with
+    /// checksums).
+    #[serde(default)]
+    pub blocks_verified: u64,
+    /// Blocks (of any copy) that failed checksum verification.
+    #[serde(default)]
+    pub checksum_mismatches: u64,
+    /// Of those, blocks rewritten from a copy whose block verifies.
+    #[serde(default)]
+    pub checksum_repaired: u64,
+    /// Of those, blocks no copy of which verifies (1-replica volumes, or every copy bad): a
+    /// read of them answers EIO.
+    #[serde(default)]
+    pub unrepairable: u64,
+}
+
+impl ScrubReport {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &ScrubReport) {
+        self.extents_checked += other.extents_checked;
+        self.mismatches += other.mismatches;
+        self.repaired += other.repaired;
+        self.blocks_verified += other.blocks_verified;
+        self.checksum_mismatches += other.checksum_mismatches;
+        self.checksum_repaired += other.checksum_repaired;
+        self.unrepairable += other.unrepairable;
+    }
 }
 
 impl Volume {
@@ -198,67 +227,108 @@ impl Volume {
         Ok(())
     }
 
-    /// Compares the copies on healthy devices of every allocated extent, 64 KiB at a time,
-    /// each extent under its stripe lock (so a client write is never half seen). A chunk that
-    /// a strict majority of copies agree on is rewritten on the others (3 copies); two copies
-    /// that disagree are reported, not repaired (no majority, and no checksum says which is
-    /// right). Synchronous: one extent's copies are read at a time.
+    /// Scrubs every allocated extent (`scrub_extent`, one after the other) and sums the
+    /// reports. Synchronous: one extent's copies are read at a time.
     pub fn scrub(&self) -> Result<ScrubReport, StoreError> {
         let mut report = ScrubReport::default();
-        if self.replicas < 2 {
+        for extent in self.allocated_extents() {
+            report.add(&self.scrub_extent(extent)?);
+        }
+        Ok(report)
+    }
+
+    /// Scrubs logical extent `extent` (a step a paced caller can drive, like
+    /// `rebuild_extent`), under its stripe lock so a client write is never half seen:
+    ///
+    /// 1. every copy on a healthy device is read below the page cache and each 4 KiB block
+    ///    verified against its checksum (devices with checksums); a block that fails is
+    ///    rewritten from a copy whose block verifies, or counted unrepairable (1 copy, or every
+    ///    copy bad);
+    /// 2. then the copies are compared 64 KiB at a time: a chunk that a strict majority of
+    ///    copies agree on is rewritten on the others (3 copies); two copies that disagree (and
+    ///    both verify) are reported, not repaired.
+    pub fn scrub_extent(&self, extent: u64) -> Result<ScrubReport, StoreError> {
+        let mut report = ScrubReport::default();
+        let st = read(&self.state);
+        self.check_live()?;
+        let _ordered = self.copy_lock(extent);
+        let copies: Vec<PhysExtent> = st
+            .maps()
+            .filter_map(|m| PhysExtent::from_entry(m.get(extent)))
+            .filter(|p| !self.device_failed(*p))
+            .collect();
+        if copies.is_empty() {
             return Ok(report);
         }
-        let extents = self.allocated_extents();
-        let copies_n = usize::from(self.replicas);
-        let mut bufs: Vec<Vec<u8>> = (0..copies_n)
+        let mut bufs: Vec<Vec<u8>> = copies
+            .iter()
             .map(|_| vec![0u8; EXTENT_SIZE_BYTES as usize])
             .collect();
-        let mut touched = false;
-        for extent in extents {
-            let st = read(&self.state);
-            self.check_live()?;
-            let _ordered = self.copy_lock(extent);
-            let copies: Vec<PhysExtent> = st
-                .maps()
-                .filter_map(|m| PhysExtent::from_entry(m.get(extent)))
-                .filter(|p| !self.device_failed(*p))
-                .collect();
-            if copies.len() < 2 {
-                continue;
-            }
-            for (p, buf) in copies.iter().zip(bufs.iter_mut()) {
-                self.shared.device(*p)?.read(p.index, 0, buf)?;
-            }
-            report.extents_checked += 1;
-            let n = copies.len();
-            for k in 0..(EXTENT_SIZE_BYTES as usize / REPAIR_CHUNK_BYTES) {
-                let range = k * REPAIR_CHUNK_BYTES..(k + 1) * REPAIR_CHUNK_BYTES;
-                let chunk = |i: usize| &bufs[i][range.clone()];
-                if (1..n).all(|i| chunk(i) == chunk(0)) {
-                    continue;
-                }
-                report.mismatches += 1;
-                let majority =
-                    (0..n).find(|&i| (0..n).filter(|&j| chunk(j) == chunk(i)).count() * 2 > n);
-                let Some(m) = majority else {
-                    tracing::warn!(volume = %self.name, extent, chunk = k, "scrub: copies disagree and no majority");
-                    continue;
-                };
-                for i in (0..n).filter(|&i| chunk(i) != chunk(m)) {
-                    let p = copies[i];
-                    let d = self.shared.device(p)?;
-                    let good = chunk(m);
-                    if good.iter().all(|&b| b == 0) {
-                        d.punch(p.index, range.start as u64, REPAIR_CHUNK_BYTES as u64)?;
-                    } else {
-                        d.write(p.index, range.start as u64, good)?;
-                    }
-                    touched = true;
-                }
-                tracing::warn!(volume = %self.name, extent, chunk = k, "scrub: repaired a chunk from the majority");
-                report.repaired += 1;
+        let mut bad: Vec<Vec<u64>> = Vec::with_capacity(copies.len());
+        for (p, buf) in copies.iter().zip(bufs.iter_mut()) {
+            let d = self.shared.device(*p)?;
+            bad.push(d.verify_extent(p.index, buf)?);
+            if d.has_checksums() {
+                report.blocks_verified += BLOCKS_PER_EXTENT;
             }
         }
+        let mut touched = false;
+        let bs = BLOCK_BYTES as usize;
+        for i in 0..copies.len() {
+            for &b in &bad[i].clone() {
+                report.checksum_mismatches += 1;
+                let good = (0..copies.len()).find(|&j| j != i && !bad[j].contains(&b));
+                let Some(j) = good else {
+                    tracing::error!(volume = %self.name, extent, block = b, device = copies[i].device, "scrub: a block fails checksum verification and no copy of it verifies");
+                    report.unrepairable += 1;
+                    continue;
+                };
+                let range = b as usize * bs..(b as usize + 1) * bs;
+                let block = bufs[j][range.clone()].to_vec();
+                let d = self.shared.device(copies[i])?;
+                d.write(copies[i].index, range.start as u64, &block)?;
+                d.note_repaired(1);
+                bufs[i][range].copy_from_slice(&block);
+                bad[i].retain(|&x| x != b);
+                report.checksum_repaired += 1;
+                touched = true;
+                tracing::warn!(volume = %self.name, extent, block = b, device = copies[i].device, "scrub: rewrote a block that failed checksum verification from a good copy");
+            }
+        }
+        report.extents_checked += 1;
+        let n = copies.len();
+        for k in 0..(EXTENT_SIZE_BYTES as usize / REPAIR_CHUNK_BYTES) {
+            if n < 2 {
+                break;
+            }
+            let range = k * REPAIR_CHUNK_BYTES..(k + 1) * REPAIR_CHUNK_BYTES;
+            let chunk = |i: usize| &bufs[i][range.clone()];
+            if (1..n).all(|i| chunk(i) == chunk(0)) {
+                continue;
+            }
+            report.mismatches += 1;
+            let majority =
+                (0..n).find(|&i| (0..n).filter(|&j| chunk(j) == chunk(i)).count() * 2 > n);
+            let Some(m) = majority else {
+                tracing::warn!(volume = %self.name, extent, chunk = k, "scrub: copies disagree and no majority");
+                continue;
+            };
+            let good = chunk(m).to_vec();
+            for i in (0..n).filter(|&i| chunk(i) != good.as_slice()) {
+                let p = copies[i];
+                let d = self.shared.device(p)?;
+                if good.iter().all(|&b| b == 0) {
+                    d.punch(p.index, range.start as u64, REPAIR_CHUNK_BYTES as u64)?;
+                } else {
+                    d.write(p.index, range.start as u64, &good)?;
+                }
+                touched = true;
+            }
+            tracing::warn!(volume = %self.name, extent, chunk = k, "scrub: repaired a chunk from the majority");
+            report.repaired += 1;
+        }
+        drop(_ordered);
+        drop(st);
         if touched {
             self.shared.commit(&[], false)?;
         }
