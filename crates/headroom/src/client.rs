@@ -300,9 +300,27 @@ impl Api {
 
     /// `PUT /v1/rebuild`: sets the rebuild's rate; the rebuild as the API answered.
     pub fn set_rebuild_rate(&self, rate_bytes_per_s: u64) -> Result<Value> {
+        self.set_rate("/v1/rebuild", rate_bytes_per_s)
+    }
+
+    /// `PUT /v1/scrub`: sets the background scrub's rate; the scrub as the API answered.
+    pub fn set_scrub_rate(&self, rate_bytes_per_s: u64) -> Result<Value> {
+        self.set_rate("/v1/scrub", rate_bytes_per_s)
+    }
+
+    fn set_rate(&self, path: &str, rate_bytes_per_s: u64) -> Result<Value> {
         let response = self
-            .authorized(self.agent.put(self.url("/v1/rebuild")))
+            .authorized(self.agent.put(self.url(path)))
             .send_json(serde_json::json!({ "rate_bytes_per_s": rate_bytes_per_s }))
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
+    /// `POST /v1/scrub`: starts a pass of the background scrub; the scrub as the API answered.
+    pub fn start_scrub(&self) -> Result<Value> {
+        let response = self
+            .authorized(self.agent.post(self.url("/v1/scrub")))
+            .send_empty()
             .map_err(|err| self.unreachable(err))?;
         self.decode(response)
     }

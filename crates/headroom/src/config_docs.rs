@@ -22,6 +22,7 @@ const TABLE_PATHS: &[(&str, &str)] = &[
     ("StorageSection", "storage"),
     ("EmulatedSection", "storage.emulated"),
     ("RebuildSection", "storage.rebuild"),
+    ("ScrubSection", "storage.scrub"),
     ("IoCostSection", "storage.emulated.model"),
     ("LimitsSection", "limits"),
     ("QosSection", "qos"),

@@ -17,6 +17,7 @@ mod output;
 mod pool_cmd;
 mod qos_cmd;
 mod rebuild_cmd;
+mod scrub_cmd;
 mod sd_notify;
 mod serve_config;
 mod sim_cmd;
@@ -72,6 +73,10 @@ enum Command {
     /// The rebuild of lost copies after a device failure: progress, and its rate (live).
     #[command(subcommand, after_help = EXIT_CODES)]
     Rebuild(rebuild_cmd::RebuildCommand),
+    /// The background scrub that verifies every allocated block: progress, what it found,
+    /// its rate (live), and a pass on demand.
+    #[command(subcommand, after_help = EXIT_CODES)]
+    Scrub(scrub_cmd::ScrubCommand),
     /// Manage tenants (the owners volumes name) through a running server's API.
     #[command(subcommand)]
     Tenant(tenant_cmd::TenantCommand),
@@ -278,6 +283,7 @@ impl ServeArgs {
                 rados_arbitration_epoch_ms: self.rados_arbitration_epoch_ms,
                 emulated: None,
                 rebuild: None,
+                scrub: None,
             },
             limits: LimitsSection {
                 max_connections: self.max_connections,
@@ -357,6 +363,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Device(command) => device_cmd::run(command),
         Command::Volume(command) => volume_cmd::run(command),
         Command::Rebuild(command) => rebuild_cmd::run(command),
+        Command::Scrub(command) => scrub_cmd::run(command),
         Command::Tenant(command) => tenant_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),

@@ -59,6 +59,11 @@ const MIN_REQUEST_BYTES: u64 = headroom_nbd::PREFERRED_BLOCK_BYTES as u64;
 const MAX_REQUEST_BYTES: u64 = headroom_nbd::MAX_PAYLOAD_BYTES as u64;
 
 /// A value out of range: names the key, the value and what is allowed.
+/// Highest background rate accepted (the scrub's, like `PUT /v1/scrub`'s): 10 GiB/s.
+const MAX_BACKGROUND_RATE_BYTES_PER_S: u64 = 10 << 30;
+/// Longest scrub interval accepted: a year.
+const MAX_SCRUB_INTERVAL_S: u64 = 365 * 24 * 3600;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Invalid {
     /// Dotted key as written in the file (`qos.workers`).
@@ -365,6 +370,17 @@ pub struct StorageSection {
     pub rados_arbitration_epoch_ms: Option<u64>,
     pub emulated: Option<EmulatedSection>,
     pub rebuild: Option<RebuildSection>,
+    pub scrub: Option<ScrubSection>,
+}
+
+/// `[storage.scrub]`: the background scrub that verifies every allocated block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScrubSection {
+    /// Bytes per second the scrub reads at (`PUT /v1/scrub` changes it live).
+    pub rate: Option<Size>,
+    /// Seconds from the start of one pass to the start of the next (0: only on demand).
+    pub interval_s: Option<u64>,
 }
 
 /// `[storage.rebuild]`: the rebuild of lost copies after a device failure.
@@ -743,6 +759,13 @@ impl ConfigFile {
                     fail_device_after_errors: s
                         .fail_device_after_errors
                         .or(l.fail_device_after_errors),
+                }),
+                (s, l) => s.or(l),
+            },
+            scrub: match (s.scrub, l.scrub) {
+                (Some(s), Some(l)) => Some(ScrubSection {
+                    rate: s.rate.or(l.rate),
+                    interval_s: s.interval_s.or(l.interval_s),
                 }),
                 (s, l) => s.or(l),
             },
@@ -1356,6 +1379,28 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     if let Some(rate) = st.rebuild.and_then(|r| r.rate) {
         config.rebuild_rate_bytes_per_s = rate.0.max(1);
     }
+    if let Some(scrub) = st.scrub {
+        if let Some(rate) = scrub.rate {
+            if !(1..=MAX_BACKGROUND_RATE_BYTES_PER_S).contains(&rate.0) {
+                return Err(Invalid::new(
+                    "storage.scrub.rate",
+                    format_size(rate.0),
+                    "1 byte to 10GiB per second",
+                ));
+            }
+            config.scrub_rate_bytes_per_s = rate.0;
+        }
+        if let Some(interval_s) = scrub.interval_s {
+            if interval_s > MAX_SCRUB_INTERVAL_S {
+                return Err(Invalid::new(
+                    "storage.scrub.interval_s",
+                    interval_s,
+                    "0 (only on demand) to 31536000 (a year)",
+                ));
+            }
+            config.scrub_interval_s = interval_s;
+        }
+    }
 
     config.limits = limits(&layer.limits)?;
     if let Some(ms) = layer.qos.credit_save_period_ms {
@@ -1854,6 +1899,25 @@ mod tests {
 
     fn resolved(text: &str) -> NodeConfig {
         resolve(&parse(text).expect("parses")).expect("valid")
+    }
+
+    #[test]
+    fn the_scrub_rate_and_interval_come_from_storage_scrub_and_are_checked() {
+        let c = resolved("");
+        assert_eq!(
+            (c.scrub_rate_bytes_per_s, c.scrub_interval_s),
+            (16 << 20, 7 * 24 * 3600)
+        );
+        let c = resolved("[storage.scrub]\nrate = \"32MiB\"\ninterval_s = 0\n");
+        assert_eq!(
+            (c.scrub_rate_bytes_per_s, c.scrub_interval_s),
+            (32 << 20, 0)
+        );
+        assert!(err("[storage.scrub]\nrate = 0\n").contains("storage.scrub.rate"));
+        assert!(err("[storage.scrub]\nrate = \"11GiB\"\n").contains("10GiB per second"));
+        assert!(
+            err("[storage.scrub]\ninterval_s = 31536001\n").contains("storage.scrub.interval_s")
+        );
     }
 
     #[test]

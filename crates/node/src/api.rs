@@ -184,6 +184,8 @@ pub struct ApiState {
     pub store: Arc<Store>,
     /// The rebuild task (`/v1/rebuild`, a volume's `rebuild`); `None`: none runs.
     pub rebuild: Option<Arc<crate::repair::Rebuilder>>,
+    /// The background scrub (`/v1/scrub`); `None`: none runs.
+    pub scrub: Option<Arc<crate::scrub::Scrubber>>,
     pub scheduler: Option<Arc<Scheduler<IoJob>>>,
     /// The NBD connections (`GET /v1/connections`).
     pub connections: Arc<Connections>,

@@ -309,6 +309,12 @@ pub struct NodeConfig {
     /// The rate the rebuild of lost copies starts at, bytes per second (`[storage.rebuild]
     /// rate`; `PUT /v1/rebuild` changes it live).
     pub rebuild_rate_bytes_per_s: u64,
+    /// The rate the background scrub reads at, bytes per second (`[storage.scrub] rate`;
+    /// `PUT /v1/scrub` changes it live).
+    pub scrub_rate_bytes_per_s: u64,
+    /// Seconds from the start of one scrub pass to the start of the next (`[storage.scrub]
+    /// interval_s`); 0: only on demand (`POST /v1/scrub`).
+    pub scrub_interval_s: u64,
     /// Read and write errors after which a device is failed for good, as `headroom device
     /// fail` would (`[storage.rebuild] fail_device_after_errors`; 0: never).
     pub fail_device_after_errors: u64,
@@ -395,6 +401,8 @@ impl NodeConfig {
             overcommit_ratio: None,
             device_admission: headroom_store::AdmissionPolicy::default(),
             rebuild_rate_bytes_per_s: crate::repair::DEFAULT_REBUILD_RATE_BYTES_PER_S,
+            scrub_rate_bytes_per_s: crate::scrub::DEFAULT_SCRUB_RATE_BYTES_PER_S,
+            scrub_interval_s: crate::scrub::DEFAULT_SCRUB_INTERVAL_S,
             fail_device_after_errors: crate::repair::DEFAULT_FAIL_DEVICE_AFTER_ERRORS,
             config_file: None,
             calibration_file: None,

@@ -4,13 +4,9 @@
 //! CLI and the metrics. Why a module of its own: the store only knows how to repair one
 //! extent; deciding when to start, how fast to go and what to report is the node's.
 //!
-//! Pacing: with a QoS scheduler the rebuild is a tenant of it. It is registered as a volume
-//! of its own (key [`REBUILD_SCHEDULER_KEY`]) whose QoS is a fixed rate of
-//! `rate_bytes_per_s` (baseline = ceiling, no burst), and every extent copy waits for the
-//! policy to dispatch a grant of its size (`session::Grant`): the policy charges the copy
-//! against the node's capacity like any request, so the rebuild takes its share and no
-//! more, and a rate change is a QoS change of that volume, applied at once. Without a
-//! scheduler (`--policy off`) the task paces itself at the same rate. See
+//! Pacing (`paced.rs`): with a QoS scheduler the rebuild is a tenant of it, registered under
+//! [`REBUILD_SCHEDULER_KEY`] at a fixed rate of `rate_bytes_per_s`, and every extent copy
+//! waits for a grant of its size; without one the task paces itself at the same rate. See
 //! docs/ARCHITECTURE.md (rebuild decision).
 
 use std::collections::BTreeMap;
@@ -18,11 +14,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use headroom_qos::{IoRate, OpKind, VolumeQos};
+use headroom_qos::{OpKind, VolumeQos};
 use headroom_store::{RebuildStep, Store, VolumeHealth};
 
-use crate::scheduler::{IoDesc, Scheduler, VolumeHandle};
-use crate::session::{Grant, IoJob, IoRuntime};
+use crate::paced::{Pacer, SchedulerSeat, fixed_rate_qos, step_desc};
+use crate::scheduler::Scheduler;
+use crate::session::{IoJob, IoRuntime};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -38,25 +35,9 @@ pub const REBUILD_SCHEDULER_KEY: u64 = u64::MAX;
 /// fail_device_after_errors`).
 pub const DEFAULT_FAIL_DEVICE_AFTER_ERRORS: u64 = 16;
 
-/// How long a copy waits for its grant before the task checks that the node still runs.
-const GRANT_WAIT: Duration = Duration::from_millis(200);
-
-/// The rebuild's seat in the QoS scheduler.
-#[derive(Debug)]
-pub struct SchedulerSeat {
-    pub io: Arc<IoRuntime>,
-    pub scheduler: Arc<Scheduler<IoJob>>,
-    handle: Arc<VolumeHandle>,
-}
-
-/// The scheduler QoS of a rebuild at `rate_bytes_per_s`: that many bytes per second, as
-/// baseline and ceiling, in extent-sized operations.
+/// The scheduler QoS of a rebuild at `rate_bytes_per_s` (`paced::fixed_rate_qos`).
 pub fn rebuild_qos(rate_bytes_per_s: u64) -> VolumeQos {
-    let rate = rate_bytes_per_s.max(1);
-    VolumeQos::fixed(IoRate {
-        iops: rate.div_ceil(headroom_store::EXTENT_SIZE_BYTES).max(1),
-        bytes_per_s: rate,
-    })
+    fixed_rate_qos(rate_bytes_per_s)
 }
 
 /// How often the task looks for degraded volumes when nothing wakes it.
@@ -124,13 +105,7 @@ impl Rebuilder {
         scheduler: Option<(Arc<IoRuntime>, Arc<Scheduler<IoJob>>)>,
     ) -> std::io::Result<Arc<Rebuilder>> {
         let seat = scheduler.map(|(io, scheduler)| {
-            let handle =
-                scheduler.add_volume(REBUILD_SCHEDULER_KEY, &rebuild_qos(rate_bytes_per_s));
-            SchedulerSeat {
-                io,
-                scheduler,
-                handle,
-            }
+            SchedulerSeat::new(io, scheduler, REBUILD_SCHEDULER_KEY, rate_bytes_per_s)
         });
         let me = Arc::new(Rebuilder {
             seat,
@@ -159,8 +134,7 @@ impl Rebuilder {
         self.rate_bytes_per_s
             .store(rate_bytes_per_s.max(1), Ordering::Release);
         if let Some(seat) = &self.seat {
-            seat.scheduler
-                .update_qos(&seat.handle, &rebuild_qos(rate_bytes_per_s));
+            seat.set_rate(rate_bytes_per_s);
         }
         self.wake();
     }
@@ -296,66 +270,31 @@ impl Rebuilder {
             }
             volume.set_rebuilding(true);
             drop((volume, store));
-            let mut rate = self.rate_bytes_per_s();
-            let mut origin = Instant::now();
-            let mut bytes_since_origin = 0u64;
+            let mut pacer = Pacer::new(self.seat.as_ref(), self.rate_bytes_per_s());
             for extent in todo {
-                // Pacing without a scheduler: the next extent starts when the bytes copied
-                // since the origin fit the rate; a rate change restarts the count.
-                while self.seat.is_none() {
-                    let now_rate = self.rate_bytes_per_s();
-                    if now_rate != rate {
-                        rate = now_rate;
-                        origin = Instant::now();
-                        bytes_since_origin = 0;
-                    }
-                    let due =
-                        origin + Duration::from_secs_f64(bytes_since_origin as f64 / rate as f64);
-                    if Instant::now() >= due {
-                        break;
-                    }
-                    self.wait_until(due);
-                }
-                // With a scheduler: the copy waits for the policy's grant of its size.
-                let grant = match &self.seat {
-                    Some(seat) => {
-                        let pending = Grant::submit(
-                            &seat.io,
-                            &seat.scheduler,
-                            &seat.handle,
-                            IoDesc {
-                                op: OpKind::Write,
-                                offset_bytes: extent * headroom_store::EXTENT_SIZE_BYTES,
-                                len_bytes: headroom_store::EXTENT_SIZE_BYTES as u32,
-                            },
-                        );
-                        let ticket = loop {
-                            if let Some(ticket) = pending.wait(GRANT_WAIT) {
-                                break ticket;
-                            }
-                            if weak.strong_count() == 0 {
-                                return; // the node stopped; dropping `pending` gives it up
-                            }
-                        };
-                        Some((seat, ticket))
-                    }
-                    None => None,
+                let desc = step_desc(OpKind::Write, extent, headroom_store::EXTENT_SIZE_BYTES);
+                let Some(turn) = pacer.turn(
+                    desc,
+                    || self.rate_bytes_per_s(),
+                    |due| self.wait_until(due),
+                    || weak.strong_count() > 0,
+                ) else {
+                    return; // the node stopped
                 };
                 let Some(store) = weak.upgrade() else { return };
                 let Ok(volume) = store.open_volume(&info.name) else {
-                    if let Some((seat, ticket)) = grant {
-                        Grant::complete(&seat.io, &seat.scheduler, ticket);
-                    }
+                    pacer.done(turn, 0);
                     break; // deleted meanwhile
                 };
                 let step = volume.rebuild_extent(extent);
                 drop((volume, store));
-                if let Some((seat, ticket)) = grant {
-                    Grant::complete(&seat.io, &seat.scheduler, ticket);
-                }
+                let copied = match step {
+                    Ok(RebuildStep::Rebuilt { bytes }) => bytes,
+                    _ => 0,
+                };
+                pacer.done(turn, copied);
                 match step {
                     Ok(RebuildStep::Rebuilt { bytes }) => {
-                        bytes_since_origin += bytes;
                         self.bytes_total.fetch_add(bytes, Ordering::Relaxed);
                         progress.extents_done += 1;
                     }
@@ -384,10 +323,7 @@ impl Rebuilder {
                 self.extents_remaining
                     .store(remaining.saturating_sub(1), Ordering::Relaxed);
                 remaining = remaining.saturating_sub(1);
-                let elapsed_s = origin.elapsed().as_secs_f64();
-                if elapsed_s > 0.0 {
-                    progress.bytes_per_s = (bytes_since_origin as f64 / elapsed_s) as u64;
-                }
+                progress.bytes_per_s = pacer.bytes_per_s();
                 lock(&self.progress).insert(info.name.clone(), progress.clone());
             }
             if progress.state == "running" {

@@ -303,8 +303,22 @@ impl Node {
             scheduler.clone().map(|s| (Arc::clone(&io), s)),
         )
         .map_err(NodeError::Workers)?;
+        let scrub = crate::scrub::Scrubber::start(
+            &store,
+            config.scrub_rate_bytes_per_s,
+            config.scrub_interval_s,
+            match &config.backend {
+                StoreBackend::Files { data_dir, .. } | StoreBackend::Rados { data_dir, .. } => {
+                    Some(data_dir.join("scrub-state.json"))
+                }
+                StoreBackend::Memory { .. } => None,
+            },
+            scheduler.clone().map(|s| (Arc::clone(&io), s)),
+        )
+        .map_err(NodeError::Workers)?;
         let api_state = crate::api::ApiState {
             rebuild: Some(rebuild),
+            scrub: Some(scrub),
             store: Arc::clone(&store),
             scheduler: scheduler.clone(),
             connections,

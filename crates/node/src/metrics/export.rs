@@ -60,6 +60,7 @@ pub(crate) async fn metrics(State(state): State<ApiState>) -> Response {
             .unwrap_or_else(|p| p.into_inner())
             .clone(),
         rebuild: state.rebuild.clone(),
+        scrub: state.scrub.clone(),
     };
     // Reading 10,000 volumes' atomics takes milliseconds: off the runtime threads.
     let text = tokio::task::spawn_blocking(move || scrape.render()).await;
@@ -81,6 +82,7 @@ struct Scrape {
     store: Arc<Store>,
     arbitration: crate::arbitration::ArbitrationStatus,
     rebuild: Option<Arc<crate::repair::Rebuilder>>,
+    scrub: Option<Arc<crate::scrub::Scrubber>>,
 }
 
 impl Scrape {
@@ -460,6 +462,47 @@ impl Collector for Scrape {
                 MetricType::Gauge,
             )?;
             gauge(m, gauge_u64(rebuild.rate_bytes_per_s()))?;
+        }
+
+        if let Some(scrub) = &self.scrub {
+            let totals = scrub.totals();
+            for (name, help, value) in [
+                (
+                    "headroom_scrub_blocks_verified",
+                    "4 KiB blocks scrubs read below the page cache and verified against their checksums",
+                    totals.blocks_verified,
+                ),
+                (
+                    "headroom_scrub_checksum_mismatches",
+                    "Blocks (of any copy) scrubs found failing their checksums",
+                    totals.checksum_mismatches,
+                ),
+                (
+                    "headroom_scrub_checksum_repaired",
+                    "Blocks scrubs rewrote from a copy that verifies",
+                    totals.checksum_repaired,
+                ),
+                (
+                    "headroom_scrub_unrepairable_blocks",
+                    "Blocks scrubs found with no copy that verifies (reads of them answer EIO)",
+                    totals.unrepairable,
+                ),
+                (
+                    "headroom_scrub_passes",
+                    "Passes of the background scrub finished since the node started",
+                    scrub.passes_done(),
+                ),
+            ] {
+                let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+                counter(m, value)?;
+            }
+            let m = encoder.encode_descriptor(
+                "headroom_scrub_rate_bytes_per_second",
+                "The rate the background scrub reads at (PUT /v1/scrub)",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(m, gauge_u64(scrub.rate_bytes_per_s()))?;
         }
 
         if let Some(scheduler) = &self.scheduler {

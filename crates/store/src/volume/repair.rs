@@ -98,8 +98,9 @@ impl Volume {
     }
 
     /// The allocated logical extents (of replica 0, which every copy mirrors), in order,
-    /// read under the state lock once: what a scrub or a restore's resync walks.
-    pub(crate) fn allocated_extents(&self) -> Vec<u64> {
+    /// read under the state lock once: what a scrub (the node's background one too) or a
+    /// restore's resync walks.
+    pub fn allocated_extents(&self) -> Vec<u64> {
         let st = read(&self.state);
         st.map
             .allocated_in(0, st.map.extent_count())
