@@ -975,7 +975,8 @@ impl Device {
     fn read_checked(&self, sums: &Sums, ext: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check(ext, off, buf.len() as u64)?;
         let (b0, b1) = block_span(off, buf.len() as u64);
-        let aligned = off % BLOCK_BYTES == 0 && buf.len() as u64 % BLOCK_BYTES == 0;
+        let aligned =
+            off.is_multiple_of(BLOCK_BYTES) && (buf.len() as u64).is_multiple_of(BLOCK_BYTES);
         let mut tmp = Vec::new();
         let data: &mut [u8] = if aligned {
             buf
@@ -1033,7 +1034,7 @@ impl Device {
         b1: u64,
     ) -> io::Result<()> {
         let end = off + data.len() as u64;
-        if off % BLOCK_BYTES == 0 && end % BLOCK_BYTES == 0 {
+        if off.is_multiple_of(BLOCK_BYTES) && end.is_multiple_of(BLOCK_BYTES) {
             self.write_untimed(ext, off, data)?;
             return sums
                 .write_entries_of(self, ext, b0, data)
@@ -1045,10 +1046,10 @@ impl Device {
         let bs = BLOCK_BYTES as usize;
         let last = (b1 - b0 - 1) as usize;
         let mut partial = Vec::with_capacity(2);
-        if off % BLOCK_BYTES != 0 {
+        if !off.is_multiple_of(BLOCK_BYTES) {
             partial.push(0);
         }
-        if end % BLOCK_BYTES != 0 && !partial.contains(&last) {
+        if !end.is_multiple_of(BLOCK_BYTES) && !partial.contains(&last) {
             partial.push(last);
         }
         for i in partial {

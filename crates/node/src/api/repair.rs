@@ -104,6 +104,18 @@ pub struct ScrubView {
     /// Of those, chunks rewritten from the majority (3 copies; 2 disagreeing copies are
     /// reported only).
     pub repaired: u64,
+    /// 4 KiB blocks verified against their checksums (every copy on a device with checksums).
+    #[serde(default)]
+    pub blocks_verified: u64,
+    /// Blocks that failed verification.
+    #[serde(default)]
+    pub checksum_mismatches: u64,
+    /// Of those, blocks rewritten from a copy whose block verifies.
+    #[serde(default)]
+    pub checksum_repaired: u64,
+    /// Of those, blocks no copy of which verifies (their reads answer EIO).
+    #[serde(default)]
+    pub unrepairable: u64,
 }
 
 impl From<ScrubReport> for ScrubView {
@@ -112,6 +124,10 @@ impl From<ScrubReport> for ScrubView {
             extents_checked: r.extents_checked,
             mismatches: r.mismatches,
             repaired: r.repaired,
+            blocks_verified: r.blocks_verified,
+            checksum_mismatches: r.checksum_mismatches,
+            checksum_repaired: r.checksum_repaired,
+            unrepairable: r.unrepairable,
         }
     }
 }

@@ -582,10 +582,7 @@ impl Collector for Scrape {
         ] {
             let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for d in &devices {
-                counter(
-                    m.encode_family(&[("device", d.device.clone())])?,
-                    value(d),
-                )?;
+                counter(m.encode_family(&[("device", d.device.clone())])?, value(d))?;
             }
         }
         let mut m = encoder.encode_descriptor(
