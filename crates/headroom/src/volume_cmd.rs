@@ -69,12 +69,14 @@ pub enum VolumeCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Compare the copies of every allocated extent of a replicated volume (64 KiB chunks)
-    /// and repair a chunk from the majority when there is one (3 copies); two copies that
+    /// Verify the checksum of every block of every copy of every allocated extent (repairing
+    /// a bad block from a copy that verifies), then compare the copies (64 KiB chunks) and
+    /// repair a chunk from the majority when there is one (3 copies); two copies that
     /// disagree are reported only. Synchronous: one read of every copy.
     Scrub {
         name: String,
-        /// Print the API's JSON (`{"extents_checked", "mismatches", "repaired"}`).
+        /// Print the API's JSON (`{"extents_checked", "mismatches", "repaired",
+        /// "blocks_verified", "checksum_mismatches", "checksum_repaired", "unrepairable"}`).
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -250,10 +252,15 @@ pub fn run(command: VolumeCommand) -> Result<()> {
                     .unwrap_or(0)
             };
             outln!(
-                "{name}: {} extents checked, {} chunks differed, {} repaired",
+                "{name}: {} extents checked, {} chunks differed, {} repaired; {} blocks \
+                 verified, {} failed their checksum, {} of them repaired, {} unrepairable",
                 n("extents_checked"),
                 n("mismatches"),
-                n("repaired")
+                n("repaired"),
+                n("blocks_verified"),
+                n("checksum_mismatches"),
+                n("checksum_repaired"),
+                n("unrepairable")
             );
         }
         VolumeCommand::Qos {

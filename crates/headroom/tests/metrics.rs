@@ -136,6 +136,10 @@ fn counts_match_fio(server: &Server, volume: &str) {
         "{device_writes} device writes for {writes} volume writes"
     );
     assert_eq!(sum(&samples, "headroom_device_errors_total", &[]), 0.0);
+    assert_eq!(
+        sum(&samples, "headroom_device_checksum_errors_total", &[]),
+        0.0
+    );
     // File devices are timed (every operation in the histogram); RAM devices are not.
     let timed = sum(
         &samples,

@@ -433,7 +433,7 @@ fn the_rebuild_rate_is_set_live_and_out_of_range_rates_are_refused() {
     let view: Value = response.body_mut().read_json().unwrap();
     assert_eq!(view["rate_bytes_per_s"], 1u64 << 20, "{view}");
     assert_eq!(get(&server, "/v1/rebuild")["rate_bytes_per_s"], 1u64 << 20);
-    // A 1-replica volume scrubs nothing; an unknown one is 404.
+    // A volume never written has nothing to scrub; an unknown one is 404.
     server.create_volume("one", "16MiB");
     let scrub = |name: &str| {
         agent

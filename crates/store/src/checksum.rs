@@ -63,13 +63,14 @@
 //! crc32c). Unsigned devices of older builds have no room reserved: they stay unchecksummed,
 //! and say so (`DeviceInfo::checksums`).
 
+use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, RwLock};
 
 use crate::layout::EXTENT_SIZE_BYTES;
 use crate::mutants::{self, Mutant};
-use crate::sync::lock;
+use crate::sync::{lock, read, write};
 
 /// Bytes covered by one checksum entry.
 pub(crate) const BLOCK_BYTES: u64 = 4096;
@@ -85,6 +86,10 @@ const BITMAP_PAGE_BYTES: u64 = 4096;
 const BLOCKS_PER_STRIPE: u64 = 64;
 /// Stripe locks per device.
 const STRIPES: usize = 256;
+/// Entries of one 4 KiB page of the entry region: those of 2 extents.
+const ENTRIES_PER_PAGE: u64 = BLOCK_BYTES / ENTRY_BYTES;
+/// Entry pages a device keeps in RAM (`EntryCache`): 16 MiB, the entries of 16 GiB of data.
+const CACHED_PAGES: usize = 4096;
 
 const DIRTY: u64 = 1 << 63;
 const IN_FLIGHT_ONE: u64 = 1 << 48;
@@ -180,6 +185,7 @@ pub(crate) struct Sums {
     epoch: AtomicU64,
     bitmap: Mutex<Bitmap>,
     stripes: Box<[Mutex<()>]>,
+    cache: EntryCache,
     /// Blocks that failed verification (after the locked retry).
     pub checksum_errors: AtomicU64,
     /// Blocks rewritten from a good copy.
@@ -193,9 +199,40 @@ struct Bitmap {
     dirty: Vec<u32>,
 }
 
-/// Held stripe locks of one range.
-pub(crate) struct RangeGuard<'a> {
-    _guards: Vec<MutexGuard<'a, ()>>,
+/// Held stripe locks of one range (one stripe, the usual case, takes no allocation).
+#[allow(dead_code)] // held for their drop
+pub(crate) enum RangeGuard<'a> {
+    One(MutexGuard<'a, ()>),
+    Many(Vec<MutexGuard<'a, ()>>),
+}
+
+/// A bounded read cache of entry pages (write-through: the device's entry region stays
+/// authoritative). Why: reading a 4-byte entry from the device costs a system call per read,
+/// as much CPU as the data read on a RAM-backed file. A page read from the device may be stale
+/// by the time it is inserted (a writer updated the device meanwhile); a stale entry can only
+/// cause a mismatch, and a mismatch is always retried from the device under the stripe locks,
+/// which refreshes the cached entries. A damaged entry on the device is therefore found when
+/// its page is next loaded (eviction, restart) or by a scrub, which reads the device.
+#[derive(Debug)]
+struct EntryCache {
+    pages: RwLock<HashMap<u64, Arc<[AtomicU32]>>>,
+}
+
+impl EntryCache {
+    fn get(&self, page: u64) -> Option<Arc<[AtomicU32]>> {
+        read(&self.pages).get(&page).cloned()
+    }
+
+    fn insert(&self, page: u64, entries: Arc<[AtomicU32]>) {
+        let mut pages = write(&self.pages);
+        if pages.len() >= CACHED_PAGES && !pages.contains_key(&page) {
+            // Any page: the cache only saves system calls, it never decides anything.
+            if let Some(&victim) = pages.keys().next() {
+                pages.remove(&victim);
+            }
+        }
+        pages.entry(page).or_insert(entries);
+    }
 }
 
 impl Sums {
@@ -223,6 +260,9 @@ impl Sums {
             epoch: AtomicU64::new(1),
             bitmap: Mutex::new(Bitmap { image, dirty }),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            cache: EntryCache {
+                pages: RwLock::new(HashMap::new()),
+            },
             checksum_errors: AtomicU64::new(0),
             repaired: AtomicU64::new(0),
         }
@@ -242,16 +282,17 @@ impl Sums {
 
     /// Locks the stripes of blocks `[b0, b1)` of extent `ext`, in ascending stripe order.
     pub(crate) fn lock_range(&self, ext: u32, b0: u64, b1: u64) -> RangeGuard<'_> {
-        let mut idx: Vec<usize> = (b0 / BLOCKS_PER_STRIPE..b1.div_ceil(BLOCKS_PER_STRIPE))
-            .map(|g| {
-                ((u64::from(ext) * (BLOCKS_PER_EXTENT / BLOCKS_PER_STRIPE) + g) as usize) % STRIPES
-            })
-            .collect();
+        let stripe = |g: u64| {
+            ((u64::from(ext) * (BLOCKS_PER_EXTENT / BLOCKS_PER_STRIPE) + g) as usize) % STRIPES
+        };
+        let (g0, g1) = (b0 / BLOCKS_PER_STRIPE, b1.div_ceil(BLOCKS_PER_STRIPE));
+        if g1 <= g0 + 1 {
+            return RangeGuard::One(lock(&self.stripes[stripe(g0)]));
+        }
+        let mut idx: Vec<usize> = (g0..g1).map(stripe).collect();
         idx.sort_unstable();
         idx.dedup();
-        RangeGuard {
-            _guards: idx.into_iter().map(|i| lock(&self.stripes[i])).collect(),
-        }
+        RangeGuard::Many(idx.into_iter().map(|i| lock(&self.stripes[i])).collect())
     }
 
     /// Before data of extents `[first, first + count)` changes: counts the change in flight
@@ -387,8 +428,55 @@ impl Sums {
         raw.raw_write(self.layout.bitmap_offset, &bm.image)
     }
 
-    /// Reads the entries of blocks `[b0, b1)` of `ext` into `out` (4 bytes each).
+    /// The entries of blocks `[b0, b1)` of `ext` into `out`, from the cache (loading the page
+    /// from the device on a miss). May be stale: verify a mismatch with `read_entries_disk`.
     pub(crate) fn read_entries(
+        &self,
+        raw: &dyn RawIo,
+        ext: u32,
+        b0: u64,
+        b1: u64,
+        out: &mut [u32],
+    ) -> io::Result<()> {
+        let (page, base) = self.page_of(ext);
+        let entries = match self.cache.get(page) {
+            Some(p) => p,
+            None => {
+                let mut bytes = vec![0u8; BLOCK_BYTES as usize];
+                raw.raw_read(self.layout.sums_offset + page * BLOCK_BYTES, &mut bytes)?;
+                let p: Arc<[AtomicU32]> = bytes
+                    .chunks_exact(4)
+                    .map(|c| AtomicU32::new(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                    .collect();
+                self.cache.insert(page, Arc::clone(&p));
+                p
+            }
+        };
+        for (i, o) in out.iter_mut().enumerate().take((b1 - b0) as usize) {
+            *o = entries[(base + b0) as usize + i].load(Ordering::Acquire);
+        }
+        Ok(())
+    }
+
+    /// The cache page holding extent `ext`'s entries and the index of its first entry there.
+    fn page_of(&self, ext: u32) -> (u64, u64) {
+        let first = u64::from(ext) * BLOCKS_PER_EXTENT;
+        (first / ENTRIES_PER_PAGE, first % ENTRIES_PER_PAGE)
+    }
+
+    /// Stores `entries` (of blocks from `b0` of `ext`) into the cached page, if cached.
+    fn cache_store(&self, ext: u32, b0: u64, entries: impl Iterator<Item = u32>) {
+        let (page, base) = self.page_of(ext);
+        if let Some(p) = self.cache.get(page) {
+            for (i, e) in entries.enumerate() {
+                p[(base + b0) as usize + i].store(e, Ordering::Release);
+            }
+        }
+    }
+
+    /// Reads the entries of blocks `[b0, b1)` of `ext` from the device into `out` and
+    /// refreshes the cached ones. Call under the range's stripe locks.
+    pub(crate) fn read_entries_disk(
         &self,
         raw: &dyn RawIo,
         ext: u32,
@@ -403,10 +491,12 @@ impl Sums {
         for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
             *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
+        self.cache_store(ext, b0, out.iter().copied().take(n));
         Ok(())
     }
 
-    /// Writes the entries of the whole blocks `data` (starting at block `b0` of `ext`).
+    /// Writes the entries of the whole blocks `data` (starting at block `b0` of `ext`): to
+    /// the device, then to the cache.
     pub(crate) fn write_entries_of(
         &self,
         raw: &dyn RawIo,
@@ -414,18 +504,23 @@ impl Sums {
         b0: u64,
         data: &[u8],
     ) -> io::Result<()> {
+        let mut entries = [0u32; BLOCKS_PER_EXTENT as usize];
         let mut bytes = [0u8; (BLOCKS_PER_EXTENT * ENTRY_BYTES) as usize];
         let n = data.len() / BLOCK_BYTES as usize;
-        for (o, block) in bytes
+        for ((o, e), block) in bytes
             .chunks_exact_mut(4)
+            .zip(entries.iter_mut())
             .zip(data.chunks_exact(BLOCK_BYTES as usize))
         {
-            o.copy_from_slice(&entry_of(block).to_le_bytes());
+            *e = entry_of(block);
+            o.copy_from_slice(&e.to_le_bytes());
         }
         raw.raw_write(
             self.layout.entry_pos(ext, b0),
             &bytes[..n * ENTRY_BYTES as usize],
-        )
+        )?;
+        self.cache_store(ext, b0, entries[..n].iter().copied());
+        Ok(())
     }
 
     /// Zeroes the entries of blocks `[b0, b1)` of `ext` (a range now reading zeros).
@@ -437,7 +532,9 @@ impl Sums {
         b1: u64,
     ) -> io::Result<()> {
         let pos = self.layout.entry_pos(ext, b0);
-        raw.raw_zero(pos, (b1 - b0) * ENTRY_BYTES)
+        raw.raw_zero(pos, (b1 - b0) * ENTRY_BYTES)?;
+        self.cache_store(ext, b0, std::iter::repeat_n(0, (b1 - b0) as usize));
+        Ok(())
     }
 
     /// Zeroes the entries of whole extents `[first, first + count)`.
@@ -448,7 +545,15 @@ impl Sums {
         count: u32,
     ) -> io::Result<()> {
         let pos = self.layout.entry_pos(first, 0);
-        raw.raw_zero(pos, u64::from(count) * BLOCKS_PER_EXTENT * ENTRY_BYTES)
+        raw.raw_zero(pos, u64::from(count) * BLOCKS_PER_EXTENT * ENTRY_BYTES)?;
+        // A startup punch covers the whole free space: only cached pages are touched.
+        if read(&self.cache.pages).is_empty() {
+            return Ok(());
+        }
+        for ext in first..first + count {
+            self.cache_store(ext, 0, std::iter::repeat_n(0, BLOCKS_PER_EXTENT as usize));
+        }
+        Ok(())
     }
 
     /// Index of the first block of `data` (whole blocks, starting at block `b0`) whose entry

@@ -42,6 +42,16 @@ pub struct StoreConfig {
     /// `meta.redb` by every commit (`meta.rs`, `Copy`); `false` only to measure what it costs.
     #[serde(default = "default_metadata_copy")]
     pub metadata_copy: bool,
+    /// Give the device files this open creates per-block checksums (`checksum.rs`). Not a
+    /// configuration key (never read from a file): `false` only to measure what checksums
+    /// cost (`tests/checksum_cost.rs`); such devices are signed without them and stay so.
+    #[doc(hidden)]
+    #[serde(skip, default = "default_checksums")]
+    pub checksums: bool,
+}
+
+fn default_checksums() -> bool {
+    true
 }
 
 fn default_metadata_copy() -> bool {
@@ -114,6 +124,7 @@ impl StoreConfig {
             device_count: DEFAULT_DEVICE_COUNT,
             device_capacity_bytes: DEFAULT_DEVICE_CAPACITY_BYTES,
             device_paths: Vec::new(),
+            checksums: true,
             rados: None,
             metadata_reserve_bytes: default_metadata_reserve_bytes(),
             metadata_copy: true,

@@ -945,13 +945,18 @@ impl Device {
         ext: u32,
         b0: u64,
         data: &mut [u8],
+        from_disk: bool,
     ) -> io::Result<Option<u64>> {
         let b1 = b0 + data.len() as u64 / BLOCK_BYTES;
         self.read_untimed(ext, b0 * BLOCK_BYTES, data)?;
         let mut entries = [0u32; BLOCKS_PER_EXTENT as usize];
         let entries = &mut entries[..(b1 - b0) as usize];
-        sums.read_entries(self, ext, b0, b1, entries)
-            .map_err(|e| self.context(sums.layout.entry_pos(ext, b0), e))?;
+        if from_disk {
+            sums.read_entries_disk(self, ext, b0, b1, entries)
+        } else {
+            sums.read_entries(self, ext, b0, b1, entries)
+        }
+        .map_err(|e| self.context(sums.layout.entry_pos(ext, b0), e))?;
         Ok(Sums::first_bad(data, entries).map(|i| b0 + i as u64))
     }
 
@@ -970,7 +975,8 @@ impl Device {
     fn read_checked(&self, sums: &Sums, ext: u32, off: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check(ext, off, buf.len() as u64)?;
         let (b0, b1) = block_span(off, buf.len() as u64);
-        let aligned = off % BLOCK_BYTES == 0 && buf.len() as u64 % BLOCK_BYTES == 0;
+        let aligned =
+            off.is_multiple_of(BLOCK_BYTES) && (buf.len() as u64).is_multiple_of(BLOCK_BYTES);
         let mut tmp = Vec::new();
         let data: &mut [u8] = if aligned {
             buf
@@ -978,11 +984,11 @@ impl Device {
             tmp.resize(((b1 - b0) * BLOCK_BYTES) as usize, 0);
             &mut tmp
         };
-        if self.read_blocks(sums, ext, b0, data)?.is_some() {
+        if self.read_blocks(sums, ext, b0, data, false)?.is_some() {
             // A write may have been between its data and its entries: once more, under its
             // locks, before this counts as corruption.
             let _locked = sums.lock_range(ext, b0, b1);
-            if let Some(bad) = self.read_blocks(sums, ext, b0, data)? {
+            if let Some(bad) = self.read_blocks(sums, ext, b0, data, true)? {
                 let n = self.count_bad(sums, ext, b0, data);
                 return Err(self.mismatch(sums, ext, bad, n));
             }
@@ -999,7 +1005,7 @@ impl Device {
         let b1 = b0 + data.len() as u64 / BLOCK_BYTES;
         let mut entries = [0u32; BLOCKS_PER_EXTENT as usize];
         let entries = &mut entries[..(b1 - b0) as usize];
-        if sums.read_entries(self, ext, b0, b1, entries).is_err() {
+        if sums.read_entries_disk(self, ext, b0, b1, entries).is_err() {
             return b1 - b0;
         }
         data.chunks_exact(BLOCK_BYTES as usize)
@@ -1028,7 +1034,7 @@ impl Device {
         b1: u64,
     ) -> io::Result<()> {
         let end = off + data.len() as u64;
-        if off % BLOCK_BYTES == 0 && end % BLOCK_BYTES == 0 {
+        if off.is_multiple_of(BLOCK_BYTES) && end.is_multiple_of(BLOCK_BYTES) {
             self.write_untimed(ext, off, data)?;
             return sums
                 .write_entries_of(self, ext, b0, data)
@@ -1040,15 +1046,17 @@ impl Device {
         let bs = BLOCK_BYTES as usize;
         let last = (b1 - b0 - 1) as usize;
         let mut partial = Vec::with_capacity(2);
-        if off % BLOCK_BYTES != 0 {
+        if !off.is_multiple_of(BLOCK_BYTES) {
             partial.push(0);
         }
-        if end % BLOCK_BYTES != 0 && !partial.contains(&last) {
+        if !end.is_multiple_of(BLOCK_BYTES) && !partial.contains(&last) {
             partial.push(last);
         }
         for i in partial {
             let b = b0 + i as u64;
-            if let Some(bad) = self.read_blocks(sums, ext, b, &mut whole[i * bs..(i + 1) * bs])? {
+            if let Some(bad) =
+                self.read_blocks(sums, ext, b, &mut whole[i * bs..(i + 1) * bs], true)?
+            {
                 return Err(self.mismatch(sums, ext, bad, 1));
             }
         }
@@ -1164,11 +1172,11 @@ impl Device {
             );
         }
         let mut bad = Vec::new();
-        if self.read_blocks(sums, ext, 0, data)?.is_some() {
+        if self.read_blocks(sums, ext, 0, data, true)?.is_some() {
             let _locked = sums.lock_range(ext, 0, BLOCKS_PER_EXTENT);
-            self.read_blocks(sums, ext, 0, data)?;
+            self.read_blocks(sums, ext, 0, data, true)?;
             let mut entries = [0u32; BLOCKS_PER_EXTENT as usize];
-            sums.read_entries(self, ext, 0, BLOCKS_PER_EXTENT, &mut entries)?;
+            sums.read_entries_disk(self, ext, 0, BLOCKS_PER_EXTENT, &mut entries)?;
             for (i, (b, e)) in data
                 .chunks_exact(BLOCK_BYTES as usize)
                 .zip(entries.iter())

@@ -920,9 +920,13 @@ impl Store {
                     )));
                 }
                 rec.capacity_bytes = capacity - capacity % EXTENT_SIZE_BYTES;
-                rec.reserved_extents = Layout::for_extents(extents_of(rec.capacity_bytes)?)
-                    .reserved_extents
-                    .max(RESERVED_EXTENTS);
+                rec.reserved_extents = if cfg.checksums {
+                    Layout::for_extents(extents_of(rec.capacity_bytes)?)
+                        .reserved_extents
+                        .max(RESERVED_EXTENTS)
+                } else {
+                    RESERVED_EXTENTS
+                };
                 if u64::from(rec.reserved_extents) * EXTENT_SIZE_BYTES >= rec.capacity_bytes {
                     return Err(StoreError::InvalidConfig(format!(
                         "device {} holds no extent beside the {} reserved for its signature                          and checksums",
@@ -930,9 +934,9 @@ impl Store {
                         rec.reserved_extents
                     )));
                 }
-                checksums = true;
+                checksums = cfg.checksums;
                 // Signed (and synced) before the record that names it is committed.
-                write_signature(&file, pool_id, i as u32, rec).map_err(|e| {
+                write_signature(&file, pool_id, i as u32, rec, checksums).map_err(|e| {
                     StoreError::Io(std::io::Error::new(
                         e.kind(),
                         format!("device {}: writing its signature: {e}", path.display()),
@@ -2412,6 +2416,7 @@ fn write_signature(
     pool_id: u64,
     device_id: u32,
     rec: &DeviceRecord,
+    checksums: bool,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     let sig = Signature {
@@ -2419,7 +2424,7 @@ fn write_signature(
         device_id,
         reserved_extents: rec.reserved_extents,
         capacity_bytes: rec.capacity_bytes,
-        checksums: true,
+        checksums,
     };
     file.write_all_at(&sig.encode(), 0)?;
     file.sync_data()

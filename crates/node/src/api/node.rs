@@ -359,6 +359,11 @@ pub struct DeviceView {
     /// The failure domain declared for it; absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_domain: Option<String>,
+    /// Its data carries per-block checksums, verified on every read (file and block devices
+    /// of this build). False: unprotected (devices of older builds, RAM; RADOS is checksummed
+    /// by Ceph).
+    #[serde(default)]
+    pub checksums: bool,
     /// What the device is doing now, smoothed over the node's sampling intervals.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<DeviceTelemetryView>,
@@ -420,6 +425,7 @@ impl DeviceView {
             physical_used_bytes: device.physical_used_bytes,
             failed: device.failed,
             failure_domain: device.failure_domain.clone(),
+            checksums: device.checksums,
             telemetry: None,
         }
     }

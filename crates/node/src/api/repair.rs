@@ -180,13 +180,17 @@ pub struct ScrubView {
     /// Of those, chunks rewritten from the majority (3 copies; 2 disagreeing copies are
     /// reported only).
     pub repaired: u64,
-    /// 4 KiB blocks read below the page cache and verified against their checksums.
+    /// 4 KiB blocks verified against their checksums (every copy on a device with checksums).
+    #[serde(default)]
     pub blocks_verified: u64,
-    /// Blocks of any copy that failed verification.
+    /// Blocks that failed verification.
+    #[serde(default)]
     pub checksum_mismatches: u64,
-    /// Of those, blocks rewritten from a copy that verifies.
+    /// Of those, blocks rewritten from a copy whose block verifies.
+    #[serde(default)]
     pub checksum_repaired: u64,
-    /// Of those, blocks no copy of which verifies: reads of them answer EIO.
+    /// Of those, blocks no copy of which verifies (their reads answer EIO).
+    #[serde(default)]
     pub unrepairable: u64,
 }
 

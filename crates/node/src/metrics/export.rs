@@ -608,6 +608,26 @@ impl Collector for Scrape {
                 }
             }
         }
+        for (name, help, value) in [
+            (
+                "headroom_device_checksum_errors",
+                "4 KiB blocks of a backing device that failed checksum verification (always 0 \
+                 on a device without checksums)",
+                (|d: &headroom_store::DeviceStats| d.checksum_errors)
+                    as fn(&headroom_store::DeviceStats) -> u64,
+            ),
+            (
+                "headroom_device_repaired_blocks",
+                "4 KiB blocks of a backing device rewritten from a good copy after they failed \
+                 verification",
+                |d: &headroom_store::DeviceStats| d.repaired_blocks,
+            ),
+        ] {
+            let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for d in &devices {
+                counter(m.encode_family(&[("device", d.device.clone())])?, value(d))?;
+            }
+        }
         let mut m = encoder.encode_descriptor(
             "headroom_device_latency",
             "Time an operation took on a backing device",
