@@ -309,6 +309,7 @@ impl ServeArgs {
                         .collect()
                 }),
                 legacy_cipher_suites: self.tls_legacy_ciphers.then_some(true),
+                handshakes_per_s_per_address: None,
             },
             metrics: serve_config::MetricsSection::default(),
             api: serve_config::ApiSection::default(),

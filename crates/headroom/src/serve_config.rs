@@ -210,6 +210,8 @@ pub struct TlsSection {
     pub certificate_tenants: Option<std::collections::BTreeMap<String, String>>,
     /// Also offer TLS 1.2 suites without forward secrecy (plain PSK) and CBC suites.
     pub legacy_cipher_suites: Option<bool>,
+    /// TLS handshakes per second per client address group (bursts of twice); 0: no limit.
+    pub handshakes_per_s_per_address: Option<u32>,
 }
 
 /// `[faults]`: fault injection, a testing tool, off unless the section is there. Taken whole
@@ -833,6 +835,9 @@ impl ConfigFile {
             required: s.required.or(l.required),
             certificate_tenants: s.certificate_tenants.or(l.certificate_tenants),
             legacy_cipher_suites: s.legacy_cipher_suites.or(l.legacy_cipher_suites),
+            handshakes_per_s_per_address: s
+                .handshakes_per_s_per_address
+                .or(l.handshakes_per_s_per_address),
         };
         let (s, l) = (self.metrics, lower.metrics);
         let metrics = MetricsSection {
@@ -1674,7 +1679,8 @@ fn tls_config(t: &TlsSection) -> Result<Option<TlsConfig>, Invalid> {
         || t.cert_dir.is_some()
         || required
         || legacy
-        || t.certificate_tenants.is_some();
+        || t.certificate_tenants.is_some()
+        || t.handshakes_per_s_per_address.is_some();
     if !headroom_node::TLS_SUPPORTED && asked {
         return Err(Invalid::new(
             "tls",
@@ -1694,6 +1700,10 @@ fn tls_config(t: &TlsSection) -> Result<Option<TlsConfig>, Invalid> {
         if let Some(key) = [
             ("tls.legacy_cipher_suites", legacy),
             ("tls.certificate_tenants", t.certificate_tenants.is_some()),
+            (
+                "tls.handshakes_per_s_per_address",
+                t.handshakes_per_s_per_address.is_some(),
+            ),
         ]
         .into_iter()
         .find_map(|(key, set)| set.then_some(key))
@@ -1730,6 +1740,9 @@ fn tls_config(t: &TlsSection) -> Result<Option<TlsConfig>, Invalid> {
         required,
         certificate_tenants: t.certificate_tenants.clone(),
         legacy_cipher_suites: legacy,
+        handshakes_per_s_per_address: t
+            .handshakes_per_s_per_address
+            .unwrap_or(headroom_node::handshake_limit::DEFAULT_HANDSHAKES_PER_S_PER_ADDRESS),
     }))
 }
 
@@ -2724,15 +2737,18 @@ mod tests {
             assert_eq!(tls.cert_dir, Some(PathBuf::from("pki")));
             assert!(tls.required);
             assert!(!tls.legacy_cipher_suites);
+            assert_eq!(tls.handshakes_per_s_per_address, 100);
             assert_eq!(tls.certificate_tenants, None);
             assert!(err("[tls]\nrequired = true\n").contains("needs tls.psk_file"));
             let mapped = resolved(
                 "[tls]\ncert_dir = \"pki\"\nlegacy_cipher_suites = true\n\
+                 handshakes_per_s_per_address = 0\n\
                  [tls.certificate_tenants]\n\"host-1.example\" = \"alice\"\n",
             )
             .tls
             .unwrap();
             assert!(mapped.legacy_cipher_suites);
+            assert_eq!(mapped.handshakes_per_s_per_address, 0);
             assert_eq!(
                 mapped.certificate_tenants,
                 Some([("host-1.example".to_string(), "alice".to_string())].into())

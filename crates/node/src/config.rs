@@ -255,6 +255,9 @@ pub struct TlsConfig {
     /// Also offer the TLS 1.2 suites without forward secrecy (plain PSK) and the CBC ones,
     /// for old clients (`[tls] legacy_cipher_suites`). Off: only ephemeral (EC)DHE with AEAD.
     pub legacy_cipher_suites: bool,
+    /// TLS handshakes per second per client address group, bursts of twice that
+    /// (`[tls] handshakes_per_s_per_address`, `handshake_limit.rs`); 0: no limit.
+    pub handshakes_per_s_per_address: u32,
 }
 
 /// Everything `Node::start` needs.

@@ -20,6 +20,7 @@ pub mod dashboard;
 pub mod emulated;
 pub mod exec;
 pub mod global_pool;
+pub mod handshake_limit;
 pub mod metrics;
 pub mod net_threads;
 pub mod paced;

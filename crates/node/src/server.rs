@@ -87,7 +87,7 @@ impl Node {
         // Credentials first: a typo in a key file must not leave a half-started node.
         let tls = match &config.tls {
             None => None,
-            Some(tls) => Some(Arc::new(tls_acceptor(tls)?)),
+            Some(tls) => Some(Arc::new(tls_acceptor(tls, config.limits.ipv6_prefix_len)?)),
         };
         let api_token = match &config.api_token {
             Some(token) => token.clone(),
@@ -376,12 +376,23 @@ fn node_facts(
 }
 
 #[cfg(feature = "tls")]
-fn tls_acceptor(config: &crate::config::TlsConfig) -> Result<crate::session::Tls, NodeError> {
-    Ok(crate::tls::TlsAcceptor::new(config)?)
+fn tls_acceptor(
+    config: &crate::config::TlsConfig,
+    ipv6_prefix_len: u8,
+) -> Result<crate::session::Tls, NodeError> {
+    Ok(crate::tls::TlsAcceptor::new(config)?.with_handshake_limit(
+        crate::handshake_limit::HandshakeLimiter::new(
+            config.handshakes_per_s_per_address,
+            ipv6_prefix_len,
+        ),
+    ))
 }
 
 #[cfg(not(feature = "tls"))]
-fn tls_acceptor(_config: &crate::config::TlsConfig) -> Result<crate::session::Tls, NodeError> {
+fn tls_acceptor(
+    _config: &crate::config::TlsConfig,
+    _ipv6_prefix_len: u8,
+) -> Result<crate::session::Tls, NodeError> {
     Err(NodeError::TlsUnavailable)
 }
 

@@ -26,6 +26,7 @@ use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
 use crate::config::TlsConfig;
+use crate::handshake_limit::HandshakeLimiter;
 
 /// TLS 1.2 cipher suites by default: forward-secret AEAD suites only — ECDHE with AES-GCM or
 /// ChaCha20-Poly1305 for certificates, and ECDHE-PSK with ChaCha20-Poly1305 (the one
@@ -98,6 +99,11 @@ pub enum TlsError {
     Setup(#[from] openssl::error::ErrorStack),
     #[error("TLS handshake: {0}")]
     Handshake(openssl::ssl::Error),
+    #[error(
+        "too many TLS handshakes from {ip}'s address group: refused before any cryptography \
+         ([tls] handshakes_per_s_per_address)"
+    )]
+    Throttled { ip: std::net::IpAddr },
 }
 
 /// Who the client proved to be in the TLS handshake.
@@ -129,6 +135,8 @@ pub struct TlsAcceptor {
     context: SslContext,
     /// CN to tenant (`TlsConfig::certificate_tenants`); empty without client certificates.
     certificate_tenants: Arc<BTreeMap<String, String>>,
+    /// Handshakes per address group (`handshake_limit.rs`); none by default.
+    handshakes: Option<HandshakeLimiter>,
     /// Where the PSK callback leaves the identity it accepted (OpenSSL does not report the
     /// identity of a TLS 1.3 external PSK through `SSL_get_psk_identity`).
     identity_index: Index<Ssl, String>,
@@ -242,8 +250,15 @@ impl TlsAcceptor {
         Ok(TlsAcceptor {
             context: builder.build(),
             certificate_tenants,
+            handshakes: None,
             identity_index,
         })
+    }
+
+    /// Refuses handshakes over `limiter`'s rate per client address group.
+    pub fn with_handshake_limit(mut self, limiter: HandshakeLimiter) -> TlsAcceptor {
+        self.handshakes = Some(limiter);
+        self
     }
 
     /// Runs the server side of the handshake on `stream` (right after the `NBD_REP_ACK` to
@@ -252,6 +267,11 @@ impl TlsAcceptor {
         &self,
         stream: TcpStream,
     ) -> Result<(SslStream<TcpStream>, Peer), TlsError> {
+        if let (Some(limiter), Ok(peer)) = (&self.handshakes, stream.peer_addr())
+            && !limiter.admit(peer.ip(), std::time::Instant::now())
+        {
+            return Err(TlsError::Throttled { ip: peer.ip() });
+        }
         let ssl = Ssl::new(&self.context)?;
         let mut stream = SslStream::new(ssl, stream)?;
         Pin::new(&mut stream)
@@ -623,6 +643,24 @@ mod tests {
                 "{version:?}: the server handed the client a session it could resume"
             );
         }
+    }
+
+    /// Handshakes over the limit are refused before any cryptography: at 1 per second
+    /// (bursts of 2) the third handshake in a row from 127.0.0.1 fails, naming the limit.
+    #[test]
+    fn handshakes_over_the_rate_per_address_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let limited = Arc::new(
+            Arc::into_inner(psk_acceptor(dir.path(), false))
+                .unwrap()
+                .with_handshake_limit(HandshakeLimiter::new(1, 64)),
+        );
+        let fs_aead = "ECDHE-PSK-CHACHA20-POLY1305";
+        for _ in 0..2 {
+            assert!(psk_handshake(&limited, SslVersion::TLS1_3, fs_aead).is_ok());
+        }
+        let refused = psk_handshake(&limited, SslVersion::TLS1_3, fs_aead).unwrap_err();
+        assert!(refused.contains("too many TLS handshakes"), "{refused}");
     }
 
     /// By default TLS 1.2 offers forward-secret AEAD suites only: a client that offers only
