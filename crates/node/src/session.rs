@@ -10,9 +10,10 @@
 //! and a writer task encodes replies in completion order, batching whatever is ready into one
 //! write. Every request holds a request slot of its connection until its reply is on the wire;
 //! a READ or WRITE also holds its buffer's bytes, from the connection's semaphore and then from
-//! its tenant's and the node's budget (`node::budget`). A client that pipelines without reading
-//! replies fills its own connection's budget, then its tenant's, never more: its reader stops
-//! pulling from the socket and TCP pushes back. A client that takes no byte of a reply, or
+//! the connection's reserve or its tenant's share of the node's budget (`node::budget`). A
+//! client that pipelines without reading replies fills its own connection's budget, then its
+//! tenant's, never more: its reader stops pulling from the socket and TCP pushes back, and the
+//! tenant's other connections go on with their reserves. A client that takes no byte of a reply, or
 //! sends no byte of a WRITE payload, for `client_stall_timeout_ms` is disconnected, which gives
 //! its bytes back.
 
