@@ -602,6 +602,75 @@ fn a_fresh_connection_is_served_next_to_forty_of_its_tenant_that_never_read() {
 }
 
 #[test]
+fn block_status_requests_in_flight_hold_their_replies_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_limits(dir.path(), "", &[]);
+    server.create_volume("vol", "64MiB");
+    let mut stream = connect(server.nbd);
+    greet(&mut stream);
+    send_option(&mut stream, OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(read_option_reply(&mut stream).reply_type, REP_ACK);
+    send_option(
+        &mut stream,
+        OPT_SET_META_CONTEXT,
+        &meta_payload("vol", &["base:allocation"]),
+    );
+    assert_eq!(read_option_reply(&mut stream).reply_type, REP_META_CONTEXT);
+    assert_eq!(read_option_reply(&mut stream).reply_type, REP_ACK);
+    go(&mut stream, "vol").unwrap();
+    // 8 READs of 4 MiB fill the socket buffers (their replies are never read), so the 100
+    // BLOCK_STATUS replies behind them wait in the server with their charges.
+    const READS: u64 = 8;
+    const STATUSES: u64 = 100;
+    let mut requests = Vec::new();
+    for cookie in 0..READS + STATUSES {
+        // DF: the READs of never-written data are answered with their zeros, not a hole.
+        const DF: u16 = 1 << 2;
+        let (flags, command, length) = if cookie < READS {
+            (DF, CMD_READ, 4u32 << 20)
+        } else {
+            (0, CMD_BLOCK_STATUS, 64 << 20)
+        };
+        requests.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        requests.extend_from_slice(&flags.to_be_bytes());
+        requests.extend_from_slice(&command.to_be_bytes());
+        requests.extend_from_slice(&cookie.to_be_bytes());
+        requests.extend_from_slice(&0u64.to_be_bytes());
+        requests.extend_from_slice(&length.to_be_bytes());
+    }
+    stream.write_all(&requests).unwrap();
+    // Each BLOCK_STATUS holds its largest answer (2,048 descriptors of 8 bytes).
+    let expected = READS * (4 * MIB) + STATUSES * (16 << 10);
+    let report = wait_for(
+        Duration::from_secs(20),
+        "every request to hold its bytes",
+        || {
+            let report = connections(&server);
+            let held = report["connections"][0]["inflight_requests"].as_u64();
+            (held == Some(READS + STATUSES)).then_some(report)
+        },
+    );
+    let conn_bytes = u64_at(&report, "/connections/0/inflight_bytes");
+    println!(
+        "{READS} unread 4 MiB READs and {STATUSES} BLOCK_STATUS behind them: the connection \
+         holds {conn_bytes} bytes, {} of them of its reserve",
+        u64_at(&report, "/memory/reserved_inflight_bytes")
+    );
+    assert_eq!(conn_bytes, expected, "{report}");
+    assert_eq!(
+        u64_at(&report, "/memory/inflight_bytes"),
+        expected,
+        "{report}"
+    );
+    drop(stream);
+    wait_for(Duration::from_secs(20), "the budget to come back", || {
+        let report = connections(&server);
+        (u64_at(&report, "/memory/inflight_bytes") == 0).then_some(())
+    });
+    server.stop();
+}
+
+#[test]
 fn a_client_that_stops_reading_or_sending_is_cut_off_after_the_stall_timeout() {
     let dir = tempfile::tempdir().unwrap();
     // One client can fill its tenant's shared budget; its neighbour on the same tenant is served
