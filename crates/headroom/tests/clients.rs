@@ -131,6 +131,32 @@ fn map_shows_holes_where_unwritten_and_data_where_written() {
     // Trimming the whole range turns it back into a hole.
     run_ok(Command::new("qemu-io").args(["-f", "raw", "-c", "discard 0 64M", &uri]));
     assert_eq!(map(&uri), vec![(0, 64 << 20, 3)]);
+
+    // A BLOCK_STATUS answer covers at most 128 MiB: on a 1 GiB volume nbdinfo asks again
+    // from where each answer ends and still finds data at 500 MiB and 900 MiB.
+    server.create_volume("big", "1GiB");
+    let big = server.uri("big");
+    run_ok(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 1 500M 4k",
+        "-c",
+        "write -P 1 900M 1M",
+        &big,
+    ]));
+    const MIB: u64 = 1 << 20;
+    assert_eq!(
+        map(&big),
+        // Files: the data runs are what was written (the device files' own holes).
+        vec![
+            (0, 500 * MIB, 3),
+            (500 * MIB, 4096, 0),
+            (500 * MIB + 4096, 400 * MIB - 4096, 3),
+            (900 * MIB, MIB, 0),
+            (901 * MIB, 123 * MIB, 3),
+        ]
+    );
     server.stop();
 }
 

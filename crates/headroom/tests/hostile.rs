@@ -445,15 +445,20 @@ fn settled_rss(pid: u32, limit: Duration) -> u64 {
 #[test]
 fn memory_stays_within_the_node_budget_when_clients_never_read() {
     let dir = tempfile::tempdir().unwrap();
-    // The node budget binds here (one tenant may use all of it); the issue's case: 20 clients
-    // pipelining 32 MiB reads, which held 2.5 GiB before there was a node-wide budget.
-    let budget = 512 * MIB;
+    // The node budget binds here (one tenant may use all of its shared pool); the case of 20
+    // clients pipelining 32 MiB reads, which held 2.5 GiB before there was a node-wide budget.
+    let node_budget = 512 * MIB;
     let server = server_with_limits(
         dir.path(),
         "max_inflight_bytes_per_node = \"512MiB\"\nmax_inflight_bytes_per_tenant = \"512MiB\"",
         &[],
     );
     server.create_volume("vol", "64MiB");
+    // What 32 MiB charges can take: the node budget less every connection's reserve (a
+    // quarter of it: 256 connections x 512 KiB), which is kept for connections that hold
+    // little (a_fresh_connection_is_served_next_to_forty_of_its_tenant_that_never_read).
+    let budget = u64_at(&connections(&server), "/memory/shared_inflight_bytes");
+    assert_eq!(budget, node_budget - 128 * MIB);
     let pid = server.pid();
     let before = proc_status_bytes(pid, "VmRSS");
     let hogs: Vec<TcpStream> = (0..20)
@@ -469,11 +474,12 @@ fn memory_stays_within_the_node_budget_when_clients_never_read() {
     let allowance = 64 * MIB + 64 * MIB;
     println!(
         "20 clients x 32 pipelined 32 MiB READs, never read: peak RSS {} MiB (grew {} MiB from \
-         {} MiB) against a budget of {} MiB; {} charges waited",
+         {} MiB) against a shared pool of {} MiB (node budget {} MiB); {} charges waited",
         hwm / MIB,
         grown / MIB,
         before / MIB,
         budget / MIB,
+        node_budget / MIB,
         u64_at(&report, "/memory/waited_charges_total")
     );
     assert!(
@@ -494,11 +500,181 @@ fn memory_stays_within_the_node_budget_when_clients_never_read() {
     server.stop();
 }
 
+/// A 4 KiB READ on `client` answered within `limit`: its latency, or the error (a timeout
+/// when the server does not answer in time).
+fn timed_read(client: &mut Client, cookie: u64, limit: Duration) -> std::io::Result<Duration> {
+    client.stream.set_read_timeout(Some(limit))?;
+    let asked = Instant::now();
+    client.send_request(0, CMD_READ, cookie, 0, 4096);
+    let mut header = [0u8; 16];
+    client.stream.read_exact(&mut header)?;
+    let mut payload = vec![0u8; 4096];
+    client.stream.read_exact(&mut payload)?;
+    let waited = asked.elapsed();
+    assert_eq!(
+        u32::from_be_bytes(header[4..8].try_into().unwrap()),
+        0,
+        "READ failed"
+    );
+    assert_eq!(
+        u64::from_be_bytes(header[8..16].try_into().unwrap()),
+        cookie
+    );
+    Ok(waited)
+}
+
+#[test]
+fn a_fresh_connection_is_served_next_to_forty_of_its_tenant_that_never_read() {
+    let dir = tempfile::tempdir().unwrap();
+    // The default limits: every plaintext client is the anonymous tenant, whose 256 MiB two
+    // of these clients fill on their own.
+    let server = server_with_limits(dir.path(), "", &[]);
+    server.create_volume("vol", "64MiB");
+    let pid = server.pid();
+    let before = proc_status_bytes(pid, "VmRSS");
+    let hogs: Vec<TcpStream> = (0..40)
+        .map(|_| hog(server.nbd, "vol", 32, 32 << 20))
+        .collect();
+    let report = wait_for(
+        Duration::from_secs(30),
+        "40 hogs transmitting with their tenant's budget full",
+        || {
+            let report = connections(&server);
+            (u64_at(&report, "/transmitting") == 40
+                && tenant_bytes(&report, None) >= 256 * MIB
+                && u64_at(&report, "/memory/tenants/0/waiting_charges") > 0)
+                .then_some(report)
+        },
+    );
+    let held_by_hogs = tenant_bytes(&report, None);
+    // Same tenant, same address: only fairness between connections can serve it.
+    let connected = Instant::now();
+    let mut fresh = Client::open(server.nbd, "vol");
+    let negotiated = connected.elapsed();
+    let mut latencies = Vec::new();
+    for cookie in 0..100 {
+        match timed_read(&mut fresh, cookie, Duration::from_secs(10)) {
+            Ok(waited) => latencies.push(waited),
+            Err(err) => panic!(
+                "4 KiB READ {cookie} of a fresh connection not answered within 10 s next to 40 \
+                 reader-less connections holding {} MiB: {err}",
+                held_by_hogs / MIB
+            ),
+        }
+    }
+    let first = latencies[0];
+    let worst = latencies.iter().max().copied().unwrap();
+    let hwm = settled_rss(pid, Duration::from_secs(30));
+    let report = connections(&server);
+    let node_budget = u64_at(&report, "/memory/max_inflight_bytes_per_node");
+    println!(
+        "40 reader-less connections of one tenant holding {} MiB: a fresh connection negotiated \
+         in {:.1} ms, its first 4 KiB READ took {:.2} ms, the worst of 100 {:.2} ms; peak RSS {} \
+         MiB (from {} MiB) against a node budget of {} MiB",
+        held_by_hogs / MIB,
+        negotiated.as_secs_f64() * 1e3,
+        first.as_secs_f64() * 1e3,
+        worst.as_secs_f64() * 1e3,
+        hwm / MIB,
+        before / MIB,
+        node_budget / MIB,
+    );
+    // The ceiling is loose for a loaded 2-core machine; without fairness it is the 60 s stall
+    // timeout.
+    assert!(worst < Duration::from_secs(1), "worst READ took {worst:?}");
+    // Beyond the budget: idle pooled buffers (at most 64 MiB) and the sessions' own buffers.
+    assert!(
+        hwm <= before + node_budget + 128 * MIB,
+        "peak RSS {hwm} bytes for a node budget of {node_budget}"
+    );
+    assert!(u64_at(&report, "/memory/peak_inflight_bytes") <= node_budget);
+    // The hogs hold their budgets all along: they stall, they are not cut off.
+    assert_eq!(u64_at(&report, "/transmitting"), 41, "{report}");
+    assert!(tenant_bytes(&report, None) >= held_by_hogs, "{report}");
+    fresh.disconnect();
+    drop(hogs);
+    wait_for(Duration::from_secs(20), "the budget to come back", || {
+        let report = connections(&server);
+        (u64_at(&report, "/memory/inflight_bytes") == 0 && u64_at(&report, "/open") == 0)
+            .then_some(())
+    });
+    server.stop();
+}
+
+#[test]
+fn block_status_requests_in_flight_hold_their_replies_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_limits(dir.path(), "", &[]);
+    server.create_volume("vol", "64MiB");
+    let mut stream = connect(server.nbd);
+    greet(&mut stream);
+    send_option(&mut stream, OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(read_option_reply(&mut stream).reply_type, REP_ACK);
+    send_option(
+        &mut stream,
+        OPT_SET_META_CONTEXT,
+        &meta_payload("vol", &["base:allocation"]),
+    );
+    assert_eq!(read_option_reply(&mut stream).reply_type, REP_META_CONTEXT);
+    assert_eq!(read_option_reply(&mut stream).reply_type, REP_ACK);
+    go(&mut stream, "vol").unwrap();
+    // 8 READs of 4 MiB fill the socket buffers (their replies are never read), so the 100
+    // BLOCK_STATUS replies behind them wait in the server with their charges.
+    const READS: u64 = 8;
+    const STATUSES: u64 = 100;
+    let mut requests = Vec::new();
+    for cookie in 0..READS + STATUSES {
+        // DF: the READs of never-written data are answered with their zeros, not a hole.
+        const DF: u16 = 1 << 2;
+        let (flags, command, length) = if cookie < READS {
+            (DF, CMD_READ, 4u32 << 20)
+        } else {
+            (0, CMD_BLOCK_STATUS, 64 << 20)
+        };
+        requests.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        requests.extend_from_slice(&flags.to_be_bytes());
+        requests.extend_from_slice(&command.to_be_bytes());
+        requests.extend_from_slice(&cookie.to_be_bytes());
+        requests.extend_from_slice(&0u64.to_be_bytes());
+        requests.extend_from_slice(&length.to_be_bytes());
+    }
+    stream.write_all(&requests).unwrap();
+    // Each BLOCK_STATUS holds its largest answer (2,048 descriptors of 8 bytes).
+    let expected = READS * (4 * MIB) + STATUSES * (16 << 10);
+    let report = wait_for(
+        Duration::from_secs(20),
+        "every request to hold its bytes",
+        || {
+            let report = connections(&server);
+            let held = report["connections"][0]["inflight_requests"].as_u64();
+            (held == Some(READS + STATUSES)).then_some(report)
+        },
+    );
+    let conn_bytes = u64_at(&report, "/connections/0/inflight_bytes");
+    println!(
+        "{READS} unread 4 MiB READs and {STATUSES} BLOCK_STATUS behind them: the connection \
+         holds {conn_bytes} bytes, {} of them of its reserve",
+        u64_at(&report, "/memory/reserved_inflight_bytes")
+    );
+    assert_eq!(conn_bytes, expected, "{report}");
+    assert_eq!(
+        u64_at(&report, "/memory/inflight_bytes"),
+        expected,
+        "{report}"
+    );
+    drop(stream);
+    wait_for(Duration::from_secs(20), "the budget to come back", || {
+        let report = connections(&server);
+        (u64_at(&report, "/memory/inflight_bytes") == 0).then_some(())
+    });
+    server.stop();
+}
+
 #[test]
 fn a_client_that_stops_reading_or_sending_is_cut_off_after_the_stall_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    // One client can fill its tenant's budget, so its neighbour on the same tenant waits for
-    // the stall timeout to end it.
+    // One client can fill its tenant's shared budget; its neighbour on the same tenant is served
+    // from its own reserve meanwhile, and the stall timeout ends the hog.
     let server = server_with_limits(
         dir.path(),
         "client_stall_timeout_ms = 1000\nmax_inflight_bytes = \"64MiB\"\n\
@@ -520,13 +696,13 @@ fn a_client_that_stops_reading_or_sending_is_cut_off_after_the_stall_timeout() {
     let asked = Instant::now();
     assert_eq!(neighbour.read(1, 0, 4096).unwrap(), vec![0u8; 4096]);
     let waited = asked.elapsed().as_secs_f64();
-    let cut_off = started.elapsed().as_secs_f64();
     wait_for(Duration::from_secs(10), "the hog's end in the log", || {
         server
             .log()
             .contains("client stopped reading replies: it took no byte for 1000 ms")
             .then_some(())
     });
+    let cut_off = started.elapsed().as_secs_f64();
     println!(
         "stall timeout 1 s: the reader-less hog was cut off {cut_off:.2} s after it began; its \
          neighbour's 4 KiB READ waited {waited:.2} s"

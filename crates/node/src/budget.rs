@@ -1,34 +1,49 @@
-//! The node-wide memory budget: payload bytes in flight, bounded per tenant and per node, and
-//! handed out fairly between tenants when they are short.
+//! The node-wide memory budget: payload bytes in flight, bounded per connection, per tenant and
+//! per node, and handed out so that every connection can always make progress.
 //!
 //! A session charges every READ and WRITE the buffer it will occupy (`BufferPool::charge_bytes`)
 //! before it reads the payload or runs the read, and gives it back when the reply is on the
-//! wire. Three bounds hold at every instant:
+//! wire. The node's bytes (`max_inflight_bytes_per_node`) are two pools:
 //!
-//! * per connection: the session's own semaphore (`max_inflight_bytes_per_conn`), taken first,
-//!   so a connection waiting for its own replies to drain never queues here;
-//! * per tenant (`max_inflight_bytes_per_tenant`): all connections to one tenant's volumes
-//!   ("no tenant" is one tenant);
-//! * per node (`max_inflight_bytes_per_node`): everything.
+//! * a reserve of `reserved_bytes_per_session` for every connection the node admits
+//!   (`Limits::reserved_inflight_bytes_per_conn`: a quarter of the node budget split between
+//!   `max_connections`, 1 MiB with the defaults). A charge that fits in what its own session
+//!   has left of its reserve is granted at once, whatever anyone else holds or waits for;
+//! * the shared pool, everything else, where every larger charge goes, under two bounds:
+//!   per tenant (`max_inflight_bytes_per_tenant`; "no tenant" is one tenant) and the pool's
+//!   size. Before either, the session's own semaphore (`max_inflight_bytes_per_conn`) is
+//!   taken, so a connection waiting for its own replies to drain never queues here, and one
+//!   connection never holds more than that of its tenant's bytes.
 //!
-//! A charge that does not fit waits; the session stops reading its socket meanwhile (TCP
-//! pushes back on the client), it does not fail. Waiting charges are granted in round robin
-//! over tenants and in arrival order within a tenant (a session has at most one waiting
-//! charge, so this is round robin over its connections too). A tenant whose next charge would
-//! pass its own bound is skipped: it waits for its own replies, not for anyone else. A tenant
-//! whose next charge does not fit in the node's free bytes stops the round: nobody behind it
-//! may take the bytes it waits for, so a large request is not starved by a stream of small
-//! ones.
+//! Why a reserve: bytes held by a client that never reads its replies come back only when its
+//! session ends, so no order of granting can take them back. Two such clients fill an
+//! anonymous tenant's 256 MiB, and with one shared pool every other connection of that tenant
+//! (in the default setup without TLS, every client) waited for the reply stall timeout (60 s).
+//! The reserve is outside what greedy connections can take, so a connection with a small
+//! request in flight or none is always served; the reserve's size bounds the memory that
+//! guarantee costs (`max_connections` reserves at most, never more than the node budget).
 //!
-//! What this guarantees: no tenant holds more than its bound, so the other tenants always
-//! share at least `per_node - per_tenant` between them; a waiting charge is granted once the
-//! holders ahead of it give back enough, in a bounded number of grants. What it cannot
-//! guarantee alone: bytes held by a client that never reads its replies come back only when
-//! its session ends; `max_inflight_bytes_per_node / max_inflight_bytes_per_tenant` such
-//! tenants at once fill the node, and the reply stall timeout (`Limits::client_stall_timeout_ms`)
-//! is what ends them.
+//! A charge of the shared pool that does not fit waits; the session stops reading its socket
+//! meanwhile (TCP pushes back on the client), it does not fail. Waiting charges are granted in
+//! round robin over tenants and in arrival order within a tenant (a session has at most one
+//! waiting charge, so this is round robin over its connections too). A tenant whose next
+//! charge would pass its own bound is skipped: it waits for its own replies, not for anyone
+//! else. A tenant whose next charge does not fit in the pool's free bytes stops the round:
+//! nobody behind it may take the bytes it waits for, so a large request is not starved by a
+//! stream of small ones.
+//!
+//! What this guarantees: no tenant holds more than its bound of the shared pool, so the other
+//! tenants always share at least `shared - per_tenant` between them; every connection can
+//! always have up to its reserve in flight; a waiting charge is granted once the holders
+//! ahead of it give back enough, in a bounded number of grants; and the node never holds more
+//! than `max_inflight_bytes_per_node`. What it cannot guarantee alone: a connection whose
+//! requests are larger than its reserve waits for the shared pool, which clients that never
+//! read their replies can keep full (`shared / per_tenant` such tenants, or a tenant's
+//! `per_tenant / max_inflight_bytes_per_conn` connections); the reply stall timeout
+//! (`Limits::client_stall_timeout_ms`) is what ends them.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Serialize;
@@ -51,12 +66,20 @@ pub enum BudgetError {
 pub struct Budget {
     per_tenant_bytes: u64,
     per_node_bytes: u64,
+    /// What each session may hold outside the shared pool.
+    reserved_per_session_bytes: u64,
+    /// All sessions' reserves together (at most the node budget); the shared pool is the rest.
+    reserve_bytes: u64,
     state: Mutex<State>,
 }
 
 #[derive(Debug, Default)]
 struct State {
+    /// Held of the shared pool.
     held_bytes: u64,
+    /// Held of the sessions' reserves.
+    reserved_held_bytes: u64,
+    /// Most held of both at once.
     peak_bytes: u64,
     /// Tenants with sessions, held bytes or waiting charges.
     tenants: HashMap<TenantId, TenantState>,
@@ -78,7 +101,11 @@ struct TenantId(u64);
 struct TenantState {
     name: Option<String>,
     sessions: usize,
+    /// Held of the shared pool.
     held_bytes: u64,
+    /// Held of its sessions' reserves.
+    reserved_held_bytes: u64,
+    /// Most held of both at once.
     peak_bytes: u64,
     waiters: VecDeque<Waiter>,
 }
@@ -87,7 +114,11 @@ struct TenantState {
 struct Waiter {
     id: u64,
     bytes: u64,
-    granted: oneshot::Sender<()>,
+    /// The waiting session's reserve: a waiter that fits in it once it frees up is granted
+    /// from it.
+    session: Arc<AtomicU64>,
+    /// `true`: granted from the session's reserve, `false`: from the shared pool.
+    granted: oneshot::Sender<bool>,
 }
 
 /// A session's membership in its tenant's account; the tenant's entry goes when its last
@@ -96,6 +127,8 @@ struct Waiter {
 pub struct TenantAccount {
     budget: Arc<Budget>,
     tenant: TenantId,
+    /// What this session holds of its reserve (changed under the budget's lock only).
+    reserved: Arc<AtomicU64>,
 }
 
 /// Bytes held against the budget until dropped.
@@ -104,6 +137,8 @@ pub struct Charge {
     budget: Arc<Budget>,
     tenant: TenantId,
     bytes: u64,
+    /// `Some`: taken from this session's reserve, not from the shared pool.
+    reserve: Option<Arc<AtomicU64>>,
 }
 
 /// One tenant in [`BudgetView`].
@@ -112,7 +147,10 @@ pub struct TenantView {
     /// `None`: the volumes without a tenant.
     pub tenant: Option<String>,
     pub sessions: usize,
+    /// Held in all, of the shared pool and of its sessions' reserves.
     pub inflight_bytes: u64,
+    /// Of that, held of its sessions' reserves.
+    pub reserved_inflight_bytes: u64,
     pub peak_inflight_bytes: u64,
     pub waiting_charges: usize,
 }
@@ -122,7 +160,14 @@ pub struct TenantView {
 pub struct BudgetView {
     pub max_inflight_bytes_per_node: u64,
     pub max_inflight_bytes_per_tenant: u64,
+    /// What each connection may hold outside the shared pool (0: no reserve).
+    pub reserved_inflight_bytes_per_conn: u64,
+    /// The shared pool: the node budget less every connection's reserve.
+    pub shared_inflight_bytes: u64,
+    /// Held in all, of the shared pool and of the reserves.
     pub inflight_bytes: u64,
+    /// Of that, held of the connections' reserves.
+    pub reserved_inflight_bytes: u64,
     /// Most bytes held at once since the node started.
     pub peak_inflight_bytes: u64,
     /// Charges that could not be granted at once, since the node started.
@@ -131,12 +176,35 @@ pub struct BudgetView {
 }
 
 impl Budget {
+    /// A budget without reserves: every charge comes from one pool of `per_node_bytes`.
     pub fn new(per_tenant_bytes: u64, per_node_bytes: u64) -> Arc<Budget> {
+        Self::with_reserve(per_tenant_bytes, per_node_bytes, 0, 0)
+    }
+
+    /// A budget that keeps `reserved_per_session_bytes` for each of `sessions` sessions out
+    /// of the shared pool (the reserves together are cut to the node budget).
+    pub fn with_reserve(
+        per_tenant_bytes: u64,
+        per_node_bytes: u64,
+        reserved_per_session_bytes: u64,
+        sessions: usize,
+    ) -> Arc<Budget> {
+        let sessions = u64::try_from(sessions).unwrap_or(u64::MAX);
+        let reserve_bytes = reserved_per_session_bytes
+            .saturating_mul(sessions)
+            .min(per_node_bytes);
         Arc::new(Budget {
             per_tenant_bytes,
             per_node_bytes,
+            reserved_per_session_bytes,
+            reserve_bytes,
             state: Mutex::new(State::default()),
         })
+    }
+
+    /// The shared pool's size: the node budget less the reserves.
+    fn shared_bytes(&self) -> u64 {
+        self.per_node_bytes - self.reserve_bytes
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -159,6 +227,7 @@ impl Budget {
                         name: key,
                         sessions: 0,
                         held_bytes: 0,
+                        reserved_held_bytes: 0,
                         peak_bytes: 0,
                         waiters: VecDeque::new(),
                     },
@@ -172,6 +241,7 @@ impl Budget {
         TenantAccount {
             budget: Arc::clone(self),
             tenant: id,
+            reserved: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -184,7 +254,8 @@ impl Budget {
             .map(|t| TenantView {
                 tenant: t.name.clone(),
                 sessions: t.sessions,
-                inflight_bytes: t.held_bytes,
+                inflight_bytes: t.held_bytes + t.reserved_held_bytes,
+                reserved_inflight_bytes: t.reserved_held_bytes,
                 peak_inflight_bytes: t.peak_bytes,
                 waiting_charges: t.waiters.len(),
             })
@@ -193,7 +264,10 @@ impl Budget {
         BudgetView {
             max_inflight_bytes_per_node: self.per_node_bytes,
             max_inflight_bytes_per_tenant: self.per_tenant_bytes,
-            inflight_bytes: state.held_bytes,
+            reserved_inflight_bytes_per_conn: self.reserved_per_session_bytes,
+            shared_inflight_bytes: self.shared_bytes(),
+            inflight_bytes: state.held_bytes + state.reserved_held_bytes,
+            reserved_inflight_bytes: state.reserved_held_bytes,
             peak_inflight_bytes: state.peak_bytes,
             waited_charges_total: state.waited_total,
             tenants,
@@ -201,7 +275,7 @@ impl Budget {
     }
 
     /// Grants waiting charges in round-robin order until the tenant at the front of the ring
-    /// does not fit in the node's free bytes, or no tenant's next charge fits under its own
+    /// does not fit in the shared pool's free bytes, or no tenant's next charge fits under its own
     /// bound. Called with the lock held after anything that may let a charge through.
     fn grant_waiting(&self, state: &mut State) {
         let mut skipped = 0;
@@ -223,21 +297,25 @@ impl Budget {
                 skipped += 1;
                 continue;
             }
-            if state.held_bytes + head_bytes > self.per_node_bytes {
-                // First in line for the node's free bytes: nobody passes it.
+            if state.held_bytes + head_bytes > self.shared_bytes() {
+                // First in line for the pool's free bytes: nobody passes it.
                 return;
             }
             let Some(waiter) = entry.waiters.pop_front() else {
                 continue;
             };
             entry.held_bytes += waiter.bytes;
-            entry.peak_bytes = entry.peak_bytes.max(entry.held_bytes);
+            entry.peak_bytes = entry
+                .peak_bytes
+                .max(entry.held_bytes + entry.reserved_held_bytes);
             let more = !entry.waiters.is_empty();
             state.held_bytes += waiter.bytes;
-            state.peak_bytes = state.peak_bytes.max(state.held_bytes);
+            state.peak_bytes = state
+                .peak_bytes
+                .max(state.held_bytes + state.reserved_held_bytes);
             // A waiter whose session is gone: its guard gives the bytes back (it finds itself
             // no longer queued), so nothing is lost here.
-            let _ = waiter.granted.send(());
+            let _ = waiter.granted.send(false);
             state.ring.pop_front();
             if more {
                 state.ring.push_back(tenant);
@@ -246,8 +324,8 @@ impl Budget {
         }
     }
 
-    /// Whether a waiting charge is first in line for the node's free bytes. Between rounds
-    /// every tenant in the ring waits either for its own bound or for the node (a charge that
+    /// Whether a waiting charge is first in line for the shared pool's free bytes. Between
+    /// rounds every tenant in the ring waits either for its own bound or for the pool (a charge that
     /// fits both would have been granted), so it is one whose next charge fits its own bound.
     fn node_is_awaited(&self, state: &State) -> bool {
         state.ring.iter().any(|tenant| {
@@ -260,26 +338,104 @@ impl Budget {
         })
     }
 
-    fn release(&self, tenant: TenantId, bytes: u64) {
+    fn release(&self, tenant: TenantId, bytes: u64, reserve: Option<&AtomicU64>) {
         if bytes == 0 {
             return;
         }
         let mut state = self.lock();
-        state.held_bytes = state.held_bytes.saturating_sub(bytes);
-        if let Some(entry) = state.tenants.get_mut(&tenant) {
-            entry.held_bytes = entry.held_bytes.saturating_sub(bytes);
+        if let Some(reserve) = reserve {
+            Self::give_back_reserved(&mut state, tenant, reserve, bytes);
+            // The session's own charge waiting in the shared pool's line, if it fits the
+            // reserve now: a connection whose reserve drains is never left waiting for bytes
+            // others hold.
+            let state = &mut *state;
+            let mut moved_any = false;
+            loop {
+                let held = state.reserved_held_bytes;
+                let fits = |w: &Waiter| {
+                    Arc::as_ptr(&w.session) == std::ptr::from_ref(reserve)
+                        && self.fits_reserve(held, reserve, w.bytes)
+                };
+                let moved = state.tenants.get_mut(&tenant).and_then(|entry| {
+                    let index = entry.waiters.iter().position(fits)?;
+                    entry.waiters.remove(index)
+                });
+                let Some(waiter) = moved else {
+                    break;
+                };
+                Self::take_reserved(state, tenant, reserve, waiter.bytes);
+                let _ = waiter.granted.send(true);
+                moved_any = true;
+            }
+            if moved_any {
+                if state
+                    .tenants
+                    .get(&tenant)
+                    .is_some_and(|t| t.waiters.is_empty())
+                {
+                    state.ring.retain(|&t| t != tenant);
+                }
+                // One may have been the head that stopped the round.
+                self.grant_waiting(state);
+            }
+            Self::forget_if_unused(state, tenant);
+            return;
         }
+        Self::give_back_shared(&mut state, tenant, bytes);
         Self::forget_if_unused(&mut state, tenant);
         if !state.ring.is_empty() {
             self.grant_waiting(&mut state);
         }
     }
 
+    /// Whether `bytes` fit in what is left of the session reserve `reserve`, and of all the
+    /// reserves together (which bounds the reserves of sessions past `max_connections`, such
+    /// as requests of an ended session still on their way out).
+    fn fits_reserve(&self, reserved_held_bytes: u64, reserve: &AtomicU64, bytes: u64) -> bool {
+        bytes > 0
+            && reserve.load(Ordering::Relaxed) + bytes <= self.reserved_per_session_bytes
+            && reserved_held_bytes + bytes <= self.reserve_bytes
+    }
+
+    /// Books `bytes` of the session reserve `reserve` (with the lock held, like every change
+    /// of a reserve).
+    fn take_reserved(state: &mut State, tenant: TenantId, reserve: &AtomicU64, bytes: u64) {
+        reserve.fetch_add(bytes, Ordering::Relaxed);
+        state.reserved_held_bytes += bytes;
+        state.peak_bytes = state
+            .peak_bytes
+            .max(state.held_bytes + state.reserved_held_bytes);
+        if let Some(entry) = state.tenants.get_mut(&tenant) {
+            entry.reserved_held_bytes += bytes;
+            entry.peak_bytes = entry
+                .peak_bytes
+                .max(entry.held_bytes + entry.reserved_held_bytes);
+        }
+    }
+
+    fn give_back_reserved(state: &mut State, tenant: TenantId, reserve: &AtomicU64, bytes: u64) {
+        let left = reserve.load(Ordering::Relaxed).saturating_sub(bytes);
+        reserve.store(left, Ordering::Relaxed);
+        state.reserved_held_bytes = state.reserved_held_bytes.saturating_sub(bytes);
+        if let Some(entry) = state.tenants.get_mut(&tenant) {
+            entry.reserved_held_bytes = entry.reserved_held_bytes.saturating_sub(bytes);
+        }
+    }
+
+    fn give_back_shared(state: &mut State, tenant: TenantId, bytes: u64) {
+        state.held_bytes = state.held_bytes.saturating_sub(bytes);
+        if let Some(entry) = state.tenants.get_mut(&tenant) {
+            entry.held_bytes = entry.held_bytes.saturating_sub(bytes);
+        }
+    }
+
     fn forget_if_unused(state: &mut State, tenant: TenantId) {
-        let unused = state
-            .tenants
-            .get(&tenant)
-            .is_some_and(|t| t.sessions == 0 && t.held_bytes == 0 && t.waiters.is_empty());
+        let unused = state.tenants.get(&tenant).is_some_and(|t| {
+            t.sessions == 0
+                && t.held_bytes == 0
+                && t.reserved_held_bytes == 0
+                && t.waiters.is_empty()
+        });
         if unused && let Some(entry) = state.tenants.remove(&tenant) {
             state.ids.remove(&entry.name);
         }
@@ -287,24 +443,35 @@ impl Budget {
 }
 
 impl TenantAccount {
-    /// Takes `bytes` from the tenant's and the node's budget, waiting (in fair order) until
+    /// Takes `bytes` from this session's reserve when they fit in what is left of it, at
+    /// once; else from the tenant's and the node's shared pool, waiting (in fair order) until
     /// they fit. Cancel-safe: dropping the future gives back whatever it was granted.
     pub async fn charge(&self, bytes: u64) -> Result<Charge, BudgetError> {
         let budget = &self.budget;
-        if bytes > budget.per_tenant_bytes {
+        // `Limits` keeps the largest request's charge within both (and a reserve within it).
+        if bytes > budget.per_tenant_bytes.min(budget.shared_bytes()) {
             return Err(BudgetError::TooLarge {
                 charge_bytes: bytes,
-                tenant_bytes: budget.per_tenant_bytes,
+                tenant_bytes: budget.per_tenant_bytes.min(budget.shared_bytes()),
             });
         }
         let charge = |bytes| Charge {
             budget: Arc::clone(budget),
             tenant: self.tenant,
             bytes,
+            reserve: None,
         };
         let (waiter_id, granted) = {
             let mut state = budget.lock();
             let state = &mut *state;
+            if !state.tenants.contains_key(&self.tenant) {
+                return Err(BudgetError::Closed);
+            }
+            // The session's own reserve first: nobody else can have taken it.
+            if budget.fits_reserve(state.reserved_held_bytes, &self.reserved, bytes) {
+                Budget::take_reserved(state, self.tenant, &self.reserved, bytes);
+                return Ok(self.reserved_charge(bytes));
+            }
             let Some(entry) = state.tenants.get(&self.tenant) else {
                 return Err(BudgetError::Closed);
             };
@@ -313,16 +480,20 @@ impl TenantAccount {
             // own bound), and it fits.
             let first_in_tenant = entry.waiters.is_empty();
             let fits = entry.held_bytes + bytes <= budget.per_tenant_bytes
-                && state.held_bytes + bytes <= budget.per_node_bytes;
+                && state.held_bytes + bytes <= budget.shared_bytes();
             let at_once = first_in_tenant && fits && !budget.node_is_awaited(state);
             let Some(entry) = state.tenants.get_mut(&self.tenant) else {
                 return Err(BudgetError::Closed);
             };
             if at_once {
                 entry.held_bytes += bytes;
-                entry.peak_bytes = entry.peak_bytes.max(entry.held_bytes);
+                entry.peak_bytes = entry
+                    .peak_bytes
+                    .max(entry.held_bytes + entry.reserved_held_bytes);
                 state.held_bytes += bytes;
-                state.peak_bytes = state.peak_bytes.max(state.held_bytes);
+                state.peak_bytes = state
+                    .peak_bytes
+                    .max(state.held_bytes + state.reserved_held_bytes);
                 return Ok(charge(bytes));
             }
             let (tx, rx) = oneshot::channel();
@@ -335,6 +506,7 @@ impl TenantAccount {
             entry.waiters.push_back(Waiter {
                 id,
                 bytes,
+                session: Arc::clone(&self.reserved),
                 granted: tx,
             });
             budget.grant_waiting(state);
@@ -347,15 +519,30 @@ impl TenantAccount {
             tenant: self.tenant,
             waiter: waiter_id,
             bytes,
-            armed: true,
+            reserve: &self.reserved,
+            granted: Some(granted),
         };
-        let outcome = granted.await;
-        guard.armed = false;
+        let outcome = match guard.granted.as_mut() {
+            Some(granted) => granted.await,
+            None => return Err(BudgetError::Closed),
+        };
+        guard.granted = None;
         match outcome {
-            Ok(()) => Ok(charge(bytes)),
+            Ok(false) => Ok(charge(bytes)),
+            Ok(true) => Ok(self.reserved_charge(bytes)),
             // The sender is dropped unsent only if the waiter left the queue without a grant,
             // which only this future's guard does.
             Err(_) => Err(BudgetError::Closed),
+        }
+    }
+
+    /// A charge of `bytes` booked on this session's reserve.
+    fn reserved_charge(&self, bytes: u64) -> Charge {
+        Charge {
+            budget: Arc::clone(&self.budget),
+            tenant: self.tenant,
+            bytes,
+            reserve: Some(Arc::clone(&self.reserved)),
         }
     }
 }
@@ -378,7 +565,8 @@ impl Charge {
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        self.budget.release(self.tenant, self.bytes);
+        self.budget
+            .release(self.tenant, self.bytes, self.reserve.as_deref());
     }
 }
 
@@ -389,14 +577,16 @@ struct WaitGuard<'a> {
     tenant: TenantId,
     waiter: u64,
     bytes: u64,
-    armed: bool,
+    reserve: &'a AtomicU64,
+    /// `None` once the outcome was received (then there is nothing to undo).
+    granted: Option<oneshot::Receiver<bool>>,
 }
 
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
-        if !self.armed {
+        let Some(mut granted) = self.granted.take() else {
             return;
-        }
+        };
         let mut state = self.budget.lock();
         let state = &mut *state;
         let queued = state.tenants.get_mut(&self.tenant).and_then(|entry| {
@@ -404,10 +594,14 @@ impl Drop for WaitGuard<'_> {
             entry.waiters.remove(index)
         });
         if queued.is_none() {
-            // Granted under the lock before we got here: give it back.
-            state.held_bytes = state.held_bytes.saturating_sub(self.bytes);
-            if let Some(entry) = state.tenants.get_mut(&self.tenant) {
-                entry.held_bytes = entry.held_bytes.saturating_sub(self.bytes);
+            // Granted under the lock before we got here (so the answer is in the channel):
+            // give it back to where it came from.
+            match granted.try_recv() {
+                Ok(true) => {
+                    Budget::give_back_reserved(state, self.tenant, self.reserve, self.bytes);
+                }
+                Ok(false) => Budget::give_back_shared(state, self.tenant, self.bytes),
+                Err(_) => {}
             }
         }
         if state
@@ -480,6 +674,91 @@ mod tests {
         drop(c2);
         assert_eq!(held(&budget).0, 0);
         assert_eq!(budget.view().peak_inflight_bytes, 80 * MIB);
+    }
+
+    /// The rule that serves a fresh connection next to connections of its own tenant that
+    /// hold all the tenant's bytes and never give them back.
+    #[test]
+    fn a_session_is_served_from_its_reserve_while_its_tenant_is_full() {
+        const KIB: u64 = 1 << 10;
+        // 4 sessions with 1 MiB each out of a 100 MiB node: a shared pool of 96 MiB.
+        let budget = Budget::with_reserve(64 * MIB, 100 * MIB, MIB, 4);
+        assert_eq!(budget.view().shared_inflight_bytes, 96 * MIB);
+        let hog1 = budget.join(None);
+        let hog2 = budget.join(None);
+        let fresh = budget.join(None);
+        let other = budget.join(Some("b"));
+        // Charges above a reserve come from the shared pool: two hogs fill their tenant.
+        let held_by_hogs = [
+            poll_once(pin!(hog1.charge(32 * MIB))).unwrap().unwrap(),
+            poll_once(pin!(hog2.charge(32 * MIB))).unwrap().unwrap(),
+        ];
+        let mut hog_waits = Box::pin(hog1.charge(32 * MIB));
+        assert!(poll_once(hog_waits.as_mut()).is_none());
+        // The fresh session's 256 x 4 KiB are granted at once from its reserve, although its
+        // tenant is full and a charge of the tenant waits.
+        let mut small: Vec<Charge> = (0..256)
+            .map(|_| poll_once(pin!(fresh.charge(4 * KIB))).unwrap().unwrap())
+            .collect();
+        let view = budget.view();
+        assert_eq!(view.inflight_bytes, 65 * MIB);
+        assert_eq!(view.reserved_inflight_bytes, MIB);
+        assert_eq!(view.tenants[0].reserved_inflight_bytes, MIB);
+        // Its reserve is full: the next one waits in the tenant's line, behind the hog ...
+        let mut next = Box::pin(fresh.charge(4 * KIB));
+        assert!(poll_once(next.as_mut()).is_none());
+        let mut after = Box::pin(fresh.charge(4 * KIB));
+        assert!(poll_once(after.as_mut()).is_none());
+        // ... and is granted from the reserve as soon as one of its own comes back, while the
+        // hog still waits for its tenant's bytes.
+        drop(small.pop());
+        let next = poll_once(next.as_mut()).unwrap().unwrap();
+        assert!(poll_once(after.as_mut()).is_none());
+        assert!(poll_once(hog_waits.as_mut()).is_none());
+        // Granted from the reserve but dropped before it was polled: the bytes go back there.
+        drop(small.pop());
+        drop(after);
+        assert_eq!(budget.view().reserved_inflight_bytes, MIB - 4 * KIB);
+        // Another tenant still has the rest of the shared pool; nobody has more.
+        let b = poll_once(pin!(other.charge(32 * MIB))).unwrap().unwrap();
+        assert!(budget.view().inflight_bytes <= 100 * MIB);
+        let mut b_waits = Box::pin(other.charge(2 * MIB));
+        assert!(
+            poll_once(b_waits.as_mut()).is_none(),
+            "the shared pool is full"
+        );
+        // A session's reserve is its own: the fresh session's free 4 KiB is not the hog's.
+        let mut hog_small = Box::pin(hog2.charge(4 * KIB));
+        assert!(
+            poll_once(hog_small.as_mut()).unwrap().is_ok(),
+            "hog2 has its own reserve"
+        );
+        drop(held_by_hogs);
+        assert!(poll_once(hog_waits.as_mut()).unwrap().is_ok());
+        assert!(poll_once(b_waits.as_mut()).unwrap().is_ok());
+        drop((small, next, hog_small, hog_waits, b_waits, b));
+        let view = budget.view();
+        assert_eq!((view.inflight_bytes, view.reserved_inflight_bytes), (0, 0));
+        assert_eq!(view.peak_inflight_bytes, 97 * MIB);
+        assert_eq!(fresh.reserved.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn the_reserves_together_never_pass_their_share_of_the_node() {
+        // Reserves for 2 sessions: a third session (one that outlives its admission slot) has
+        // none left and goes to the shared pool.
+        let budget = Budget::with_reserve(8 * MIB, 16 * MIB, MIB, 2);
+        let sessions = [budget.join(None), budget.join(None), budget.join(None)];
+        let held: Vec<Charge> = sessions
+            .iter()
+            .map(|s| poll_once(pin!(s.charge(MIB))).unwrap().unwrap())
+            .collect();
+        let view = budget.view();
+        assert_eq!(view.reserved_inflight_bytes, 2 * MIB);
+        assert_eq!(view.inflight_bytes, 3 * MIB);
+        assert_eq!(view.shared_inflight_bytes, 14 * MIB);
+        drop(held);
+        assert_eq!(budget.view().inflight_bytes, 0);
     }
 
     #[test]
@@ -569,9 +848,20 @@ mod tests {
     fn check_at_rest(budget: &Budget) {
         let state = budget.lock();
         let mut sum = 0;
+        let mut reserved_sum = 0;
         for entry in state.tenants.values() {
             assert!(entry.held_bytes <= budget.per_tenant_bytes);
             sum += entry.held_bytes;
+            reserved_sum += entry.reserved_held_bytes;
+            for waiter in &entry.waiters {
+                assert!(
+                    waiter.session.load(Ordering::Relaxed) <= budget.reserved_per_session_bytes
+                );
+                assert!(
+                    !budget.fits_reserve(state.reserved_held_bytes, &waiter.session, waiter.bytes),
+                    "a charge that fits its session's reserve was left waiting"
+                );
+            }
             assert_eq!(
                 state
                     .ring
@@ -583,7 +873,10 @@ mod tests {
             );
         }
         assert_eq!(sum, state.held_bytes);
-        assert!(state.held_bytes <= budget.per_node_bytes);
+        assert_eq!(reserved_sum, state.reserved_held_bytes);
+        assert!(state.held_bytes <= budget.shared_bytes());
+        assert!(state.reserved_held_bytes <= budget.reserve_bytes);
+        assert!(state.held_bytes + state.reserved_held_bytes <= budget.per_node_bytes);
         let first_eligible = state.ring.iter().find_map(|t| {
             let entry = &state.tenants[t];
             let head = entry.waiters.front()?.bytes;
@@ -591,7 +884,7 @@ mod tests {
         });
         if let Some(head) = first_eligible {
             assert!(
-                state.held_bytes + head > budget.per_node_bytes,
+                state.held_bytes + head > budget.shared_bytes(),
                 "a charge that fits was left waiting"
             );
         }
@@ -603,10 +896,18 @@ mod tests {
         /// is granted.
         #[test]
         fn bounds_hold_and_every_waiting_charge_is_granted(
-            ops in proptest::collection::vec((0usize..3, 1u64..=40, proptest::bool::ANY), 1..200)
+            ops in proptest::collection::vec((0usize..5, 1u64..=80, proptest::bool::ANY), 1..200)
         ) {
-            let budget = Budget::new(64 * MIB, 96 * MIB);
-            let accounts = [budget.join(Some("a")), budget.join(Some("b")), budget.join(None)];
+            // Sizes in half MiB, with 1 MiB reserved for each of five sessions (two of "a").
+            const UNIT: u64 = MIB / 2;
+            let budget = Budget::with_reserve(64 * MIB, 100 * MIB, MIB, 5);
+            let accounts = [
+                budget.join(Some("a")),
+                budget.join(Some("b")),
+                budget.join(None),
+                budget.join(Some("a")),
+                budget.join(None),
+            ];
             let mut pending = Vec::new();
             let mut granted: Vec<Charge> = Vec::new();
             for (tenant, mib, release) in ops {
@@ -614,7 +915,7 @@ mod tests {
                     let index = usize::try_from(mib).unwrap() % granted.len();
                     drop(granted.swap_remove(index));
                 } else {
-                    pending.push(Box::pin(accounts[tenant].charge(mib * MIB)));
+                    pending.push(Box::pin(accounts[tenant].charge(mib * UNIT)));
                 }
                 let mut still = Vec::new();
                 for mut future in pending.drain(..) {

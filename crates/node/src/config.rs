@@ -137,7 +137,31 @@ pub const MAX_INFLIGHT_REQUESTS_PER_CONN: u64 = 65_536;
 /// Longest negotiation deadline and client stall timeout a configuration may set (one hour).
 pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
 
+/// The share of `max_inflight_bytes_per_node` kept in per-connection reserves (1/4).
+pub const RESERVED_SHARE_OF_NODE_DIVISOR: u64 = 4;
+
 impl Limits {
+    /// What each connection may always hold outside the shared pool (`node::budget`): a
+    /// quarter of the node budget split between `max_connections`, rounded down to a power
+    /// of two (the size of a buffer class), at most the buffer of the largest request and the
+    /// connection's own bound, and never so much that the shared pool left could not hold
+    /// the largest request. 1 MiB with the defaults (1 GiB, 256 connections). Derived rather
+    /// than configured: the two limits it follows from are the ones an operator sets.
+    pub fn reserved_inflight_bytes_per_conn(&self) -> u64 {
+        let connections = u64::try_from(self.max_connections.max(1)).unwrap_or(u64::MAX);
+        let largest = crate::buffers::BufferPool::charge_bytes(self.max_request_bytes);
+        let share = self.max_inflight_bytes_per_node / RESERVED_SHARE_OF_NODE_DIVISOR;
+        let room = self.max_inflight_bytes_per_node.saturating_sub(largest);
+        let bytes = (share.min(room) / connections)
+            .min(largest)
+            .min(self.max_inflight_bytes_per_conn);
+        // A reserve smaller than the smallest charge would never be used.
+        if bytes < crate::buffers::BufferPool::charge_bytes(1) {
+            return 0;
+        }
+        1 << bytes.ilog2()
+    }
+
     /// Checks every bound, and that each byte limit holds the largest request and fits in the
     /// next wider one (the buffer of the largest request ≤ per connection ≤ per tenant ≤ per
     /// node), so that no request waits for a budget it could never get.
@@ -598,6 +622,41 @@ mod tests {
         match limits.validate() {
             Ok(()) => panic!("accepted: {limits:?}"),
             Err(err) => err,
+        }
+    }
+
+    #[test]
+    fn each_connection_reserves_a_quarter_of_the_node_budget_split_between_connections() {
+        let reserved = |change: fn(&mut Limits)| {
+            let mut limits = Limits::default();
+            change(&mut limits);
+            limits.reserved_inflight_bytes_per_conn()
+        };
+        // 1 GiB / 4 / 256 connections.
+        assert_eq!(reserved(|_| {}), 1 << 20);
+        // Rounded down to a power of two: 1 GiB / 4 / 300 is 873 KiB.
+        assert_eq!(reserved(|l| l.max_connections = 300), 512 << 10);
+        // At most the largest request's buffer, with few connections.
+        assert_eq!(reserved(|l| l.max_connections = 1), 32 << 20);
+        assert_eq!(reserved(|l| l.max_request_bytes = 100_000), 128 << 10);
+        // The shared pool always keeps room for the largest request: a node budget of one
+        // request reserves nothing, and so does a share below the smallest buffer.
+        assert_eq!(reserved(|l| l.max_inflight_bytes_per_node = 32 << 20), 0);
+        assert_eq!(reserved(|l| l.max_connections = 1 << 20), 0);
+        for connections in [1, 3, 256, 4096] {
+            for node_mib in [32u64, 33, 64, 1024] {
+                let mut limits = Limits {
+                    max_connections: connections,
+                    max_inflight_bytes_per_node: node_mib << 20,
+                    ..Limits::default()
+                };
+                limits.max_inflight_bytes_per_conn =
+                    limits.max_inflight_bytes_per_node.min(128 << 20);
+                let reserve =
+                    limits.reserved_inflight_bytes_per_conn() * u64::try_from(connections).unwrap();
+                assert!(reserve <= limits.max_inflight_bytes_per_node / 4);
+                assert!(limits.max_inflight_bytes_per_node - reserve >= 32 << 20);
+            }
         }
     }
 

@@ -245,9 +245,11 @@ impl Node {
 
         let limits = &config.limits;
         log_limits(limits);
-        let budget = Budget::new(
+        let budget = Budget::with_reserve(
             limits.max_inflight_bytes_per_tenant,
             limits.max_inflight_bytes_per_node,
+            limits.reserved_inflight_bytes_per_conn(),
+            limits.max_connections,
         );
         let connections = Connections::with_ipv6_prefix(
             limits.max_connections,
@@ -662,10 +664,12 @@ fn log_limits(limits: &Limits) {
     let mib = |bytes: u64| bytes >> 20;
     tracing::info!(
         "limits: payload in flight at most {} MiB per node, {} MiB per tenant, {} MiB per \
-         connection; {} connections, {} per address; {} requests in flight per connection",
+         connection, {} KiB of it reserved for each connection; {} connections, {} per \
+         address; {} requests in flight per connection",
         mib(limits.max_inflight_bytes_per_node),
         mib(limits.max_inflight_bytes_per_tenant),
         mib(limits.max_inflight_bytes_per_conn),
+        limits.reserved_inflight_bytes_per_conn() >> 10,
         limits.max_connections,
         limits.max_connections_per_ip,
         limits.max_inflight_requests_per_conn,
