@@ -115,6 +115,9 @@ impl Modify for BearerAuth {
         super::tenants::create_tenant,
         super::tenants::show_tenant,
         super::tenants::delete_tenant,
+        super::tokens::list_tokens,
+        super::tokens::create_token,
+        super::tokens::revoke_token,
         crate::metrics::export::metrics,
         crate::dashboard::stats,
         serve_json,
@@ -125,6 +128,7 @@ impl Modify for BearerAuth {
     tags(
         (name = "volumes", description = "Volumes: create, list, show, resize, QoS, delete"),
         (name = "tenants", description = "Tenants: the owners volumes name"),
+        (name = "tokens", description = "Scoped API tokens: create (admin or read), list, revoke"),
         (name = "node", description = "The node: health, version and configuration, pool, devices, connections"),
     )
 )]
