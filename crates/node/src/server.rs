@@ -877,3 +877,24 @@ impl CreditSaver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::conn::ApiLimits;
+
+    #[test]
+    fn the_api_cap_leaves_nbd_and_the_store_their_descriptors() {
+        let configured = ApiLimits::default();
+        let cap = |nbd, soft| api_limits_within(&configured, nbd, soft).max_connections;
+        // Room enough: as configured.
+        assert_eq!(cap(256, Some(65_536)), 1024);
+        assert_eq!(cap(256, Some(1024 + 256 + 256)), 1024);
+        // Too little: what NBD and the reserve leave.
+        assert_eq!(cap(256, Some(1024)), 1024 - 256 - 256);
+        assert_eq!(cap(4096, Some(4096 + 256 + 100)), 100);
+        // Never below 16 (the API stays usable); unknown limit: as configured.
+        assert_eq!(cap(256, Some(64)), 16);
+        assert_eq!(cap(256, None), 1024);
+    }
+}
