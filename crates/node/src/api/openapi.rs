@@ -89,7 +89,9 @@ impl Modify for BearerAuth {
         title = "Headroom management API",
         description = "Volumes, tenants and the node's state. Every operation but /healthz and /readyz \
                        needs `Authorization: Bearer <token>` (docs/operations.md, \
-                       \"Management API\"). Errors are `{\"error\", \"kind\"}`."
+                       \"Management API\"); a token of scope `read` may only GET (403 \
+                       `forbidden` otherwise), and every other authenticated request is \
+                       recorded in the audit log. Errors are `{\"error\", \"kind\"}`."
     ),
     paths(
         super::healthz,
