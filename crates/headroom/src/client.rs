@@ -237,6 +237,28 @@ impl Api {
         self.expect_success(response)
     }
 
+    /// `POST /v1/tokens`: a new scoped token, with its secret (shown this once).
+    pub fn create_token(
+        &self,
+        body: &headroom_node::api::tokens::CreateToken,
+    ) -> Result<headroom_node::api::tokens::CreatedToken> {
+        let response = self
+            .authorized(self.agent.post(self.url("/v1/tokens")))
+            .send_json(body)
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
+    /// `DELETE /v1/tokens/{id}` (an id or a name): the token revoked.
+    pub fn revoke_token(&self, id_or_name: &str) -> Result<Value> {
+        let url = self.url(&format!("/v1/tokens/{}", path_segment(id_or_name)));
+        let response = self
+            .authorized(self.agent.delete(url))
+            .call()
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
     /// `POST /v1/devices`: adds a device to the running pool; the new device as the API
     /// answered it.
     pub fn add_device(

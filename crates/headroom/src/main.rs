@@ -24,6 +24,7 @@ mod sim_cmd;
 mod size;
 mod tenant_cmd;
 mod token;
+mod token_cmd;
 mod top;
 mod volume_cmd;
 
@@ -80,6 +81,9 @@ enum Command {
     /// Manage tenants (the owners volumes name) through a running server's API.
     #[command(subcommand)]
     Tenant(tenant_cmd::TenantCommand),
+    /// Scoped API tokens (admin, read): create, list, revoke, through a running server's API.
+    #[command(subcommand, after_help = EXIT_CODES)]
+    Token(token_cmd::TokenCommand),
     /// Quality-of-service tools.
     #[command(subcommand)]
     Qos(qos_cmd::QosCommand),
@@ -366,6 +370,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Rebuild(command) => rebuild_cmd::run(command),
         Command::Scrub(command) => scrub_cmd::run(command),
         Command::Tenant(command) => tenant_cmd::run(command),
+        Command::Token(command) => token_cmd::run(command),
         Command::Qos(command) => qos_cmd::run(command),
         Command::Sim(command) => sim_cmd::run(command),
         Command::Lab(command) => lab_cmd::run(command),

@@ -178,18 +178,36 @@ pub struct MetricsSection {
     pub max_volume_series: Option<usize>,
 }
 
+/// Longest API timeout accepted (`api.*_timeout_ms`).
+const MAX_API_TIMEOUT_MS: u64 = 3_600_000;
+
 /// `[api]`: the management API.
 #[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ApiSection {
     /// The bearer token (under `$HEADROOM_TOKEN`, over the data directory's token file).
     pub token: Option<String>,
+    /// Most API connections at once (lowered at start to keep the descriptor reserve).
+    pub max_connections: Option<usize>,
+    /// From accept (or a later request's first byte) to the request's complete head.
+    pub header_read_timeout_ms: Option<u64>,
+    /// From a request's head to the end of its body.
+    pub body_read_timeout_ms: Option<u64>,
+    /// A kept-alive connection between requests.
+    pub idle_timeout_ms: Option<u64>,
+    /// The audit log of changes [default: DATA_DIR/audit.log].
+    pub audit_log: Option<PathBuf>,
 }
 
 impl fmt::Debug for ApiSection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ApiSection")
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("max_connections", &self.max_connections)
+            .field("header_read_timeout_ms", &self.header_read_timeout_ms)
+            .field("body_read_timeout_ms", &self.body_read_timeout_ms)
+            .field("idle_timeout_ms", &self.idle_timeout_ms)
+            .field("audit_log", &self.audit_log)
             .finish()
     }
 }
@@ -844,8 +862,14 @@ impl ConfigFile {
             volume_series_idle_s: s.volume_series_idle_s.or(l.volume_series_idle_s),
             max_volume_series: s.max_volume_series.or(l.max_volume_series),
         };
+        let (s, l) = (self.api, lower.api);
         let api = ApiSection {
-            token: self.api.token.or(lower.api.token),
+            token: s.token.or(l.token),
+            max_connections: s.max_connections.or(l.max_connections),
+            header_read_timeout_ms: s.header_read_timeout_ms.or(l.header_read_timeout_ms),
+            body_read_timeout_ms: s.body_read_timeout_ms.or(l.body_read_timeout_ms),
+            idle_timeout_ms: s.idle_timeout_ms.or(l.idle_timeout_ms),
+            audit_log: s.audit_log.or(l.audit_log),
         };
         ConfigFile {
             server,
@@ -1206,6 +1230,27 @@ impl ConfigFile {
             headroom_node::api::ApiToken::new(token)
                 .map_err(|err| Invalid::new("api.token", "(hidden)", err.to_string()))?;
         }
+        if let Some(0) = self.api.max_connections {
+            return Err(Invalid::new("api.max_connections", 0, "must be at least 1"));
+        }
+        for (key, value) in [
+            (
+                "api.header_read_timeout_ms",
+                self.api.header_read_timeout_ms,
+            ),
+            ("api.body_read_timeout_ms", self.api.body_read_timeout_ms),
+            ("api.idle_timeout_ms", self.api.idle_timeout_ms),
+        ] {
+            if let Some(ms) = value
+                && !(1..=MAX_API_TIMEOUT_MS).contains(&ms)
+            {
+                return Err(Invalid::new(
+                    key,
+                    ms,
+                    format!("must be between 1 and {MAX_API_TIMEOUT_MS} (1 h)"),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -1327,6 +1372,17 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     if let Some(size) = st.metadata_reserve {
         config.metadata_reserve_bytes = size.0;
     }
+
+    let api = &layer.api;
+    let d = headroom_node::api::conn::ApiLimits::default();
+    config.api_limits = headroom_node::api::conn::ApiLimits {
+        max_connections: api.max_connections.unwrap_or(d.max_connections),
+        header_read_timeout_ms: api
+            .header_read_timeout_ms
+            .unwrap_or(d.header_read_timeout_ms),
+        body_read_timeout_ms: api.body_read_timeout_ms.unwrap_or(d.body_read_timeout_ms),
+        idle_timeout_ms: api.idle_timeout_ms.unwrap_or(d.idle_timeout_ms),
+    };
 
     let sv = &layer.server;
     if let Some(addr) = sv.nbd_listen {
@@ -1879,6 +1935,14 @@ pub fn load(cli: ConfigFile, config_path: Option<&Path>) -> Result<Loaded> {
         }
         StoreBackend::Memory { .. } => merged.storage.data_dir.clone(),
     };
+    let mut node = node;
+    if let Some(dir) = &token_dir {
+        node.api_tokens_file = Some(dir.join(crate::token::TOKENS_FILE));
+        node.audit_log = Some(dir.join(crate::token::AUDIT_LOG_FILE));
+    }
+    if let Some(path) = &merged.api.audit_log {
+        node.audit_log = Some(path.clone());
+    }
     let token = crate::token::TokenSettings {
         configured: merged.api.token.clone(),
         data_dir: token_dir,

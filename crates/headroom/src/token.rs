@@ -24,6 +24,10 @@ use headroom_node::api::ApiToken;
 pub const TOKEN_ENV: &str = "HEADROOM_TOKEN";
 /// The token file's name in the data directory.
 pub const TOKEN_FILE: &str = "api-token";
+/// The scoped tokens' file (hashes only) in the data directory (`headroom token ...`).
+pub const TOKENS_FILE: &str = "api-tokens.json";
+/// The API's audit log in the data directory (`[api] audit_log` moves it).
+pub const AUDIT_LOG_FILE: &str = "audit.log";
 
 /// What the server's configuration says about the token (from `serve_config::load`).
 #[derive(Clone, Debug, Default)]

@@ -31,6 +31,9 @@ const KNOWN_ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/tenants"),
     ("get", "/v1/tenants/{id}"),
     ("delete", "/v1/tenants/{id}"),
+    ("get", "/v1/tokens"),
+    ("post", "/v1/tokens"),
+    ("delete", "/v1/tokens/{id}"),
     ("get", "/metrics"),
     ("get", "/v1/stats"),
 ];

@@ -21,12 +21,15 @@
 //! for its life; `GET /v1/volumes?tenant=ID` lists one tenant's volumes (see `session` for
 //! what a tenant's NBD client may see).
 
+pub mod audit_log;
 pub mod auth;
 pub mod body;
+pub mod conn;
 pub mod node;
 pub mod openapi;
 mod repair;
 pub mod tenants;
+pub mod tokens;
 
 use std::sync::Arc;
 
@@ -200,12 +203,17 @@ pub struct ApiState {
     pub timeline: Arc<crate::timeline::Timeline>,
     /// Per-volume statistics and the promise audit (`GET /metrics`, `audit` in a volume).
     pub metrics: Arc<crate::metrics::MetricsRegistry>,
-    /// The bearer token every request but the public ones must carry (see `auth`).
-    pub token: ApiToken,
+    /// The bearer tokens, one of which every request but the public ones must carry, and
+    /// their scopes (see `auth`, `tokens`).
+    pub tokens: Arc<tokens::Tokens>,
+    /// Where changes are recorded (`audit_log`); `None`: not recorded.
+    pub audit: Option<Arc<audit_log::AuditLog>>,
     /// What the node was started with (`GET /v1/node`).
     pub node: Arc<node::NodeFacts>,
     /// Cross-node arbitration's state (`GET /v1/arbitration`).
     pub arbitration: crate::arbitration::SharedStatus,
+    /// The API's own connections (`api` in `GET /v1/connections`; see `conn`).
+    pub api_connections: Arc<conn::ApiConnections>,
 }
 
 /// Body of `GET /v1/connections`: the NBD connections and what they hold.
@@ -220,6 +228,8 @@ pub struct ConnectionsReport {
     /// Open connections on each connection thread, in thread order (`[server] net_threads`;
     /// empty when connections share the runtime).
     pub threads: Vec<usize>,
+    /// The management API's own connections: cap, timeouts, evictions.
+    pub api: conn::ApiConnectionsView,
 }
 
 /// Error body.
@@ -356,6 +366,7 @@ fn routes() -> Router<ApiState> {
         .route("/openapi.json", get(openapi::serve_json))
         .merge(node::routes())
         .merge(tenants::routes())
+        .merge(tokens::routes())
         .merge(repair::routes())
         .route("/v1/connections", get(connections))
         .route("/v1/volumes", get(list_volumes).post(create_volume))
@@ -399,18 +410,11 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     )
 }
 
-/// Serves the API until `stop` turns true.
-pub async fn serve(listener: TcpListener, state: ApiState, mut stop: watch::Receiver<bool>) {
-    let shutdown = async move {
-        // Either a stop or the sender going away ends the server.
-        let _ = stop.changed().await;
-    };
-    if let Err(err) = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        tracing::error!("API server failed: {err}");
-    }
+/// Serves the API until `stop` turns true, with the timeouts and the connection cap of
+/// `state.api_connections` (see `conn`).
+pub async fn serve(listener: TcpListener, state: ApiState, stop: watch::Receiver<bool>) {
+    let connections = Arc::clone(&state.api_connections);
+    conn::serve(listener, router(state), connections, stop).await;
 }
 
 /// Body of `/healthz` and `/v1/health`.
@@ -483,6 +487,7 @@ async fn connections(State(state): State<ApiState>) -> Json<ConnectionsReport> {
         memory: state.budget.view(),
         idle_buffer_bytes: state.buffers.idle_bytes(),
         threads: state.connection_threads.per_thread(),
+        api: state.api_connections.view(),
     })
 }
 

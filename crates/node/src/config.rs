@@ -328,6 +328,12 @@ pub struct NodeConfig {
     pub metrics: crate::metrics::MetricsConfig,
     /// The management API's bearer token; `None`: a random one (`RunningNode::api_token`).
     pub api_token: Option<crate::api::ApiToken>,
+    /// The management API's connection cap and timeouts (`crate::api::conn`).
+    pub api_limits: crate::api::conn::ApiLimits,
+    /// Where the scoped API tokens are kept (hashed); `None`: in memory only, lost at exit.
+    pub api_tokens_file: Option<PathBuf>,
+    /// The management API's audit log (JSON lines); `None`: no audit log.
+    pub audit_log: Option<PathBuf>,
     /// Most volume bytes per pool byte (`Store::set_overcommit_ratio`); `None`: no limit.
     pub overcommit_ratio: Option<f64>,
     /// What `POST /v1/devices` may take (allowed directories, named block devices) and the
@@ -425,6 +431,9 @@ impl NodeConfig {
             tls: None,
             metrics: crate::metrics::MetricsConfig::default(),
             api_token: None,
+            api_limits: crate::api::conn::ApiLimits::default(),
+            api_tokens_file: None,
+            audit_log: None,
             overcommit_ratio: None,
             device_admission: headroom_store::AdmissionPolicy::default(),
             rebuild_rate_bytes_per_s: crate::repair::DEFAULT_REBUILD_RATE_BYTES_PER_S,

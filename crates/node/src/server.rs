@@ -48,6 +48,10 @@ pub enum NodeError {
     Qos(String),
     #[error("API token: {0}")]
     Token(#[from] crate::api::TokenError),
+    #[error("API tokens: {0}")]
+    Tokens(#[from] crate::api::tokens::TokensError),
+    #[error("{0}")]
+    AuditLog(#[from] crate::api::audit_log::AuditLogError),
     #[error("arbitration: {0}")]
     Arbitration(String),
     #[error("saving credit balances: {0}")]
@@ -92,6 +96,14 @@ impl Node {
         let api_token = match &config.api_token {
             Some(token) => token.clone(),
             None => crate::api::ApiToken::random().map_err(NodeError::Token)?,
+        };
+        let api_tokens = Arc::new(crate::api::tokens::Tokens::open(
+            api_token.clone(),
+            config.api_tokens_file.clone(),
+        )?);
+        let audit = match &config.audit_log {
+            Some(path) => Some(crate::api::audit_log::AuditLog::open(path)?),
+            None => None,
         };
         let store = match &config.backend {
             StoreBackend::Files {
@@ -244,7 +256,12 @@ impl Node {
         let (stop, stop_rx) = watch::channel(false);
 
         let limits = &config.limits;
-        log_limits(limits);
+        let nofile = log_limits(limits);
+        let api_connections = crate::api::conn::ApiConnections::new(api_limits_within(
+            &config.api_limits,
+            limits.max_connections,
+            nofile,
+        ));
         let budget = Budget::with_reserve(
             limits.max_inflight_bytes_per_tenant,
             limits.max_inflight_bytes_per_node,
@@ -329,9 +346,11 @@ impl Node {
             connection_threads,
             timeline,
             metrics,
-            token: api_token.clone(),
+            tokens: api_tokens,
+            audit,
             node: Arc::new(node_facts(&config, nbd_addr, api_addr)),
             arbitration: arbitration_status,
+            api_connections,
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state, stop_rx));
         tracing::info!(
@@ -653,14 +672,16 @@ impl Sampled {
     }
 }
 
-/// File descriptors the node needs besides one per NBD connection (API connections, store
-/// files, the runtime's own).
-const SPARE_FDS: u64 = 64;
+/// File descriptors the node keeps for itself besides one per NBD and API connection: device
+/// files, metadata and its copy, the audit log, listeners, the runtime's own, and the sockets
+/// `accept` takes before admission closes them.
+pub const FD_RESERVE: u64 = 256;
 
-/// Logs the limits in force, raises the soft RLIMIT_NOFILE towards what `max_connections`
-/// needs (up to the hard limit), and warns when that is not enough or when the byte budget is
-/// more memory than the machine has.
-fn log_limits(limits: &Limits) {
+/// Logs the limits in force, raises the soft RLIMIT_NOFILE to the hard limit (the API's
+/// connection cap is then fitted under it, `api_limits_within`), and warns when that is not
+/// enough for NBD or when the byte budget is more memory than the machine has. Returns the
+/// soft limit in force (`None`: unknown).
+fn log_limits(limits: &Limits) -> Option<u64> {
     let mib = |bytes: u64| bytes >> 20;
     tracing::info!(
         "limits: payload in flight at most {} MiB per node, {} MiB per tenant, {} MiB per \
@@ -676,18 +697,25 @@ fn log_limits(limits: &Limits) {
     );
     let needed = u64::try_from(limits.max_connections)
         .unwrap_or(u64::MAX)
-        .saturating_add(SPARE_FDS);
-    match raise_nofile(needed) {
-        Ok(soft) if soft < needed => tracing::warn!(
-            "RLIMIT_NOFILE allows {soft} open files, fewer than limits.max_connections ({}) + \
-             {SPARE_FDS}: accept will fail with EMFILE before the connection cap (it backs off \
-             and retries); raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower \
-             max_connections",
-            limits.max_connections
-        ),
-        Ok(_) => {}
-        Err(err) => tracing::warn!("reading RLIMIT_NOFILE: {err}"),
-    }
+        .saturating_add(FD_RESERVE);
+    let soft = match raise_nofile(u64::MAX) {
+        Ok(soft) => {
+            if soft < needed {
+                tracing::warn!(
+                    "RLIMIT_NOFILE allows {soft} open files, fewer than limits.max_connections \
+                     ({}) + {FD_RESERVE}: accept will fail with EMFILE before the connection cap \
+                     (it backs off and retries); raise the hard limit (ulimit -Hn, \
+                     LimitNOFILE=) or lower max_connections",
+                    limits.max_connections
+                );
+            }
+            Some(soft)
+        }
+        Err(err) => {
+            tracing::warn!("reading RLIMIT_NOFILE: {err}");
+            None
+        }
+    };
     if let Some(total) = mem_total_bytes()
         && limits.max_inflight_bytes_per_node > total / 2
     {
@@ -698,6 +726,42 @@ fn log_limits(limits: &Limits) {
             mib(total)
         );
     }
+    soft
+}
+
+/// The API's limits with its connection cap lowered, if need be, so that API connections
+/// can never take the descriptors NBD and the store need: at most
+/// `soft limit - NBD max_connections - FD_RESERVE` (and at least 16, so the API stays usable
+/// on a tiny limit; NBD then gets fewer than it asked for, which `log_limits` warned about).
+pub fn api_limits_within(
+    configured: &crate::api::conn::ApiLimits,
+    nbd_max_connections: usize,
+    nofile_soft: Option<u64>,
+) -> crate::api::conn::ApiLimits {
+    let mut limits = configured.clone();
+    let Some(soft) = nofile_soft else {
+        return limits;
+    };
+    let nbd = u64::try_from(nbd_max_connections).unwrap_or(u64::MAX);
+    let room = soft.saturating_sub(nbd).saturating_sub(FD_RESERVE).max(16);
+    let room = usize::try_from(room).unwrap_or(usize::MAX);
+    if limits.max_connections > room {
+        tracing::warn!(
+            "api.max_connections lowered from {} to {room}: RLIMIT_NOFILE is {soft}, of which \
+             limits.max_connections ({nbd_max_connections}) and {FD_RESERVE} are kept for NBD \
+             and the store",
+            limits.max_connections
+        );
+        limits.max_connections = room;
+    }
+    tracing::info!(
+        "API: at most {} connections; head {} ms, body {} ms, idle {} ms",
+        limits.max_connections,
+        limits.header_read_timeout_ms,
+        limits.body_read_timeout_ms,
+        limits.idle_timeout_ms
+    );
+    limits
 }
 
 /// Raises the soft limit on open files to `needed` if the hard limit allows (else to the hard
@@ -709,7 +773,8 @@ fn raise_nofile(needed: u64) -> std::io::Result<u64> {
     if soft >= needed {
         return Ok(soft);
     }
-    let target = limit.maximum.map_or(needed, |hard| hard.min(needed));
+    // No hard limit (RLIM_INFINITY) still caps descriptors at fs.nr_open (2^20 by default).
+    let target = limit.maximum.unwrap_or(1 << 20).min(needed);
     if target <= soft {
         return Ok(soft);
     }
@@ -839,5 +904,26 @@ impl CreditSaver {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::conn::ApiLimits;
+
+    #[test]
+    fn the_api_cap_leaves_nbd_and_the_store_their_descriptors() {
+        let configured = ApiLimits::default();
+        let cap = |nbd, soft| api_limits_within(&configured, nbd, soft).max_connections;
+        // Room enough: as configured.
+        assert_eq!(cap(256, Some(65_536)), 1024);
+        assert_eq!(cap(256, Some(1024 + 256 + 256)), 1024);
+        // Too little: what NBD and the reserve leave.
+        assert_eq!(cap(256, Some(1024)), 1024 - 256 - 256);
+        assert_eq!(cap(4096, Some(4096 + 256 + 100)), 100);
+        // Never below 16 (the API stays usable); unknown limit: as configured.
+        assert_eq!(cap(256, Some(64)), 16);
+        assert_eq!(cap(256, None), 1024);
     }
 }

@@ -199,6 +199,32 @@ impl Server {
         );
     }
 
+    /// SIGTERM and wait at most `limit` for the exit (SIGKILL and panic past it); returns the
+    /// status and how long the exit took.
+    pub fn stop_within(
+        mut self,
+        limit: std::time::Duration,
+    ) -> (std::process::ExitStatus, std::time::Duration) {
+        let mut child = self.child.take().expect("running");
+        let pid = child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let started = std::time::Instant::now();
+        signal(pid, "TERM");
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        match rx.recv_timeout(limit) {
+            Ok(status) => (status.expect("wait"), started.elapsed()),
+            Err(_) => {
+                signal(pid, "KILL");
+                panic!(
+                    "the server did not exit within {limit:?} of SIGTERM; log:\n{}",
+                    self.log()
+                );
+            }
+        }
+    }
+
     /// SIGTERM and wait for the exit, whatever its status (a server with a failed device
     /// exits non-zero because it cannot flush); returns the status.
     pub fn stop_any(mut self) -> std::process::ExitStatus {

@@ -10,15 +10,22 @@
 //! ([`is_public`]) names what needs no token: `/healthz` and `/readyz` (probes carry no secret) and
 //! the dashboard's static page and assets (they hold no data; the page asks for the token and
 //! sends it on its data requests). Tokens are compared in constant time.
+//!
+//! The same layer then applies the token's scope (`tokens`: a `read` token gets 403 on every
+//! method but GET and HEAD) and writes the audit record of every authenticated request that
+//! could change something (`audit_log`) before the response leaves, so no route can be
+//! added that escapes either.
 
 use std::fmt;
 use std::io::Read;
 
-use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::audit_log::{self, AuditRecord};
+use super::tokens::Identity;
 use super::{ApiErrorBody, ApiState};
 
 /// Bytes of randomness in a generated token (hex-encoded: 64 characters).
@@ -89,7 +96,7 @@ impl fmt::Debug for ApiToken {
 
 /// Equality whose running time depends only on the lengths, not on the contents: every byte
 /// position up to the longer length is visited and the differences are OR-ed together.
-fn constant_time_eq(expected: &[u8], offered: &[u8]) -> bool {
+pub(super) fn constant_time_eq(expected: &[u8], offered: &[u8]) -> bool {
     let len = expected.len().max(offered.len());
     let mut diff = u8::from(expected.len() != offered.len());
     for i in 0..len {
@@ -100,8 +107,8 @@ fn constant_time_eq(expected: &[u8], offered: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// Paths served without a token: liveness, readiness, and the dashboard's static files (no
-/// data).
+/// Paths served without a token to GET and HEAD: liveness, readiness, and the dashboard's
+/// static files (no data).
 pub fn is_public(path: &str) -> bool {
     path == "/healthz" || path == "/readyz" || path == "/" || path.starts_with("/assets/")
 }
@@ -114,22 +121,96 @@ enum Refusal {
     Wrong,
 }
 
-/// The middleware: public paths pass; anything else needs `Authorization: Bearer <token>`.
+/// The middleware: public paths pass; anything else needs `Authorization: Bearer <token>` of
+/// a token whose scope allows the method; requests that may change something are audited.
 pub async fn require_token(
     State(state): State<ApiState>,
     request: Request,
     next: Next,
 ) -> Response {
-    if is_public(request.uri().path()) {
+    let reads = request.method() == Method::GET || request.method() == Method::HEAD;
+    // Public paths are public to read only: any other method needs a token like any route.
+    if reads && is_public(request.uri().path()) {
         return next.run(request).await;
     }
-    match check(&state, &request) {
-        Ok(()) => next.run(request).await,
-        Err(refusal) => unauthorized(refusal),
+    let identity = match check(&state, &request) {
+        Ok(identity) => identity,
+        Err(refusal) => return unauthorized(refusal),
+    };
+    let method = request.method().clone();
+    if reads {
+        return next.run(request).await;
+    }
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string());
+    let path = request.uri().path().to_string();
+    let (request, body_target) = peek_target(request).await;
+    let target = route
+        .as_deref()
+        .and_then(|route| audit_log::path_target(route, &path))
+        .or(body_target);
+    let response = if identity.scope.allows(&method) {
+        next.run(request).await
+    } else {
+        forbidden(&identity, &method)
+    };
+    let Some(log) = state.audit.clone() else {
+        return response;
+    };
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let record = AuditRecord {
+        time: audit_log::rfc3339_utc(unix_ms),
+        unix_ms,
+        token_id: identity.id,
+        token_name: identity.name,
+        scope: identity.scope.as_str().to_string(),
+        method: method.to_string(),
+        route,
+        path,
+        target,
+        status: response.status().as_u16(),
+    };
+    // Written (and synced) before the response is sent.
+    let written = tokio::task::spawn_blocking(move || log.append(&record)).await;
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::error!("not audited: {err}"),
+        Err(err) => tracing::error!("not audited: {err}"),
+    }
+    response
+}
+
+/// The body's `name`/`id`/`path` for the audit record, when the body says its length and is
+/// within the limit; the request is rebuilt with the same bytes.
+async fn peek_target(request: Request) -> (Request, Option<String>) {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if !declared.is_some_and(|n| n > 0 && n <= super::body::MAX_BODY_BYTES) {
+        return (request, None);
+    }
+    let (parts, body) = request.into_parts();
+    let limit = usize::try_from(super::body::MAX_BODY_BYTES).unwrap_or(usize::MAX);
+    match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => {
+            let target = audit_log::body_target(&bytes);
+            (
+                Request::from_parts(parts, axum::body::Body::from(bytes)),
+                target,
+            )
+        }
+        // The body did not arrive: the handler sees an empty one and answers for it.
+        Err(_) => (Request::from_parts(parts, axum::body::Body::empty()), None),
     }
 }
 
-fn check(state: &ApiState, request: &Request) -> Result<(), Refusal> {
+fn check(state: &ApiState, request: &Request) -> Result<Identity, Refusal> {
     let mut values = request.headers().get_all(header::AUTHORIZATION).iter();
     let value = values.next().ok_or(Refusal::Missing)?;
     if values.next().is_some() {
@@ -145,11 +226,19 @@ fn check(state: &ApiState, request: &Request) -> Result<(), Refusal> {
     if offered.is_empty() || offered.len() > MAX_TOKEN_LEN {
         return Err(Refusal::Malformed);
     }
-    if state.token.matches(offered) {
-        Ok(())
-    } else {
-        Err(Refusal::Wrong)
-    }
+    state.tokens.authenticate(offered).ok_or(Refusal::Wrong)
+}
+
+fn forbidden(identity: &Identity, method: &Method) -> Response {
+    let body = ApiErrorBody {
+        error: format!(
+            "token {} has scope {}, which allows GET and HEAD only, not {method}: use an admin token",
+            identity.name.as_deref().unwrap_or(&identity.id),
+            identity.scope.as_str()
+        ),
+        kind: "forbidden".to_string(),
+    };
+    (StatusCode::FORBIDDEN, axum::Json(body)).into_response()
 }
 
 fn unauthorized(refusal: Refusal) -> Response {
@@ -164,7 +253,7 @@ fn unauthorized(refusal: Refusal) -> Response {
             "Bearer realm=\"headroom\", error=\"invalid_request\"",
         ),
         Refusal::Wrong => (
-            "the bearer token is not this server's API token",
+            "the bearer token is not one of this server's API tokens (revoked, or never made)",
             "Bearer realm=\"headroom\", error=\"invalid_token\"",
         ),
     };

@@ -89,7 +89,9 @@ impl Modify for BearerAuth {
         title = "Headroom management API",
         description = "Volumes, tenants and the node's state. Every operation but /healthz and /readyz \
                        needs `Authorization: Bearer <token>` (docs/operations.md, \
-                       \"Management API\"). Errors are `{\"error\", \"kind\"}`."
+                       \"Management API\"); a token of scope `read` may only GET (403 \
+                       `forbidden` otherwise), and every other authenticated request is \
+                       recorded in the audit log. Errors are `{\"error\", \"kind\"}`."
     ),
     paths(
         super::healthz,
@@ -118,6 +120,9 @@ impl Modify for BearerAuth {
         super::tenants::create_tenant,
         super::tenants::show_tenant,
         super::tenants::delete_tenant,
+        super::tokens::list_tokens,
+        super::tokens::create_token,
+        super::tokens::revoke_token,
         crate::metrics::export::metrics,
         crate::dashboard::stats,
         serve_json,
@@ -128,6 +133,7 @@ impl Modify for BearerAuth {
     tags(
         (name = "volumes", description = "Volumes: create, list, show, resize, QoS, delete"),
         (name = "tenants", description = "Tenants: the owners volumes name"),
+        (name = "tokens", description = "Scoped API tokens: create (admin or read), list, revoke"),
         (name = "node", description = "The node: health, version and configuration, pool, devices, connections"),
     )
 )]
