@@ -288,6 +288,7 @@ impl ServeArgs {
                 emulated: None,
                 rebuild: None,
                 scrub: None,
+                checksums: None,
             },
             limits: LimitsSection {
                 max_connections: self.max_connections,

@@ -347,6 +347,8 @@ const MAX_METADATA_RESERVE_BYTES: u64 = 64 << 30;
 #[serde(default, deny_unknown_fields)]
 pub struct StorageSection {
     pub data_dir: Option<PathBuf>,
+    /// Give new device files and block devices per-block checksums (absent: true).
+    pub checksums: Option<bool>,
     /// Most volume bytes per pool byte (>= 1.0); absent: no limit (thin, as before).
     pub overcommit_ratio: Option<f64>,
     pub memory: Option<Size>,
@@ -756,6 +758,7 @@ impl ConfigFile {
             max_device_bytes: s.max_device_bytes.or(l.max_device_bytes),
             max_volume_bytes: s.max_volume_bytes.or(l.max_volume_bytes),
             metadata_reserve: s.metadata_reserve.or(l.metadata_reserve),
+            checksums: s.checksums.or(l.checksums),
             read_routing: s.read_routing.or(l.read_routing),
             rados_conf: s.rados_conf.or(l.rados_conf),
             rados_pool: s.rados_pool.or(l.rados_pool),
@@ -1372,6 +1375,9 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     if let Some(size) = st.metadata_reserve {
         config.metadata_reserve_bytes = size.0;
     }
+    if let Some(checksums) = st.checksums {
+        config.checksums = checksums;
+    }
 
     let api = &layer.api;
     let d = headroom_node::api::conn::ApiLimits::default();
@@ -1542,7 +1548,8 @@ fn arbitration_config(
             return Err(Invalid::new(
                 "storage.rados_arbitration",
                 true,
-                "needs storage.rados_capacity_iops (--rados-capacity-iops): the pool's capacity                  the nodes share",
+                "needs storage.rados_capacity_iops (--rados-capacity-iops): the pool's capacity \
+                 the nodes share",
             ));
         }
     };
@@ -1976,6 +1983,12 @@ mod tests {
 
     fn resolved(text: &str) -> NodeConfig {
         resolve(&parse(text).expect("parses")).expect("valid")
+    }
+
+    #[test]
+    fn checksums_are_on_unless_storage_says_otherwise() {
+        assert!(resolved("").checksums);
+        assert!(!resolved("[storage]\nchecksums = false\n").checksums);
     }
 
     #[test]

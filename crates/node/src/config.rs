@@ -360,6 +360,9 @@ pub struct NodeConfig {
     /// Bytes preallocated in the data directory for metadata commits on a full disk
     /// (`headroom_store::StoreConfig::metadata_reserve_bytes`; file stores); 0: none.
     pub metadata_reserve_bytes: u64,
+    /// Devices this node creates (at a new data directory's start) get per-block checksums
+    /// (`[storage] checksums`, `headroom_store::StoreConfig::checksums`); file stores.
+    pub checksums: bool,
 }
 
 /// `NodeConfig::coalesce_us` by default for the memory and RADOS backends: one or two request arrivals
@@ -444,6 +447,7 @@ impl NodeConfig {
             calibration_file: None,
             arbitration: None,
             metadata_reserve_bytes: headroom_store::DEFAULT_METADATA_RESERVE_BYTES,
+            checksums: true,
         }
     }
 }

@@ -117,6 +117,7 @@ impl Node {
                 store_config.device_capacity_bytes = *device_capacity_bytes;
                 store_config.device_paths = device_paths.clone();
                 store_config.metadata_reserve_bytes = config.metadata_reserve_bytes;
+                store_config.checksums = config.checksums;
                 // Opening may punch free space after a crash: keep it off the runtime threads.
                 tokio::task::spawn_blocking(move || Store::open(&store_config))
                     .await

@@ -42,10 +42,10 @@ pub struct StoreConfig {
     /// `meta.redb` by every commit (`meta.rs`, `Copy`); `false` only to measure what it costs.
     #[serde(default = "default_metadata_copy")]
     pub metadata_copy: bool,
-    /// Give the device files this open creates per-block checksums (`checksum.rs`). Not a
-    /// configuration key (never read from a file): `false` only to measure what checksums
-    /// cost (`tests/checksum_cost.rs`); such devices are signed without them and stay so.
-    #[doc(hidden)]
+    /// Give the device files this open creates per-block checksums (`checksum.rs`); the
+    /// node's `[storage] checksums`. `false` where the layer below checksums already, or to
+    /// measure what checksums cost (`tests/checksum_cost.rs`); such devices are signed
+    /// without them and stay so.
     #[serde(skip, default = "default_checksums")]
     pub checksums: bool,
 }

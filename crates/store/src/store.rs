@@ -929,7 +929,8 @@ impl Store {
                 };
                 if u64::from(rec.reserved_extents) * EXTENT_SIZE_BYTES >= rec.capacity_bytes {
                     return Err(StoreError::InvalidConfig(format!(
-                        "device {} holds no extent beside the {} reserved for its signature                          and checksums",
+                        "device {} holds no extent beside the {} reserved for its signature \
+                         and checksums",
                         path.display(),
                         rec.reserved_extents
                     )));
