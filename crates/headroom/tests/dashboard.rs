@@ -630,7 +630,8 @@ fn top_once_prints_the_loaded_volumes_busiest_first() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (server, _load) = loaded_server(dir.path());
-    // Wait until the sampler has seen both loads (the API, not the command under test).
+    // Wait until the sampler has seen both loads, busy at its rate (the API, not the command
+    // under test): a sample of fio's first second may catch it ramping up.
     wait_for("a sample with both loads", Duration::from_secs(30), || {
         let stats = api_get(&server, "/v1/stats?seconds=1");
         let rows = stats["volumes"].as_array()?.clone();
@@ -640,7 +641,8 @@ fn top_once_prints_the_loaded_volumes_busiest_first() {
                 .and_then(|v| v["iops"].as_f64())
                 .unwrap_or(0.0)
         };
-        (iops("busy") > 0.0 && iops("credit") > 0.0).then_some(())
+        let busy_at_rate = close(iops("busy"), BUSY_IOPS as f64, BUSY_IOPS as f64 * 0.25);
+        (busy_at_rate && iops("credit") > 0.0).then_some(())
     });
 
     let out = server.cli(&["top", "--once"]);
