@@ -232,6 +232,8 @@ struct Stats {
 }
 
 struct Harness {
+    /// The servers' log (every restart appends to it), for failures found off the API.
+    server_log: Option<std::path::PathBuf>,
     rng: Rng,
     seed: u64,
     cycle: u64,
@@ -350,11 +352,16 @@ impl Harness {
             fuse: None,
             log: HashMap::new(),
             stats: Stats::default(),
+            server_log: None,
         }
     }
 
     fn fail(&self, server: &Server, what: &str) -> ! {
-        let log = server.log();
+        self.fail_with_log(&server.log_path, what)
+    }
+
+    fn fail_with_log(&self, log_path: &std::path::Path, what: &str) -> ! {
+        let log = std::fs::read_to_string(log_path).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(60).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         panic!(
@@ -568,11 +575,17 @@ impl Harness {
             && (op.kind == Kind::Flush || op.fua)
             && self.failed_device.is_some()
             && !(self.replicated && vol.uid % 2 == 1);
-        assert!(
-            error == 0 || refused,
-            "server answered {} with errno {error}",
-            self.log.get(&op.tag).map_or("a FLUSH", String::as_str)
-        );
+        if error != 0 && !refused {
+            let what = format!(
+                "server answered {} with errno {error}",
+                self.log.get(&op.tag).map_or("a FLUSH", String::as_str)
+            );
+            // With the server's log: the reply says only "EIO", the log says why.
+            match self.server_log.clone() {
+                Some(path) => self.fail_with_log(&path, &what),
+                None => panic!("{what}"),
+            }
+        }
         for b in op.first..op.first + op.count {
             if let Some(busy) = vol.busy.get_mut(b as usize) {
                 *busy = false;
@@ -1426,6 +1439,7 @@ fn run(setup: &Setup, cycles: u64, what: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("data");
     let mut h = Harness::new(seed, setup);
+    h.server_log = Some(data_dir.with_extension("log"));
     let current_cycle = Arc::new(AtomicU64::new(0));
     let _note = FailureNote {
         seed,
