@@ -1158,19 +1158,30 @@ impl Volume {
     /// FUA completion: sync the devices written, or run a full commit if an allocation the
     /// request relies on is not yet durable.
     fn make_durable(&self, touched: DeviceSet, needs_commit: bool) -> Result<(), StoreError> {
+        // Devices the write touched that failed before its data there was durable (a sync
+        // that failed, or the operator's `device fail` racing the write).
+        let mut lost = DeviceSet(0);
         if needs_commit {
             let failed = self.shared.commit(&[], false)?;
-            return match touched.iter().find(|&d| failed.contains(d as u32)) {
-                Some(device) => Err(self.shared.failed_error(device)),
-                None => Ok(()),
-            };
-        }
-        for d in touched.iter() {
-            if let Some(dev) = self.shared.devices.get(d) {
-                dev.sync_now()?;
+            lost = DeviceSet(touched.0 & failed.0);
+        } else {
+            for d in touched.iter() {
+                if let Some(dev) = self.shared.devices.get(d) {
+                    match dev.sync_now() {
+                        Ok(()) => {}
+                        Err(_) if self.replicas > 1 && dev.is_failed() => lost.insert(d as u32),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
             }
         }
-        Ok(())
+        match lost.iter().next() {
+            None => Ok(()),
+            // A replicated volume keeps its promise while every extent has a copy the sync
+            // covered, as its FLUSH does (`check_failed`).
+            Some(_) if self.replicas > 1 => self.check_copies_left(lost),
+            Some(device) => Err(self.shared.failed_error(device)),
+        }
     }
 
     /// NBD WRITE_ZEROES: the range reads as zeros afterwards. With `may_release` (no NO_HOLE

@@ -461,3 +461,54 @@ fn a_device_gone_by_time_is_failed_before_anything_touches_it() {
     assert_eq!(c.extent_location(0).unwrap().device, 1);
     assert_eq!(c.extent_location(1).unwrap().device, 1);
 }
+
+/// A FUA write of a replicated volume keeps its promise when one copy's device fails before
+/// that copy is durable (its sync fails here; in the crash harness the operator failed the
+/// device while the write was in flight), as the volume's FLUSH does: the other copy's sync
+/// covered it. Before, the FUA write answered EIO. Both paths: an overwrite (the write's own
+/// syncs) and a write that allocates (the commit's syncs).
+#[test]
+fn a_fua_write_of_a_replicated_volume_survives_a_copy_whose_device_fails() {
+    for allocating in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&StoreConfig {
+            device_count: 2,
+            device_capacity_bytes: 32 * MIB,
+            ..StoreConfig::new(dir.path())
+        })
+        .unwrap();
+        store
+            .create_volume_with(
+                "r",
+                4 * E,
+                headroom_store::NewVolume {
+                    replicas: 2,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let r = store.open_volume("r").unwrap();
+        let at = if allocating { 2 * E } else { 0 };
+        if !allocating {
+            r.write_at(0, &block(4, 0, 1), false).unwrap();
+            r.flush().unwrap();
+        }
+        // Device 0 starts failing its syncs; the write reaches both copies (2 devices, 2
+        // copies), then device 0's sync fails.
+        install(
+            &store,
+            1,
+            vec![rule(FaultScope::Device(0), |r| r.eio_sync_permille = 1000)],
+        );
+        r.write_at(at, &block(4, 0, 2), true)
+            .unwrap_or_else(|e| panic!("allocating {allocating}: {e}"));
+        assert!(
+            store.pool_info().devices[0].failed,
+            "allocating {allocating}"
+        );
+        let mut buf = vec![0u8; BLOCK];
+        r.read_at(at, &mut buf).unwrap();
+        assert_eq!(buf, block(4, 0, 2), "allocating {allocating}");
+        r.flush().unwrap();
+    }
+}
