@@ -10,6 +10,7 @@
 //! bytes done since an origin fit the rate; a rate change restarts the count.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use headroom_qos::{IoRate, OpKind, VolumeQos};
@@ -49,6 +50,52 @@ impl SchedulerSeat {
     pub fn set_rate(&self, rate_bytes_per_s: u64) {
         self.scheduler
             .update_qos(&self.handle, &fixed_rate_qos(rate_bytes_per_s));
+    }
+}
+
+/// A background task's rate, changed live, and its seat in the scheduler when there is one.
+#[derive(Debug)]
+pub struct PacedRate {
+    rate_bytes_per_s: AtomicU64,
+    seat: Option<SchedulerSeat>,
+}
+
+impl PacedRate {
+    /// At `rate_bytes_per_s` (at least 1), registered under volume key `key` with
+    /// `scheduler` when given.
+    pub fn new(
+        rate_bytes_per_s: u64,
+        key: u64,
+        scheduler: Option<(Arc<IoRuntime>, Arc<Scheduler<IoJob>>)>,
+    ) -> PacedRate {
+        PacedRate {
+            rate_bytes_per_s: AtomicU64::new(rate_bytes_per_s.max(1)),
+            seat: scheduler
+                .map(|(io, scheduler)| SchedulerSeat::new(io, scheduler, key, rate_bytes_per_s)),
+        }
+    }
+
+    pub fn rate_bytes_per_s(&self) -> u64 {
+        self.rate_bytes_per_s.load(Ordering::Acquire)
+    }
+
+    /// Changes the rate (at least 1 byte/s); the next step follows it.
+    pub fn set(&self, rate_bytes_per_s: u64) {
+        self.rate_bytes_per_s
+            .store(rate_bytes_per_s.max(1), Ordering::Release);
+        if let Some(seat) = &self.seat {
+            seat.set_rate(rate_bytes_per_s);
+        }
+    }
+
+    /// Whether the steps go through the QoS scheduler.
+    pub fn scheduled(&self) -> bool {
+        self.seat.is_some()
+    }
+
+    /// A pacer for one run of the task, from now.
+    pub fn pacer(&self) -> Pacer<'_> {
+        Pacer::new(self.seat.as_ref(), self.rate_bytes_per_s())
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use headroom_qos::{OpKind, VolumeQos};
 use headroom_store::{RebuildStep, Store, VolumeHealth};
 
-use crate::paced::{Pacer, SchedulerSeat, fixed_rate_qos, step_desc};
+use crate::paced::{PacedRate, fixed_rate_qos, step_desc};
 use crate::scheduler::Scheduler;
 use crate::session::{IoJob, IoRuntime};
 use serde::{Deserialize, Serialize};
@@ -76,13 +76,12 @@ pub struct RebuildView {
 /// The rebuild task's state, shared with the API.
 #[derive(Debug)]
 pub struct Rebuilder {
-    rate_bytes_per_s: AtomicU64,
+    /// The rate, live, and the seat in the scheduler (`paced.rs`).
+    pace: PacedRate,
     bytes_total: AtomicU64,
     extents_remaining: AtomicU64,
     /// By volume name.
     progress: Mutex<BTreeMap<String, RebuildProgress>>,
-    /// `None`: no scheduler, the task paces itself.
-    seat: Option<SchedulerSeat>,
     /// Read and write errors after which a device is failed (0: never).
     fail_device_after_errors: u64,
     /// Bumped by `wake` (a device failed, the rate changed); the task waits on it.
@@ -104,13 +103,9 @@ impl Rebuilder {
         fail_device_after_errors: u64,
         scheduler: Option<(Arc<IoRuntime>, Arc<Scheduler<IoJob>>)>,
     ) -> std::io::Result<Arc<Rebuilder>> {
-        let seat = scheduler.map(|(io, scheduler)| {
-            SchedulerSeat::new(io, scheduler, REBUILD_SCHEDULER_KEY, rate_bytes_per_s)
-        });
         let me = Arc::new(Rebuilder {
-            seat,
             fail_device_after_errors,
-            rate_bytes_per_s: AtomicU64::new(rate_bytes_per_s.max(1)),
+            pace: PacedRate::new(rate_bytes_per_s, REBUILD_SCHEDULER_KEY, scheduler),
             bytes_total: AtomicU64::new(0),
             extents_remaining: AtomicU64::new(0),
             progress: Mutex::new(BTreeMap::new()),
@@ -126,22 +121,18 @@ impl Rebuilder {
     }
 
     pub fn rate_bytes_per_s(&self) -> u64 {
-        self.rate_bytes_per_s.load(Ordering::Acquire)
+        self.pace.rate_bytes_per_s()
     }
 
     /// Changes the rate live (at least 1 byte/s); the running copy follows from its next extent.
     pub fn set_rate(&self, rate_bytes_per_s: u64) {
-        self.rate_bytes_per_s
-            .store(rate_bytes_per_s.max(1), Ordering::Release);
-        if let Some(seat) = &self.seat {
-            seat.set_rate(rate_bytes_per_s);
-        }
+        self.pace.set(rate_bytes_per_s);
         self.wake();
     }
 
     /// Whether the copies go through the QoS scheduler.
     pub fn scheduled(&self) -> bool {
-        self.seat.is_some()
+        self.pace.scheduled()
     }
 
     /// Makes the task look for work now (a device was failed).
@@ -270,7 +261,7 @@ impl Rebuilder {
             }
             volume.set_rebuilding(true);
             drop((volume, store));
-            let mut pacer = Pacer::new(self.seat.as_ref(), self.rate_bytes_per_s());
+            let mut pacer = self.pace.pacer();
             for extent in todo {
                 let desc = step_desc(OpKind::Write, extent, headroom_store::EXTENT_SIZE_BYTES);
                 let Some(turn) = pacer.turn(

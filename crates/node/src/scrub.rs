@@ -19,7 +19,6 @@
 //! when it is next due: its start is already recorded.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -28,7 +27,7 @@ use headroom_store::{ScrubReport, Store};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::paced::{Pacer, SchedulerSeat, step_desc};
+use crate::paced::{PacedRate, step_desc};
 use crate::scheduler::Scheduler;
 use crate::session::{IoJob, IoRuntime};
 
@@ -115,12 +114,12 @@ pub struct ScrubStatus {
 /// The scrub task's state, shared with the API and the metrics.
 #[derive(Debug)]
 pub struct Scrubber {
-    rate_bytes_per_s: AtomicU64,
+    /// The rate, live, and the seat in the scheduler (`paced.rs`).
+    pace: PacedRate,
     interval_s: u64,
     /// Where the start of the last pass is kept (`None`: nowhere; the clock starts with the
     /// node).
     state_path: Option<PathBuf>,
-    seat: Option<SchedulerSeat>,
     state: Mutex<State>,
     /// Signalled on a wake (a pass asked for, the rate changed) and when a pass ends.
     changed: Condvar,
@@ -165,14 +164,10 @@ impl Scrubber {
         state_path: Option<PathBuf>,
         scheduler: Option<(Arc<IoRuntime>, Arc<Scheduler<IoJob>>)>,
     ) -> std::io::Result<Arc<Scrubber>> {
-        let seat = scheduler.map(|(io, scheduler)| {
-            SchedulerSeat::new(io, scheduler, SCRUB_SCHEDULER_KEY, rate_bytes_per_s)
-        });
         let me = Arc::new(Scrubber {
-            rate_bytes_per_s: AtomicU64::new(rate_bytes_per_s.max(1)),
+            pace: PacedRate::new(rate_bytes_per_s, SCRUB_SCHEDULER_KEY, scheduler),
             interval_s,
             state_path,
-            seat,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         });
@@ -190,16 +185,12 @@ impl Scrubber {
     }
 
     pub fn rate_bytes_per_s(&self) -> u64 {
-        self.rate_bytes_per_s.load(Ordering::Acquire)
+        self.pace.rate_bytes_per_s()
     }
 
     /// Changes the rate live (at least 1 byte/s); a running pass follows from its next extent.
     pub fn set_rate(&self, rate_bytes_per_s: u64) {
-        self.rate_bytes_per_s
-            .store(rate_bytes_per_s.max(1), Ordering::Release);
-        if let Some(seat) = &self.seat {
-            seat.set_rate(rate_bytes_per_s);
-        }
+        self.pace.set(rate_bytes_per_s);
         self.wake(false);
     }
 
@@ -353,7 +344,7 @@ impl Scrubber {
             });
         }
         tracing::info!(volumes = volumes.len(), "scrub pass started");
-        let mut pacer = Pacer::new(self.seat.as_ref(), self.rate_bytes_per_s());
+        let mut pacer = self.pace.pacer();
         for info in volumes {
             let extents = {
                 let Some(store) = weak.upgrade() else {
