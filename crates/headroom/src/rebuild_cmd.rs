@@ -17,7 +17,7 @@ pub enum RebuildCommand {
     /// The rebuild's rate, bytes copied, extents remaining and each volume's progress.
     Show(RebuildShowArgs),
     /// Change the rebuild's rate live: the running copy follows from its next 2 MiB extent.
-    Set(RebuildSetArgs),
+    Set(SetRateArgs),
 }
 
 #[derive(Args, Debug)]
@@ -29,16 +29,17 @@ pub struct RebuildShowArgs {
     api: ApiArgs,
 }
 
+/// `set --rate RATE`: a background task's rate (the rebuild's, the scrub's), changed live.
 #[derive(Args, Debug)]
-pub struct RebuildSetArgs {
+pub struct SetRateArgs {
     /// Bytes per second: 64MiB (binary), 100MB (decimal), or bytes.
     #[arg(long, value_parser = parse_size)]
-    rate: u64,
+    pub rate: u64,
     /// Print the API's JSON.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
     #[command(flatten)]
-    api: ApiArgs,
+    pub api: ApiArgs,
 }
 
 pub fn run(command: RebuildCommand) -> Result<()> {

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::client::ApiArgs;
 use crate::outln;
 use crate::output::{human_bytes, print_json};
-use crate::size::parse_size;
+use crate::rebuild_cmd::SetRateArgs;
 
 #[derive(Subcommand, Debug)]
 pub enum ScrubCommand {
@@ -20,23 +20,11 @@ pub enum ScrubCommand {
     /// Start a pass over every volume now (nothing changes while one runs).
     Start(ScrubShowArgs),
     /// Change the scrub's rate live: a running pass follows from its next 2 MiB extent.
-    Set(ScrubSetArgs),
+    Set(SetRateArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct ScrubShowArgs {
-    /// Print the API's JSON.
-    #[arg(long)]
-    json: bool,
-    #[command(flatten)]
-    api: ApiArgs,
-}
-
-#[derive(Args, Debug)]
-pub struct ScrubSetArgs {
-    /// Bytes per second: 16MiB (binary), 20MB (decimal), or bytes.
-    #[arg(long, value_parser = parse_size)]
-    rate: u64,
     /// Print the API's JSON.
     #[arg(long)]
     json: bool,
