@@ -161,6 +161,8 @@ impl CostSpec {
                 read: line(cpu.read_base_ns, cpu.read_per_kib_ns, self.cpu_scale),
                 write: line(cpu.write_base_ns, cpu.write_per_kib_ns, self.cpu_scale),
                 other: line(cpu.other_ns, 0.0, self.cpu_scale),
+                // The simulated workloads send no FUA or FLUSH: never charged here.
+                sync: CpuModel::default().sync,
             },
             CpuEstimate::QosDefault => {
                 let d = CpuModel::default();
@@ -172,6 +174,7 @@ impl CostSpec {
                     read: s(d.read),
                     write: s(d.write),
                     other: s(d.other),
+                    sync: s(d.sync),
                 }
             }
         };
