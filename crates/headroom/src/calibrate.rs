@@ -478,11 +478,13 @@ pub fn fit(m: &Measurement) -> Fit {
     };
     let read = fit_line(&of(Op::Read));
     let write = fit_line(&of(Op::Write));
-    // Flush, trim and write-zeroes carry no payload: charge them the cheapest request measured.
+    // Flush, trim and write-zeroes carry no payload: charge them the cheapest request
+    // measured, and a write-zeroes the default per KiB it zeroes (not measured here; nor is
+    // a sync, which keeps `CpuModel::default().sync`).
     let cheapest = m.points.iter().map(|p| p.cpu_ns).min().unwrap_or(0);
     let other = LinearCpu {
         base_ns: cheapest,
-        per_kib_ps: 0,
+        per_kib_ps: headroom_qos::model::DEFAULT_ZERO_CPU_PER_KIB_PS,
     };
     let read_iops = iops_of(Op::Read);
     let write_iops = iops_of(Op::Write);

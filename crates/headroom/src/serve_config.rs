@@ -604,6 +604,7 @@ pub struct CpuSection {
     pub read: Option<LinearCpuSection>,
     pub write: Option<LinearCpuSection>,
     pub other: Option<LinearCpuSection>,
+    pub sync: Option<LinearCpuSection>,
 }
 
 /// CPU cost of one op kind: `base_ns + KiB × per_kib_ps / 1000` ([`LinearCpu`]).
@@ -844,6 +845,7 @@ impl ConfigFile {
                     read: s.cost.cpu.read.or(l.cost.cpu.read),
                     write: s.cost.cpu.write.or(l.cost.cpu.write),
                     other: s.cost.cpu.other.or(l.cost.cpu.other),
+                    sync: s.cost.cpu.sync.or(l.cost.cpu.sync),
                 },
                 device: s.cost.device.or(l.cost.device),
                 write_cost_aimd: s.cost.write_cost_aimd.or(l.cost.write_cost_aimd),
@@ -1212,6 +1214,7 @@ impl ConfigFile {
             ("read", q.cost.cpu.read),
             ("write", q.cost.cpu.write),
             ("other", q.cost.cpu.other),
+            ("sync", q.cost.cpu.sync),
         ] {
             if let Some(line) = line
                 && line.base_ns > NS_PER_S
@@ -1842,6 +1845,7 @@ fn qos_config(q: &QosSection) -> Result<QosConfig, Invalid> {
         read: q.cost.cpu.read.map_or(cpu_default.read, |l| l.line()),
         write: q.cost.cpu.write.map_or(cpu_default.write, |l| l.line()),
         other: q.cost.cpu.other.map_or(cpu_default.other, |l| l.line()),
+        sync: q.cost.cpu.sync.map_or(cpu_default.sync, |l| l.line()),
     };
     let device = q
         .cost

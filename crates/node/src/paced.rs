@@ -199,5 +199,6 @@ pub fn step_desc(op: OpKind, extent: u64, bytes: u64) -> IoDesc {
         op,
         offset_bytes: extent.saturating_mul(headroom_store::EXTENT_SIZE_BYTES),
         len_bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
+        syncs: 0,
     }
 }

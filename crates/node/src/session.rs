@@ -1094,24 +1094,24 @@ where
                     }
                 }
             };
-            let piece_bytes = ctx.limits.max_request_bytes.max(MIN_PIECE_BYTES);
+            let piece_bytes = piece_bytes_of(&request, ctx.limits.max_request_bytes);
             if needs_split(&request, piece_bytes) {
                 // One reply for the request, sent when its last piece completes; each piece is
-                // scheduled, charged and run as a request of its own.
+                // scheduled, charged and run as a request of its own, at most
+                // `SPLIT_PIECES_IN_FLIGHT` at once (the rest are submitted as those complete).
                 let pieces = pieces(&request, piece_bytes);
+                let feeder = PieceFeeder {
+                    volume: Arc::clone(&volume),
+                    io: Arc::clone(&ctx.io),
+                    scheduled: ctx.scheduler.clone().zip(handle.clone()),
+                };
                 let split =
-                    SplitRequest::new(&request, pieces.len(), permits, Arc::clone(&path), tally);
-                for (index, piece) in pieces.into_iter().enumerate() {
-                    submit(IoJob::Client(ClientJob {
-                        volume: Arc::clone(&volume),
-                        request: piece,
-                        write_payload: None,
-                        sparse_read: false,
-                        answer: Answer::Piece {
-                            split: Arc::clone(&split),
-                            index,
-                        },
-                    }));
+                    SplitRequest::new(&request, pieces, permits, Arc::clone(&path), tally, feeder);
+                for _ in 0..SPLIT_PIECES_IN_FLIGHT {
+                    match split.next_piece() {
+                        Some(job) => submit(job),
+                        None => break,
+                    }
                 }
                 continue;
             }
@@ -1181,6 +1181,31 @@ fn scheduler_handle(scheduler: &Scheduler<IoJob>, volume: &Volume) -> Arc<Volume
 /// configured maximum must not turn a 4 GiB TRIM into millions of pieces).
 const MIN_PIECE_BYTES: u32 = 1 << 20;
 
+/// How many pieces of one split request the node holds at once (queued at the scheduler or
+/// running): one running and one waiting, so a request's pieces keep its device busy
+/// without taking every I/O worker. Submitting all of them at once let one client at queue
+/// depth 1 run eight 32 MiB zeroings in parallel (the executor started helper threads for
+/// them) and take both cores of a small machine from everyone else.
+const SPLIT_PIECES_IN_FLIGHT: usize = 2;
+
+/// Pieces of the commands whose work grows with their length (zeroing in place, CACHE's
+/// readahead) are at most one extent, so no single dispatch holds the scheduler's capacity
+/// (or a worker) for long; TRIM and a releasing WRITE_ZEROES are metadata per extent and
+/// keep the maximum block size.
+const WORK_PIECE_BYTES: u32 = headroom_store::EXTENT_SIZE_BYTES as u32;
+
+/// The piece size `request` is cut into when it is larger (`needs_split`).
+fn piece_bytes_of(request: &nbd::ValidRequest, max_request_bytes: u32) -> u32 {
+    let whole = max_request_bytes.max(MIN_PIECE_BYTES);
+    let per_byte_work = matches!(request.command, nbd::Command::Cache)
+        || (matches!(request.command, nbd::Command::WriteZeroes) && request.no_hole);
+    if per_byte_work {
+        whole.min(WORK_PIECE_BYTES)
+    } else {
+        whole
+    }
+}
+
 /// Whether `request` is run as several pieces of at most `piece_bytes`. WRITE_ZEROES, TRIM and
 /// CACHE carry no payload, so validation accepts them up to the export size (4 GiB - 1 on the
 /// wire); cutting them at the maximum block size keeps every backend operation (a zero-filled
@@ -1222,6 +1247,7 @@ fn pieces(request: &nbd::ValidRequest, piece_bytes: u32) -> Vec<nbd::ValidReques
 
 /// The shared state of a request split into pieces: the last piece to complete sends the one
 /// reply, with the first failure (by offset) if any piece failed, and releases the permits.
+/// It also feeds the pieces to the scheduler, [`SPLIT_PIECES_IN_FLIGHT`] at a time.
 #[derive(Debug)]
 struct SplitRequest {
     cookie: u64,
@@ -1229,6 +1255,7 @@ struct SplitRequest {
     state: Mutex<SplitState>,
     reply: Arc<ReplyPath>,
     tally: Tally,
+    feeder: PieceFeeder,
 }
 
 #[derive(Debug)]
@@ -1236,30 +1263,90 @@ struct SplitState {
     /// (piece index, errno, message) of the lowest failed piece.
     failure: Option<(usize, nbd::Errno, &'static str)>,
     permits: Option<Permits>,
+    /// Pieces not submitted yet, in offset order, and the index of the first of them.
+    unsubmitted: std::collections::VecDeque<nbd::ValidRequest>,
+    next_index: usize,
+}
+
+/// What submitting a piece needs, from the session that received the request.
+#[derive(Debug)]
+struct PieceFeeder {
+    volume: Arc<Volume>,
+    io: Arc<IoRuntime>,
+    scheduled: Option<(Arc<Scheduler<IoJob>>, Arc<VolumeHandle>)>,
 }
 
 impl SplitRequest {
     fn new(
         request: &nbd::ValidRequest,
-        pieces: usize,
+        pieces: Vec<nbd::ValidRequest>,
         permits: Permits,
         reply: Arc<ReplyPath>,
         tally: Tally,
+        feeder: PieceFeeder,
     ) -> Arc<SplitRequest> {
         Arc::new(SplitRequest {
             cookie: request.cookie,
-            remaining: AtomicUsize::new(pieces),
+            remaining: AtomicUsize::new(pieces.len()),
             state: Mutex::new(SplitState {
                 failure: None,
                 permits: Some(permits),
+                unsubmitted: pieces.into(),
+                next_index: 0,
             }),
             reply,
             tally,
+            feeder,
         })
     }
 
-    /// Records one piece's outcome; answers the request when it was the last.
-    fn piece_done(&self, index: usize, body: ReplyBody, now_ns: u64) {
+    /// The next piece to submit, as a job, if any is left.
+    fn next_piece(self: &Arc<Self>) -> Option<IoJob> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let piece = state.unsubmitted.pop_front()?;
+        let index = state.next_index;
+        state.next_index += 1;
+        drop(state);
+        Some(IoJob::Client(ClientJob {
+            volume: Arc::clone(&self.feeder.volume),
+            request: piece,
+            write_payload: None,
+            sparse_read: false,
+            answer: Answer::Piece {
+                split: Arc::clone(self),
+                index,
+            },
+        }))
+    }
+
+    /// Submits the next piece, if any, after one completed (on the completing thread). Its
+    /// pieces never run inline (`runs_off_thread`), so this does not recurse.
+    fn feed(self: &Arc<Self>) {
+        let Some(job) = self.next_piece() else {
+            return;
+        };
+        let io = &self.feeder.io;
+        match &self.feeder.scheduled {
+            Some((scheduler, handle)) => {
+                let mut ready = Vec::new();
+                let desc = job.desc();
+                scheduler.submit(handle, desc, job, &mut ready);
+                if !ready.is_empty() {
+                    run_ready(io, Some(scheduler), ready);
+                }
+            }
+            // The pieces are contiguous: each follows the previous one.
+            None => {
+                if let Some(released) = run_job(io, None, job, Unscheduled(true)) {
+                    debug_assert!(released.is_empty());
+                }
+            }
+        }
+    }
+
+    /// Records one piece's outcome; answers the request when it was the last, and otherwise
+    /// submits the next piece.
+    fn piece_done(self: &Arc<Self>, index: usize, body: ReplyBody, now_ns: u64) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let ReplyBody::Error(errno, message) = body
             && state.failure.is_none_or(|(first, _, _)| index < first)
@@ -1267,6 +1354,8 @@ impl SplitRequest {
             state.failure = Some((index, errno, message));
         }
         if self.remaining.fetch_sub(1, Ordering::AcqRel) != 1 {
+            drop(state);
+            self.feed();
             return;
         }
         let Some(permits) = state.permits.take() else {
@@ -1498,7 +1587,7 @@ pub struct ClientJob {
 impl ClientJob {
     /// The request as the scheduler sees it ([`desc_of`]).
     fn desc(&self) -> IoDesc {
-        desc_of(&self.request)
+        desc_of(&self.volume, &self.request)
     }
 
     /// Whether it must leave the calling thread: [`runs_off_thread`].
@@ -1510,27 +1599,40 @@ impl ClientJob {
 /// The request as the scheduler sees it: every request is charged, reads of holes too,
 /// and each as the device work it does. CACHE is readahead, a read of its length from the
 /// device (its egress, which it does not send, is counted too: over, not under);
-/// WRITE_ZEROES that may not punch writes its zeros, a write of its length; BLOCK_STATUS
-/// walks the extent map and asks the device where its data is, one small read's worth
-/// (its walk is bounded: [`BLOCK_STATUS_MAX_WALK_BYTES`]).
-fn desc_of(request: &nbd::ValidRequest) -> IoDesc {
+/// WRITE_ZEROES that may not punch provisions and zeroes its range (`OpKind::WriteZeroes`:
+/// CPU and metadata per KiB, no payload), and where the volume's devices cannot zero a range
+/// in place it writes zeros, a write of its length; one that may punch is a discard, a TRIM;
+/// BLOCK_STATUS walks the extent map and asks the device where its data is, one small read's
+/// worth (its walk is bounded: [`BLOCK_STATUS_MAX_WALK_BYTES`]). A FUA request also pays for
+/// the device sync it runs, and a FLUSH for one sync per device with writes not yet durable
+/// (the pool-wide commit it causes: `Volume::unsynced_devices`), at least one.
+fn desc_of(volume: &Volume, request: &nbd::ValidRequest) -> IoDesc {
     let (op, len_bytes) = match request.command {
         nbd::Command::Read => (OpKind::Read, request.length),
         nbd::Command::Write => (OpKind::Write, request.length),
         nbd::Command::Flush => (OpKind::Flush, 0),
         // Refused at once (not faster than a write): costs what a refusal costs.
         nbd::Command::WriteZeroes if request.no_hole && request.fast_zero => (OpKind::Trim, 0),
-        nbd::Command::WriteZeroes if request.no_hole => (OpKind::Write, request.length),
-        nbd::Command::WriteZeroes => (OpKind::WriteZeroes, request.length),
+        nbd::Command::WriteZeroes if request.no_hole && !volume.is_zero_fast() => {
+            (OpKind::Write, request.length)
+        }
+        nbd::Command::WriteZeroes if request.no_hole => (OpKind::WriteZeroes, request.length),
+        nbd::Command::WriteZeroes => (OpKind::Trim, request.length),
         nbd::Command::Trim => (OpKind::Trim, request.length),
         nbd::Command::Cache => (OpKind::Read, request.length),
         nbd::Command::BlockStatus => (OpKind::Read, 0),
         nbd::Command::Disc => (OpKind::Trim, 0),
     };
+    let syncs = match request.command {
+        nbd::Command::Flush => volume.unsynced_devices().max(1),
+        nbd::Command::Read | nbd::Command::Cache | nbd::Command::BlockStatus => 0,
+        _ => u32::from(request.fua),
+    };
     IoDesc {
         op,
         offset_bytes: request.offset,
         len_bytes,
+        syncs,
     }
 }
 
@@ -2264,6 +2366,7 @@ mod tests {
                 } else {
                     req.length
                 },
+                syncs: 0,
             };
             book_per_device(&devices, &volume, &req, job_desc, false, None, 1_000)
                 .map(|(device, at)| (Arc::as_ptr(device), at))
@@ -2357,6 +2460,7 @@ mod tests {
             op,
             offset_bytes: 0,
             len_bytes: len,
+            syncs: 0,
         };
         let mut expect = vec![0u64; 2];
         book_per_device(
@@ -2409,6 +2513,7 @@ mod tests {
             op: OpKind::Write,
             offset_bytes: 0,
             len_bytes: E as u32,
+            syncs: 0,
         };
         // Dispatched (within its rate), handed to the submitter, completed by it.
         let pending = Grant::submit(&io, &scheduler, &handle, desc);
@@ -2453,8 +2558,12 @@ mod tests {
             headroom_qos::model::CpuModel::default(),
             headroom_qos::model::DeviceModel::Linear(IoCostModel::SSD_FAST),
         );
+        let store = Store::open_memory(1 << 30).unwrap();
+        store.create_volume("v", 1 << 30).unwrap();
+        let volume = store.open_volume("v").unwrap();
+        assert!(volume.is_zero_fast(), "RAM zeroes in place");
         let device_units = |request: &nbd::ValidRequest| {
-            let desc = desc_of(request);
+            let desc = desc_of(&volume, request);
             model.estimate(desc.op, desc.len_bytes, false).device_units
         };
         let len = 32 << 20;
@@ -2463,14 +2572,20 @@ mod tests {
         assert!(read > 0 && write > 0);
         // CACHE reads its length into the page cache: charged as that read.
         assert_eq!(device_units(&request(Cache, 0, len)), read);
-        // WRITE_ZEROES that may not punch writes its zeros; one that punches does not.
+        // WRITE_ZEROES that may not punch zeroes its range in place: its metadata, far less
+        // than a write of its length (were the device to write zeros, it would be that
+        // write); one that may punch is a discard.
         let zeroes = |no_hole, fast_zero| nbd::ValidRequest {
             no_hole,
             fast_zero,
             ..request(WriteZeroes, 0, len)
         };
-        assert_eq!(device_units(&zeroes(true, false)), write);
+        let zeroing = desc_of(&volume, &zeroes(true, false));
+        assert_eq!((zeroing.op, zeroing.len_bytes), (OpKind::WriteZeroes, len));
+        let zeroing = device_units(&zeroes(true, false));
+        assert!(zeroing > 0 && zeroing * 100 < write, "{zeroing} {write}");
         assert_eq!(device_units(&zeroes(false, false)), 0);
+        assert_eq!(desc_of(&volume, &zeroes(false, false)).op, OpKind::Trim);
         // Refused at once.
         assert_eq!(device_units(&zeroes(true, true)), 0);
         // BLOCK_STATUS: one small read's worth, whatever its length.
@@ -2478,6 +2593,21 @@ mod tests {
         assert!(small_read > 0);
         assert_eq!(device_units(&request(BlockStatus, 0, u32::MAX)), small_read);
         assert_eq!(device_units(&request(BlockStatus, 0, 4096)), small_read);
+        // A FUA request pays for its sync; a FLUSH for one sync per device holding writes
+        // not yet durable, at least one.
+        let fua = |command| nbd::ValidRequest {
+            fua: true,
+            ..request(command, 0, 4096)
+        };
+        assert_eq!(desc_of(&volume, &request(Write, 0, 4096)).syncs, 0);
+        assert_eq!(desc_of(&volume, &fua(Write)).syncs, 1);
+        assert_eq!(desc_of(&volume, &fua(Trim)).syncs, 1);
+        assert_eq!(desc_of(&volume, &request(Flush, 0, 0)).syncs, 1);
+        volume.write_at(0, &[1u8; 4096], false).unwrap();
+        assert_eq!(volume.unsynced_devices(), 1);
+        assert_eq!(desc_of(&volume, &request(Flush, 0, 0)).syncs, 1);
+        volume.flush().unwrap();
+        assert_eq!(volume.unsynced_devices(), 0);
 
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -2498,6 +2628,97 @@ mod tests {
         // Small READs and WRITEs stay inline (no executor here: nothing else does).
         assert!(!runs_off_thread(&request(Read, 0, 4096), &io));
         assert!(!runs_off_thread(&request(Write, 0, 1 << 20), &io));
+    }
+
+    #[test]
+    fn a_split_request_holds_at_most_two_pieces_in_the_node_and_answers_once() {
+        use headroom_store::{FaultConfig, FaultRule, FaultScope};
+        // Every write-class operation of the volume takes 2 s longer, so the pieces cannot
+        // finish (and feed the next ones) before the check below.
+        let store = Store::open_memory(1 << 30).unwrap();
+        store.create_volume("v", 1 << 30).unwrap();
+        store
+            .inject_faults(&FaultConfig {
+                seed: 1,
+                rules: vec![FaultRule {
+                    latency_spike_permille: 1000,
+                    latency_spike_ms: 2_000,
+                    ..FaultRule::new(FaultScope::Volume("v".into()))
+                }],
+            })
+            .unwrap();
+        let volume = Arc::new(store.open_volume("v").unwrap());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let io = Arc::new(io_without_executor(&runtime));
+        let metrics = MetricsRegistry::new(crate::metrics::MetricsConfig::default(), io.clock);
+        let (tx, mut replies) = mpsc::unbounded_channel();
+        let path = Arc::new(ReplyPath {
+            tx,
+            stats: volume_stats(&metrics, &volume),
+            metrics: Arc::clone(&metrics),
+        });
+        let slots = Arc::new(Semaphore::new(1));
+        let permits = Permits {
+            _request: slots.clone().try_acquire_owned().unwrap(),
+            _bytes: None,
+        };
+        // A NO_HOLE zeroing of four extents: four pieces of one extent each.
+        let zeroing = nbd::ValidRequest {
+            no_hole: true,
+            ..request(nbd::Command::WriteZeroes, 0, 4 * E as u32)
+        };
+        let piece_bytes = piece_bytes_of(&zeroing, 32 << 20);
+        assert_eq!(piece_bytes, E as u32);
+        let pieces = pieces(&zeroing, piece_bytes);
+        assert_eq!(pieces.len(), 4);
+        let split = SplitRequest::new(
+            &zeroing,
+            pieces,
+            permits,
+            path,
+            Tally::of(&zeroing, 0).unwrap(),
+            PieceFeeder {
+                volume: Arc::clone(&volume),
+                io: Arc::clone(&io),
+                scheduled: None,
+            },
+        );
+        for _ in 0..SPLIT_PIECES_IN_FLIGHT {
+            let job = split.next_piece().unwrap();
+            assert!(run_job(&io, None, job, Unscheduled(true)).is_none());
+        }
+        let unsubmitted = |split: &SplitRequest| lock_state(split).unsubmitted.len();
+        assert_eq!(
+            unsubmitted(&split),
+            2,
+            "the other pieces wait until one of the first two completes"
+        );
+        // Each completion feeds the next; the last sends the one reply.
+        let reply = runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), replies.recv()).await
+        });
+        let reply = reply.expect("answered").expect("a reply");
+        assert!(matches!(reply.body, ReplyBody::Done));
+        assert_eq!(unsubmitted(&split), 0);
+        assert!(replies.try_recv().is_err(), "one reply for the request");
+        drop(reply);
+        assert_eq!(
+            slots.available_permits(),
+            1,
+            "the permits went with the reply"
+        );
+        // TRIM stays cut at the maximum block size (metadata per extent).
+        assert_eq!(
+            piece_bytes_of(&request(nbd::Command::Trim, 0, u32::MAX), 32 << 20),
+            32 << 20
+        );
+    }
+
+    fn lock_state(split: &SplitRequest) -> std::sync::MutexGuard<'_, SplitState> {
+        split.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     #[test]

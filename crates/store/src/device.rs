@@ -512,6 +512,11 @@ impl Device {
         }
     }
 
+    /// Whether writes or punches completed since the last sync ([`Device::sync_if_dirty`]).
+    pub(crate) fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::SeqCst)
+    }
+
     /// Whether a sync failed (or the device disappeared): its data can no longer be made
     /// durable.
     pub(crate) fn is_failed(&self) -> bool {

@@ -1540,6 +1540,14 @@ impl Volume {
         self.shared.devices.iter().all(|d| d.zeroes_fast())
     }
 
+    /// How many devices of the pool hold writes or punches not yet made durable: what a
+    /// FLUSH now would sync (its commit syncs every such device, whoever wrote there). The
+    /// scheduler charges a FLUSH one sync per device this counts.
+    pub fn unsynced_devices(&self) -> u32 {
+        let n = self.shared.devices.iter().filter(|d| d.is_dirty()).count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
     /// The copy a read of `extent` goes to first (replica 0 for a 1-replica volume), `None`
     /// for a hole.
     fn route_first(&self, st: &VolumeState, extent: u64) -> Option<PhysExtent> {
