@@ -9,6 +9,7 @@ fn main() -> std::io::Result<()> {
         ("option", headroom_fuzz::nbd::option_seeds()),
         ("request", headroom_fuzz::nbd::request_seeds()),
         ("api_bodies", headroom_fuzz::api::api_seeds()),
+        ("router", headroom_fuzz::router::router_seeds()),
     ];
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
     for (target, seeds) in targets {
@@ -18,6 +19,11 @@ fn main() -> std::io::Result<()> {
             std::fs::write(dir.join(format!("seed-{name}")), bytes)?;
         }
         println!("{target}: {} seeds in {}", seeds.len(), dir.display());
+    }
+    // Inputs that found bugs (kept by name outside cmin, see scripts/fuzz-long).
+    let dir = root.join("router");
+    for (name, bytes) in headroom_fuzz::router::router_regressions() {
+        std::fs::write(dir.join(format!("regression-{name}")), bytes)?;
     }
     Ok(())
 }

@@ -27,6 +27,7 @@ pub mod body;
 pub mod conn;
 pub mod node;
 pub mod openapi;
+pub mod path;
 mod repair;
 pub mod tenants;
 pub mod tokens;
@@ -36,7 +37,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::Router;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
@@ -56,6 +57,7 @@ use crate::session::IoJob;
 use crate::volume_qos::{CreditsView, PhasesView, QosView, StoredQos};
 
 pub use auth::{ApiToken, TokenError};
+pub use path::ApiPath;
 
 /// Body of `POST /v1/volumes`.
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
@@ -600,11 +602,12 @@ async fn create_volume(
 #[utoipa::path(get, path = "/v1/volumes/{name}", tag = "volumes",
     params(("name" = String, Path, description = "Volume name")),
     responses((status = 200, body = VolumeView),
+        (status = 400, description = "A path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "No such volume", body = ApiErrorBody)))]
 async fn show_volume(
     State(state): State<ApiState>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<VolumeView>> {
     let info = state.store.volume_info(&name)?;
     Ok(Json(view(&state, &info)))
@@ -614,14 +617,16 @@ async fn show_volume(
 #[utoipa::path(patch, path = "/v1/volumes/{name}", tag = "volumes", request_body = UpdateVolume,
     params(("name" = String, Path, description = "Volume name")),
     responses((status = 200, body = VolumeView),
-        (status = 400, description = "Bad size or QoS (nothing changed)", body = ApiErrorBody),
+        (status = 400, description = "Bad size or QoS (nothing changed); or a path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "No such volume", body = ApiErrorBody),
+        (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
+        (status = 415, description = "Not JSON", body = ApiErrorBody),
         (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody),
         (status = 507, description = "Growing it would exceed the overcommit ratio (`overcommitted`)", body = ApiErrorBody)))]
 async fn update_volume(
     State(state): State<ApiState>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     body: Result<Json<UpdateVolume>, JsonRejection>,
 ) -> ApiResult<Json<VolumeView>> {
     let Json(body) = body?;
@@ -675,11 +680,12 @@ async fn update_volume(
 #[utoipa::path(delete, path = "/v1/volumes/{name}", tag = "volumes",
     params(("name" = String, Path, description = "Volume name")),
     responses((status = 204, description = "Deleted"),
+        (status = 400, description = "A path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "No such volume", body = ApiErrorBody)))]
 async fn delete_volume(
     State(state): State<ApiState>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     let info = state.store.volume_info(&name)?;
     let store = Arc::clone(&state.store);

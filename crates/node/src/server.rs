@@ -82,6 +82,8 @@ pub struct RunningNode {
     saver: Option<CreditSaver>,
     arbitration: Option<crate::arbitration::Arbitration>,
     api_token: crate::api::ApiToken,
+    /// What the API listener serves (`api_state`).
+    api_state: crate::api::ApiState,
 }
 
 impl Node {
@@ -353,7 +355,7 @@ impl Node {
             arbitration: arbitration_status,
             api_connections,
         };
-        let api_task = tokio::spawn(crate::api::serve(api_listener, api_state, stop_rx));
+        let api_task = tokio::spawn(crate::api::serve(api_listener, api_state.clone(), stop_rx));
         tracing::info!(
             "NBD on {nbd_addr}, API on http://{api_addr}, policy {}",
             config.qos.policy
@@ -368,6 +370,7 @@ impl Node {
             saver,
             arbitration,
             api_token,
+            api_state,
         })
     }
 }
@@ -460,6 +463,12 @@ impl RunningNode {
     /// The management API's bearer token.
     pub fn api_token(&self) -> &crate::api::ApiToken {
         &self.api_token
+    }
+
+    /// The state the management API's handlers share (the one its listener serves), for
+    /// callers that drive `crate::api::router` in process: the `router` fuzz target.
+    pub fn api_state(&self) -> &crate::api::ApiState {
+        &self.api_state
     }
 
     /// The QoS scheduler, if a policy is on.

@@ -212,6 +212,8 @@ pub struct AddDevice {
         (status = 400, description = "A RAM or RADOS pool; a path outside the device directories and not a configured block device; a symlink, directory, character device, FIFO or socket (refused without being opened); a block device in use (EBUSY); a device holding a signature or data without `force`; a size below two extents or above `max_device_bytes`; or the pool at 64 devices (`invalid_device`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 409, description = "The path is a device of the pool already", body = ApiErrorBody),
+        (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
+        (status = 415, description = "Not JSON", body = ApiErrorBody),
         (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
 pub(super) async fn add_device(
     State(state): State<ApiState>,
@@ -245,12 +247,12 @@ pub(super) async fn add_device(
 #[utoipa::path(post, path = "/v1/devices/{id}/fail", tag = "node",
     params(("id" = u32, Path, description = "Device id (`GET /v1/devices`)")),
     responses((status = 200, body = DeviceView),
-        (status = 400, description = "The device of a RADOS store (`invalid_device`)", body = ApiErrorBody),
+        (status = 400, description = "The device of a RADOS store (`invalid_device`); or a path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "No such device", body = ApiErrorBody)))]
 pub(super) async fn fail_device(
     State(state): State<ApiState>,
-    axum::extract::Path(id): axum::extract::Path<u32>,
+    super::ApiPath(id): super::ApiPath<u32>,
 ) -> ApiResult<Json<DeviceView>> {
     let store = std::sync::Arc::clone(&state.store);
     let info = blocking(move || store.fail_device(id)).await?;
@@ -290,12 +292,12 @@ pub struct DeviceRestoreView {
 #[utoipa::path(post, path = "/v1/devices/{id}/restore", tag = "node",
     params(("id" = u32, Path, description = "Device id (`GET /v1/devices`)")),
     responses((status = 200, body = DeviceRestoreView),
-        (status = 400, description = "The device of a RADOS store, or a device that still fails (`invalid_device`)", body = ApiErrorBody),
+        (status = 400, description = "The device of a RADOS store, or a device that still fails (`invalid_device`); or a path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "No such device", body = ApiErrorBody)))]
 pub(super) async fn restore_device(
     State(state): State<ApiState>,
-    axum::extract::Path(id): axum::extract::Path<u32>,
+    super::ApiPath(id): super::ApiPath<u32>,
 ) -> ApiResult<Json<DeviceRestoreView>> {
     let store = std::sync::Arc::clone(&state.store);
     let r = blocking(move || store.restore_device(id)).await?;

@@ -3,8 +3,8 @@
 //! (`POST /v1/volumes/{name}/scrub`). A module of its own so the volume routes
 //! stay about volumes' configuration, and the rebuild's JSON types stay out of the store.
 
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -12,7 +12,7 @@ use headroom_store::ScrubReport;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{ApiError, ApiErrorBody, ApiResult, ApiState, blocking};
+use super::{ApiError, ApiErrorBody, ApiPath, ApiResult, ApiState, blocking};
 use crate::repair::RebuildView;
 use crate::scrub::ScrubStatus;
 
@@ -81,6 +81,8 @@ pub(super) async fn show_scrub(State(state): State<ApiState>) -> ApiResult<Json<
     responses((status = 200, body = ScrubStatus),
         (status = 400, description = "Rate out of range (`invalid_rate`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
+        (status = 415, description = "Not JSON", body = ApiErrorBody),
         (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
 pub(super) async fn set_scrub(
     State(state): State<ApiState>,
@@ -131,6 +133,8 @@ pub(super) async fn show_rebuild(State(state): State<ApiState>) -> ApiResult<Jso
     responses((status = 200, body = RebuildView),
         (status = 400, description = "Rate out of range (`invalid_rate`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
+        (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
+        (status = 415, description = "Not JSON", body = ApiErrorBody),
         (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
 pub(super) async fn set_rebuild(
     State(state): State<ApiState>,
@@ -155,11 +159,12 @@ pub(super) async fn set_rebuild(
 #[utoipa::path(post, path = "/v1/volumes/{name}/scrub", tag = "volumes",
     params(("name" = String, Path, description = "Volume name")),
     responses((status = 200, body = ScrubView),
+        (status = 400, description = "A path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "No such volume", body = ApiErrorBody)))]
 pub(super) async fn scrub_volume(
     State(state): State<ApiState>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<ScrubView>> {
     let volume = state.store.open_volume(&name)?;
     let report = blocking(move || volume.scrub()).await?;

@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -21,7 +21,7 @@ use headroom_store::{TenantInfo, VolumeInfo};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{ApiErrorBody, ApiResult, ApiState, blocking, stored_qos};
+use super::{ApiErrorBody, ApiPath, ApiResult, ApiState, blocking, stored_qos};
 
 /// The routes of this module (merged into `api::routes`).
 pub(super) fn routes() -> Router<ApiState> {
@@ -107,6 +107,8 @@ pub(super) async fn list_tenants(State(state): State<ApiState>) -> Json<Vec<Tena
         (status = 400, description = "Bad tenant id", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 409, description = "The tenant exists", body = ApiErrorBody),
+        (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
+        (status = 415, description = "Not JSON", body = ApiErrorBody),
         (status = 422, description = "Wrong shape or unknown field", body = ApiErrorBody)))]
 pub(super) async fn create_tenant(
     State(state): State<ApiState>,
@@ -122,11 +124,12 @@ pub(super) async fn create_tenant(
 #[utoipa::path(get, path = "/v1/tenants/{id}", tag = "tenants",
     params(("id" = String, Path, description = "Tenant id (percent-encoded)")),
     responses((status = 200, body = TenantView),
+        (status = 400, description = "A path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "No such tenant", body = ApiErrorBody)))]
 pub(super) async fn show_tenant(
     State(state): State<ApiState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Json<TenantView>> {
     let info = state.store.tenant_info(&id)?;
     Ok(Json(TenantView::new(info, &state.store.list_volumes())))
@@ -136,12 +139,13 @@ pub(super) async fn show_tenant(
 #[utoipa::path(delete, path = "/v1/tenants/{id}", tag = "tenants",
     params(("id" = String, Path, description = "Tenant id (percent-encoded)")),
     responses((status = 204, description = "Deleted"),
+        (status = 400, description = "A path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "No such tenant", body = ApiErrorBody),
         (status = 409, description = "The tenant still has volumes", body = ApiErrorBody)))]
 pub(super) async fn delete_tenant(
     State(state): State<ApiState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     let store = Arc::clone(&state.store);
     blocking(move || store.delete_tenant(&id)).await?;

@@ -20,8 +20,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path as UrlPath, State};
 use axum::http::{Method, StatusCode};
 use axum::routing::{delete, get};
 use axum::{Json, Router};
@@ -408,6 +408,8 @@ pub(super) async fn list_tokens(State(state): State<ApiState>) -> Json<Vec<Token
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 403, description = "A read token", body = ApiErrorBody),
         (status = 409, description = "The name is taken", body = ApiErrorBody),
+        (status = 413, description = "Body over 2 MiB", body = ApiErrorBody),
+        (status = 415, description = "Not JSON", body = ApiErrorBody),
         (status = 422, description = "Wrong shape, unknown field or unknown scope", body = ApiErrorBody)))]
 pub(super) async fn create_token(
     State(state): State<ApiState>,
@@ -431,13 +433,14 @@ pub(super) async fn create_token(
 #[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "tokens",
     params(("id" = String, Path, description = "Token id or name")),
     responses((status = 200, description = "Revoked", body = TokenView),
+        (status = 400, description = "A path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 403, description = "A read token", body = ApiErrorBody),
         (status = 404, description = "No such token", body = ApiErrorBody),
         (status = 409, description = "The bootstrap token (`not_revocable`)", body = ApiErrorBody)))]
 pub(super) async fn revoke_token(
     State(state): State<ApiState>,
-    UrlPath(id): UrlPath<String>,
+    super::ApiPath(id): super::ApiPath<String>,
 ) -> Result<Json<TokenView>, ApiError> {
     let tokens = std::sync::Arc::clone(&state.tokens);
     let revoked = tokio::task::spawn_blocking(move || tokens.revoke(&id))

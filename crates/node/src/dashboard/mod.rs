@@ -11,7 +11,7 @@
 use axum::Json;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -117,7 +117,9 @@ async fn index() -> Response {
     static_file("text/html; charset=utf-8", INDEX_HTML)
 }
 
-async fn asset(Path(file): Path<String>) -> Result<Response, ApiError> {
+async fn asset(
+    crate::api::ApiPath(file): crate::api::ApiPath<String>,
+) -> Result<Response, ApiError> {
     match file.as_str() {
         "app.js" => Ok(static_file("text/javascript; charset=utf-8", APP_JS)),
         "style.css" => Ok(static_file("text/css; charset=utf-8", STYLE_CSS)),
