@@ -146,6 +146,10 @@ struct ServeArgs {
     /// The RADOS pool (existing) holding the extents (with --rados-conf).
     #[arg(long, value_name = "POOL")]
     rados_pool: Option<String>,
+    /// Connect to Ceph as this cephx user, without `client.` (its keyring named by the
+    /// ceph.conf; e.g. headroom for client.headroom) [default: admin].
+    #[arg(long, value_name = "ID")]
+    rados_id: Option<String>,
     /// Open the existing RADOS store in this namespace (headroom-<16 hex>; e.g. another
     /// node's, to take it over) [default: the data directory's, or a new one].
     #[arg(long, value_name = "NS")]
@@ -156,6 +160,10 @@ struct ServeArgs {
     /// Wait at most this long at start for another node's lease to expire [default: no limit].
     #[arg(long, value_name = "MS")]
     rados_lease_wait_ms: Option<u64>,
+    /// After losing the lease, keep answering /readyz (503, naming the loss) this long, then
+    /// exit with status 3 [default: 5000].
+    #[arg(long, value_name = "MS")]
+    rados_lease_lost_linger_ms: Option<u64>,
     /// Share the RADOS pool's capacity with the other nodes on it: report demand every
     /// epoch, and pace this node at the share the arbiter gives it (with --rados-capacity-iops).
     #[arg(long)]
@@ -276,9 +284,11 @@ impl ServeArgs {
                 read_routing: None,
                 rados_conf: self.rados_conf.clone(),
                 rados_pool: self.rados_pool.clone(),
+                rados_id: self.rados_id.clone(),
                 rados_namespace: self.rados_namespace.clone(),
                 rados_lease_ms: self.rados_lease_ms,
                 rados_lease_wait_ms: self.rados_lease_wait_ms,
+                rados_lease_lost_linger_ms: self.rados_lease_lost_linger_ms,
                 rados_arbitration: self.rados_arbitration.then_some(true),
                 rados_capacity_iops: self.rados_capacity_iops,
                 rados_capacity_bytes_per_s: self.rados_capacity_bytes_per_s.map(Size),
@@ -479,6 +489,13 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
             )
         }
     };
+    let linger_ms = match &loaded.node.backend {
+        StoreBackend::Rados {
+            lease_lost_linger_ms,
+            ..
+        } => *lease_lost_linger_ms,
+        _ => 0,
+    };
     let node = Node::start(loaded.node)
         .await
         .with_context(|| format!("starting the server {place}"))?;
@@ -549,7 +566,34 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
         node.nbd_addr, node.api_addr
     ));
 
-    stop.await;
+    tokio::pin!(stop);
+    let lost = tokio::select! {
+        () = &mut stop => None,
+        loss = node.lease_lost() => Some(loss),
+    };
+    if let Some(loss) = lost {
+        // Another node may serve the store now: serve nothing, say why for a while (/readyz
+        // 503, the readiness metric 0), then exit for the supervisor to restart us as a
+        // standby. Nothing is flushed: the store refuses every I/O since the loss.
+        node.stop_nbd();
+        sd_notify::notify(&format!(
+            "STATUS=lost the store's lease ({}); exiting with status {} in {linger_ms} ms",
+            loss.why,
+            headroom_store::LEASE_LOST_EXIT_STATUS
+        ));
+        tracing::error!(
+            why = loss.why.as_str(),
+            linger_ms,
+            exit_status = headroom_store::LEASE_LOST_EXIT_STATUS,
+            "lost the store's lease: serving nothing; /readyz answers 503 until the process exits"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(std::time::Duration::from_millis(linger_ms)) => {}
+            () = &mut stop => {}
+        }
+        tracing::info!("exiting after the loss of the store's lease");
+        std::process::exit(headroom_store::LEASE_LOST_EXIT_STATUS);
+    }
     sd_notify::notify("STOPPING=1\nSTATUS=stopping: flushing devices and metadata");
     tracing::info!("shutting down: flushing");
     node.shutdown().await.context("clean shutdown")?;

@@ -372,12 +372,17 @@ pub struct StorageSection {
     /// With `rados_pool`: keep the extents in that Ceph RADOS pool (feature `rados`).
     pub rados_conf: Option<PathBuf>,
     pub rados_pool: Option<String>,
+    /// The cephx user the node connects as, without `client.` (absent: `admin`).
+    pub rados_id: Option<String>,
     /// The namespace of an existing RADOS store to open (another node's store, on failover).
     pub rados_namespace: Option<String>,
     /// The lease's duration in ms (renewed every third of it).
     pub rados_lease_ms: Option<u64>,
     /// How long to wait at start for another node's lease to expire (absent: no limit).
     pub rados_lease_wait_ms: Option<u64>,
+    /// After losing the lease, how long to keep answering `/readyz` (503) before exiting
+    /// with status 3 (absent: 5000).
+    pub rados_lease_lost_linger_ms: Option<u64>,
     /// Cross-node arbitration of the pool's capacity with the other nodes on it.
     pub rados_arbitration: Option<bool>,
     /// The pool's capacity shared by all nodes, operations per second (with arbitration).
@@ -763,9 +768,13 @@ impl ConfigFile {
             read_routing: s.read_routing.or(l.read_routing),
             rados_conf: s.rados_conf.or(l.rados_conf),
             rados_pool: s.rados_pool.or(l.rados_pool),
+            rados_id: s.rados_id.or(l.rados_id),
             rados_namespace: s.rados_namespace.or(l.rados_namespace),
             rados_lease_ms: s.rados_lease_ms.or(l.rados_lease_ms),
             rados_lease_wait_ms: s.rados_lease_wait_ms.or(l.rados_lease_wait_ms),
+            rados_lease_lost_linger_ms: s
+                .rados_lease_lost_linger_ms
+                .or(l.rados_lease_lost_linger_ms),
             rados_arbitration: s.rados_arbitration.or(l.rados_arbitration),
             rados_capacity_iops: s.rados_capacity_iops.or(l.rados_capacity_iops),
             rados_capacity_bytes_per_s: s
@@ -1037,6 +1046,11 @@ impl ConfigFile {
                 "must be a pool name: not empty, no '/'",
             ));
         }
+        if let Some(id) = &st.rados_id
+            && let Err(why) = headroom_store::validate_rados_id(id)
+        {
+            return Err(Invalid::new("storage.rados_id", format!("{id:?}"), why));
+        }
         if let Some(ns) = &st.rados_namespace
             && (ns.is_empty() || ns.contains(['/', '\0']))
         {
@@ -1055,7 +1069,21 @@ impl ConfigFile {
                 "must be between 100 and 3600000",
             ));
         }
+        if let Some(ms) = st.rados_lease_lost_linger_ms
+            && ms > 600_000
+        {
+            return Err(Invalid::new(
+                "storage.rados_lease_lost_linger_ms",
+                ms,
+                "must be at most 600000 (10 minutes)",
+            ));
+        }
         for (key, set) in [
+            ("storage.rados_id", st.rados_id.is_some()),
+            (
+                "storage.rados_lease_lost_linger_ms",
+                st.rados_lease_lost_linger_ms.is_some(),
+            ),
             ("storage.rados_namespace", st.rados_namespace.is_some()),
             ("storage.rados_lease_ms", st.rados_lease_ms.is_some()),
             (
@@ -1359,6 +1387,10 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
         (None, Some((conf, pool))) => StoreBackend::Rados {
             data_dir: layer.data_dir(),
             conf,
+            id: st
+                .rados_id
+                .clone()
+                .unwrap_or_else(|| headroom_store::DEFAULT_RADOS_ID.to_owned()),
             pool,
             capacity_bytes: st.device_size.map_or(DEFAULT_DEVICE_SIZE, |s| s.0),
             namespace: st.rados_namespace.clone(),
@@ -1366,6 +1398,9 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
                 .rados_lease_ms
                 .unwrap_or(headroom_store::DEFAULT_LEASE_MS),
             lease_wait_ms: st.rados_lease_wait_ms,
+            lease_lost_linger_ms: st
+                .rados_lease_lost_linger_ms
+                .unwrap_or(headroom_store::DEFAULT_LEASE_LOST_LINGER_MS),
         },
         (None, None) => StoreBackend::Files {
             data_dir: layer.data_dir(),
@@ -2874,9 +2909,10 @@ mod tests {
         if headroom_store::RADOS_SUPPORTED {
             let config = result.unwrap();
             assert!(
-                matches!(&config.backend, StoreBackend::Rados { data_dir, conf, pool, capacity_bytes, .. }
+                matches!(&config.backend, StoreBackend::Rados { data_dir, conf, id, pool, capacity_bytes, .. }
                     if data_dir == Path::new("/srv/h")
                         && conf == Path::new("/etc/ceph/ceph.conf")
+                        && id == "admin"
                         && pool == "volumes"
                         && *capacity_bytes == 1 << 40),
                 "{:?}",
@@ -2908,6 +2944,35 @@ mod tests {
             "{e}"
         );
         assert!(err("[storage]\nrados_pool = \"a/b\"\n").contains("must be a pool name"));
+        let e = err(&format!("{text}rados_lease_lost_linger_ms = 600001\n"));
+        assert!(
+            e.contains("storage.rados_lease_lost_linger_ms") && e.contains("at most 600000"),
+            "{e}"
+        );
+        let e = err("[storage]\nrados_lease_lost_linger_ms = 1\n");
+        assert!(e.contains("needs storage.rados_pool"), "{e}");
+        let e = err("[storage]\nrados_id = \"headroom\"\n");
+        assert!(
+            e.contains("storage.rados_id") && e.contains("needs storage.rados_pool"),
+            "{e}"
+        );
+        for (bad, why) in [
+            ("", "must not be empty"),
+            ("client.headroom", "without the `client.` prefix"),
+            ("a b", "only ASCII letters"),
+        ] {
+            let e = err(&format!("{text}rados_id = {bad:?}\n"));
+            assert!(e.contains("storage.rados_id") && e.contains(why), "{e}");
+        }
+        if headroom_store::RADOS_SUPPORTED {
+            let config =
+                resolve(&parse(&format!("{text}rados_id = \"headroom\"\n")).unwrap()).unwrap();
+            assert!(
+                matches!(&config.backend, StoreBackend::Rados { id, .. } if id == "headroom"),
+                "{:?}",
+                config.backend
+            );
+        }
     }
 
     fn faults(text: &str) -> Result<Option<FaultConfig>, String> {

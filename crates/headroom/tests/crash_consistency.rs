@@ -1408,10 +1408,14 @@ fn rados_acknowledged_durable_data_survives_sigkill_at_random_moments() {
         return;
     }
     let pool = std::env::var("HEADROOM_TEST_CEPH_POOL").unwrap_or_else(|_| "headroom".into());
+    // The cephx user the nodes connect as (scripts/test: the dedicated `headroom`).
+    let id = std::env::var("HEADROOM_TEST_CEPH_ID").unwrap_or_else(|_| "admin".into());
     let setup = Setup {
         server_args: vec![
             "--rados-conf".into(),
             conf.to_str().expect("UTF-8 ceph.conf path").into(),
+            "--rados-id".into(),
+            id,
             "--rados-pool".into(),
             pool,
             "--device-size".into(),

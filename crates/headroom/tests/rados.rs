@@ -70,17 +70,34 @@ fn cannot_run(why: &str) {
     eprintln!("SKIPPED: {why}");
 }
 
-/// (ceph.conf, pool, the cluster if this test started it), or `None` when there is none.
-fn cluster(scratch: &Path) -> Option<(PathBuf, String, Option<OwnCluster>)> {
+/// A cluster the test uses: its ceph.conf, the pool, the cephx user the nodes connect as
+/// (`--rados-id`), and the cluster itself if this test started it.
+struct Ceph {
+    conf: PathBuf,
+    pool: String,
+    id: String,
+    own: Option<OwnCluster>,
+}
+
+/// The cluster of `HEADROOM_TEST_CEPH_CONF` (user `HEADROOM_TEST_CEPH_ID`, default admin), or
+/// one of this test's own (user `headroom`, which scripts/ceph-test-cluster creates with the
+/// documented caps); `None` when there is none.
+fn cluster(scratch: &Path) -> Option<Ceph> {
     if let Some(conf) = std::env::var_os("HEADROOM_TEST_CEPH_CONF") {
         let pool = std::env::var("HEADROOM_TEST_CEPH_POOL").unwrap_or_else(|_| "headroom".into());
-        return Some((PathBuf::from(conf), pool, None));
+        let id = std::env::var("HEADROOM_TEST_CEPH_ID").unwrap_or_else(|_| "admin".into());
+        return Some(Ceph {
+            conf: PathBuf::from(conf),
+            pool,
+            id,
+            own: None,
+        });
     }
     own_cluster(scratch)
 }
 
 /// A cluster started for this test alone, on free ports (stopped when the result drops).
-fn own_cluster(scratch: &Path) -> Option<(PathBuf, String, Option<OwnCluster>)> {
+fn own_cluster(scratch: &Path) -> Option<Ceph> {
     if !Path::new("/usr/bin/ceph-mon").exists() {
         cannot_run(
             "no Ceph cluster: set HEADROOM_TEST_CEPH_CONF, or install ceph-mon ceph-osd \
@@ -110,7 +127,12 @@ fn own_cluster(scratch: &Path) -> Option<(PathBuf, String, Option<OwnCluster>)> 
         return None;
     }
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
-    Some((dir.join("ceph.conf"), "headroom".into(), Some(own)))
+    Some(Ceph {
+        conf: dir.join("ceph.conf"),
+        pool: "headroom".into(),
+        id: "headroom".into(),
+        own: Some(own),
+    })
 }
 
 /// fio over NBD on the volume: 12 KiB random writes with crc32c verify headers, then a FLUSH
@@ -158,13 +180,21 @@ fn fio_verify_on_rados_and_the_data_outlives_the_server() {
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
-    let Some((conf, pool, _own)) = cluster(scratch.path()) else {
+    let Some(Ceph {
+        conf,
+        pool,
+        id,
+        own: _own,
+    }) = cluster(scratch.path())
+    else {
         return;
     };
     let conf_arg = conf.to_str().unwrap().to_string();
     let rados_flags = [
         "--rados-conf",
         conf_arg.as_str(),
+        "--rados-id",
+        id.as_str(),
         "--rados-pool",
         pool.as_str(),
         "--device-size",
@@ -417,7 +447,13 @@ fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
-    let Some((conf, pool, _own)) = cluster(scratch.path()) else {
+    let Some(Ceph {
+        conf,
+        pool,
+        id,
+        own: _own,
+    }) = cluster(scratch.path())
+    else {
         return;
     };
     let conf_arg = conf.to_str().unwrap().to_string();
@@ -425,6 +461,8 @@ fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
     let base: Vec<String> = [
         "--rados-conf",
         &conf_arg,
+        "--rados-id",
+        &id,
         "--rados-pool",
         &pool,
         "--device-size",
@@ -530,6 +568,12 @@ fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
     let mut b = b;
     wait_until(Duration::from_secs(30), "node B exits", || !b.is_running());
     assert!(b.log().contains("lost the store's lease"), "{}", b.log());
+    assert_eq!(
+        b.exit_status().and_then(|s| s.code()),
+        Some(headroom_store::LEASE_LOST_EXIT_STATUS),
+        "{}",
+        b.log()
+    );
     // C's data is what C wrote, on its connection and on a new one.
     assert_eq!(on_c.read(8, 0, 4096).unwrap(), vec![0xc1; 4096]);
     let mut fresh = Client::open(c.nbd, VOLUME);
@@ -591,7 +635,7 @@ impl Drop for PausedOsd {
 
 /// A hung cluster turns into I/O errors, not requests that never end: librados'
 /// `rados_osd_op_timeout`, which Headroom sets to 30 s unless the ceph.conf says otherwise
-/// (2 s here, in a `[client.admin]` section of the file the node reads). The OSD is paused
+/// (2 s here, in the `[client.headroom]` section of the file the node reads). The OSD is paused
 /// with SIGSTOP, so this test always starts a cluster of its own, even when
 /// `HEADROOM_TEST_CEPH_CONF` names a shared one:
 ///
@@ -607,17 +651,25 @@ fn a_hung_osd_fails_requests_after_the_op_timeout() {
     const EIO: u32 = 5;
 
     let scratch = tempfile::tempdir().unwrap();
-    let Some((conf, pool, Some(own))) = own_cluster(scratch.path()) else {
+    let Some(Ceph {
+        conf,
+        pool,
+        id,
+        own: Some(own),
+    }) = own_cluster(scratch.path())
+    else {
         return;
     };
     let client_conf = scratch.path().join("client.conf");
     let mut text = std::fs::read_to_string(&conf).unwrap();
-    text.push_str("\n[client.admin]\nrados osd op timeout = 2\n");
+    text.push_str(&format!("\n[client.{id}]\nrados osd op timeout = 2\n"));
     std::fs::write(&client_conf, text).unwrap();
     let conf_arg = client_conf.to_str().unwrap().to_string();
     let flags = [
         "--rados-conf",
         conf_arg.as_str(),
+        "--rados-id",
+        id.as_str(),
         "--rados-pool",
         pool.as_str(),
         "--device-size",
@@ -705,7 +757,13 @@ fn two_nodes_split_the_pool_and_the_arbiter_role_survives_a_kill() {
     const LOCK_MS: u64 = 2000;
     const IOPS: u64 = 1000;
     let scratch = tempfile::tempdir().unwrap();
-    let Some((conf, pool, _own)) = cluster(scratch.path()) else {
+    let Some(Ceph {
+        conf,
+        pool,
+        id: ceph_id,
+        own: _own,
+    }) = cluster(scratch.path())
+    else {
         return;
     };
     // Ids of this run only: a cluster named by the environment may hold older runs' reports.
@@ -716,6 +774,8 @@ fn two_nodes_split_the_pool_and_the_arbiter_role_survives_a_kill() {
         let flags = [
             "--rados-conf",
             &conf_arg,
+            "--rados-id",
+            &ceph_id,
             "--rados-pool",
             &pool,
             "--device-size",
@@ -815,4 +875,320 @@ fn two_nodes_split_the_pool_and_the_arbiter_role_survives_a_kill() {
 
 fn survivor_id(status: &Value) -> String {
     status["node_id"].as_str().unwrap().to_owned()
+}
+
+/// Runs the `ceph` CLI (client.admin) against the cluster of `conf`; its stdout.
+fn ceph(conf: &Path, args: &[&str]) -> String {
+    let out = run_ok(
+        Command::new("ceph")
+            .arg("-c")
+            .arg(conf)
+            .args(["--connect-timeout", "10"])
+            .args(args),
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs the `rados` CLI (client.admin) in namespace `ns` of `pool`; its stdout.
+fn rados(conf: &Path, pool: &str, ns: &str, args: &[&str]) -> String {
+    let out = run_ok(
+        Command::new("rados")
+            .arg("-c")
+            .arg(conf)
+            .args(["-p", pool, "-N", ns])
+            .args(args),
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The addresses of the live holders of the store's lease, as the OSD reports them
+/// (`rados lock info`: expired holders are left out).
+fn lease_holders(conf: &Path, pool: &str, ns: &str) -> Vec<String> {
+    let info: Value = serde_json::from_str(&rados(
+        conf,
+        pool,
+        ns,
+        &["lock", "info", "lease", "headroom"],
+    ))
+    .unwrap();
+    info["lockers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["addr"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The addresses `ceph osd blocklist ls` lists.
+fn blocklisted(conf: &Path) -> Vec<String> {
+    ceph(conf, &["osd", "blocklist", "ls"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// `GET /readyz` of a server: (status, body).
+fn readyz(server: &Server) -> (u16, Value) {
+    let mut response = common::agent()
+        .get(format!("{}/readyz", server.api))
+        .call()
+        .expect("GET /readyz");
+    let status = response.status().as_u16();
+    let body = serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap();
+    (status, body)
+}
+
+/// Fencing picks the address the OSD recorded, never one written into the pool, also when
+/// the newcomer starts only after the lease expired; and a node that lost its lease says so
+/// before it exits:
+///
+/// * node A serves a store; the test forges the omap value `owner` of the lease object
+///   (where earlier releases kept the address to fence) to another address, then pauses A
+///   (SIGSTOP) with a client connected;
+/// * once `rados lock info` lists no holder any more (A's lease expired), node B starts: it
+///   fences A's real address (in `ceph osd blocklist ls`), not the forged one, and serves the
+///   data A flushed; the forged `owner` is gone;
+/// * A resumes (SIGCONT) with a write from its client pending: the write is never
+///   acknowledged, `/readyz` of A answers 503 naming the loss of the lease, A takes no new
+///   NBD connection, and A exits with status 3 after lingering (`--rados-lease-lost-linger-ms`).
+#[test]
+fn the_fenced_address_is_the_one_the_osd_recorded_and_a_lost_lease_shows_in_readyz() {
+    use common::raw::{CMD_WRITE, Client};
+    use std::io::Write as _;
+    use std::time::{Duration, Instant};
+
+    const LINGER_MS: u64 = 3000;
+    let scratch = tempfile::tempdir().unwrap();
+    let Some(Ceph {
+        conf,
+        pool,
+        id,
+        own: _own,
+    }) = cluster(scratch.path())
+    else {
+        return;
+    };
+    let flags = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "--rados-conf",
+            conf.to_str().unwrap(),
+            "--rados-id",
+            &id,
+            "--rados-pool",
+            &pool,
+            "--device-size",
+            "1GiB",
+            "--rados-lease-ms",
+            &LEASE_MS.to_string(),
+            "--rados-lease-lost-linger-ms",
+            &LINGER_MS.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let strs = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>().join("\n");
+
+    let a_dir = scratch.path().join("a");
+    let a_flags = strs(&flags(&[]));
+    let mut a = Server::start_with(&a_dir, &a_flags.lines().collect::<Vec<_>>());
+    a.create_volume(VOLUME, "64MiB");
+    assert_eq!(readyz(&a).0, 200);
+    let ns = std::fs::read_to_string(a_dir.join("rados-namespace"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut on_a = Client::open(a.nbd, VOLUME);
+    assert_eq!(on_a.write(1, 0, &[0xa1; 4096], 0), 0);
+    assert_eq!(on_a.flush(2), 0);
+    let holders = lease_holders(&conf, &pool, &ns);
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    let a_addr = holders[0].clone();
+    // Any other address would do: this one looks like a client of the same machine, with a
+    // nonce of this run (a shared cluster keeps blocklist entries for an hour).
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let forged = format!("127.0.0.1:0/{}", 1 + nanos % 1_000_000_000);
+    let forged = forged.as_str();
+    assert!(!blocklisted(&conf).iter().any(|f| f == forged));
+    rados(&conf, &pool, &ns, &["setomapval", "lease", "owner", forged]);
+
+    signal(&a, "STOP");
+    let paused = Instant::now();
+    wait_until(
+        Duration::from_secs(60),
+        "A's lease expires (no live holder)",
+        || lease_holders(&conf, &pool, &ns).is_empty(),
+    );
+    let b_flags = strs(&flags(&["--rados-namespace", &ns]));
+    let b = Server::start_with(
+        &scratch.path().join("b"),
+        &b_flags.lines().collect::<Vec<_>>(),
+    );
+    eprintln!(
+        "B started {:.1} s after A was paused (lease {LEASE_MS} ms)",
+        paused.elapsed().as_secs_f64()
+    );
+    // B never saw A hold the lock: it read the expired holder from the lock's raw state.
+    assert!(!b.log().contains("held by another node"), "{}", b.log());
+    assert!(b.log().contains("fenced it (blocklisted)"), "{}", b.log());
+    let fenced = blocklisted(&conf);
+    assert!(fenced.contains(&a_addr), "A ({a_addr}) not in {fenced:?}");
+    assert!(
+        !fenced.iter().any(|f| f == forged),
+        "forged {forged} in {fenced:?}"
+    );
+    let keys = rados(&conf, &pool, &ns, &["listomapkeys", "lease"]);
+    assert!(!keys.lines().any(|k| k == "owner"), "{keys}");
+    let mut on_b = Client::open(b.nbd, VOLUME);
+    assert_eq!(on_b.read(3, 0, 4096).unwrap(), vec![0xa1; 4096]);
+
+    // A's late write, then A resumes.
+    on_a.send_request(0, CMD_WRITE, 4, 0, 4096);
+    on_a.stream.write_all(&[0xa2; 4096]).unwrap();
+    signal(&a, "CONT");
+    let replies = replies_until_closed(&mut on_a);
+    assert!(
+        !replies
+            .iter()
+            .any(|&(cookie, error)| cookie == 4 && error == 0),
+        "the fenced node acknowledged a write: {replies:?}"
+    );
+    let mut seen = None;
+    wait_until(Duration::from_secs(30), "A's /readyz answers 503", || {
+        let (status, body) = readyz(&a);
+        let done = status == 503;
+        seen = Some((status, body, a.is_running()));
+        done
+    });
+    let (_, body, running) = seen.unwrap();
+    eprintln!("A's /readyz after the loss: {body}");
+    assert!(running, "A had exited before /readyz could say why");
+    assert_eq!(body["status"], "not_ready", "{body}");
+    let why = body["lease_lost"]["why"].as_str().unwrap_or_default();
+    assert!(!why.is_empty(), "{body}");
+    assert!(
+        body["lease_lost"]["at"].as_str().unwrap().ends_with('Z'),
+        "{body}"
+    );
+    assert!(
+        body["reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("lost the store's lease"),
+        "{body}"
+    );
+    let metrics = common::agent()
+        .get(format!("{}/metrics", a.api))
+        .header("authorization", common::bearer())
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "headroom_metadata_ready 0"),
+        "{metrics}"
+    );
+    // No new NBD connection is served: the listener is closed (or closes it at once).
+    let refused = match std::net::TcpStream::connect(a.nbd) {
+        Err(_) => true,
+        Ok(mut s) => {
+            use std::io::Read as _;
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut buf = [0u8; 16];
+            // An open listener would send the NBD greeting (16 bytes or more).
+            !matches!(s.read(&mut buf), Ok(n) if n > 0)
+        }
+    };
+    assert!(
+        refused,
+        "A still takes NBD connections after losing its lease"
+    );
+    wait_until(
+        Duration::from_millis(LINGER_MS) + Duration::from_secs(20),
+        "A exits after lingering",
+        || !a.is_running(),
+    );
+    assert_eq!(
+        a.exit_status().and_then(|s| s.code()),
+        Some(headroom_store::LEASE_LOST_EXIT_STATUS),
+        "{}",
+        a.log()
+    );
+    // B's data: what A flushed, not A's late write.
+    assert_eq!(on_b.read(5, 0, 4096).unwrap(), vec![0xa1; 4096]);
+    drop((on_a, on_b));
+    let out = b.cli(&["volume", "delete", VOLUME]);
+    assert!(out.status.success(), "{}", text(&out));
+    b.stop();
+}
+
+/// A node whose cephx user lacks a cap it needs fails at start with the RADOS error, at
+/// once: a user with every documented cap but `class lock` (the lease's lock calls).
+#[test]
+fn a_user_without_the_lock_cap_is_refused_at_start() {
+    use std::time::{Duration, Instant};
+
+    let scratch = tempfile::tempdir().unwrap();
+    let Some(Ceph {
+        conf,
+        pool,
+        own: _own,
+        ..
+    }) = cluster(scratch.path())
+    else {
+        return;
+    };
+    let user = format!("headroom-nolock-{}", std::process::id());
+    let keyring = scratch.path().join("nolock.keyring");
+    let key = ceph(
+        &conf,
+        &[
+            "auth",
+            "get-or-create",
+            &format!("client.{user}"),
+            "mon",
+            "allow r, allow command \"osd blocklist\" with blocklistop=add",
+            "osd",
+            &format!("allow rw pool={pool} namespace=headroom-*"),
+        ],
+    );
+    std::fs::write(&keyring, key).unwrap();
+    let client_conf = scratch.path().join("client.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str(&format!(
+        "\n[client.{user}]\nkeyring = {}\n",
+        keyring.display()
+    ));
+    std::fs::write(&client_conf, text).unwrap();
+    let flags: Vec<String> = [
+        "--rados-conf",
+        client_conf.to_str().unwrap(),
+        "--rados-id",
+        &user,
+        "--rados-pool",
+        &pool,
+        "--device-size",
+        "1GiB",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let started = Instant::now();
+    serve_refuses(
+        &scratch.path().join("data"),
+        &flags,
+        "RADOS lock: Operation not permitted",
+    );
+    let took = started.elapsed();
+    ceph(&conf, &["auth", "rm", &format!("client.{user}")]);
+    assert!(
+        took < Duration::from_secs(20),
+        "refused only after {took:?}"
+    );
 }

@@ -297,6 +297,17 @@ impl Connections {
             .map(|(ip, _)| ip)
     }
 
+    /// Tells every session, negotiating or transmitting, to end (its connection closes; its
+    /// requests in flight get no reply); returns how many. Each leaves the table as its
+    /// session ends.
+    pub fn close_all(&self) -> usize {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for entry in state.entries.values() {
+            entry.shared.evicted.notify_one();
+        }
+        state.entries.len()
+    }
+
     /// Removes `id` (which must be negotiating) and tells its session to end.
     fn evict(state: &mut State, id: u64) -> SocketAddr {
         let Some(entry) = state.entries.remove(&id) else {

@@ -216,6 +216,8 @@ pub struct ApiState {
     pub arbitration: crate::arbitration::SharedStatus,
     /// The API's own connections (`api` in `GET /v1/connections`; see `conn`).
     pub api_connections: Arc<conn::ApiConnections>,
+    /// The bounded readiness probe of `GET /readyz`.
+    pub readiness: Arc<crate::readiness::ReadinessProbe>,
 }
 
 /// Body of `GET /v1/connections`: the NBD connections and what they hold.
@@ -441,27 +443,53 @@ pub struct ReadyBody {
     /// `ready`, or `not_ready` when any reason below holds.
     pub status: String,
     /// Why the node should not be given new work, one sentence each (empty when ready):
-    /// metadata commits fail, or the metadata reserve is in use because the disk is full.
+    /// metadata commits fail, the metadata reserve is in use because the disk is full, the
+    /// metadata store does not answer within 2 s, or the store's lease was lost.
     pub reasons: Vec<String>,
+    /// Set once this node lost the lease of its RADOS store: it serves nothing any more and
+    /// exits soon (status 3) for its supervisor to restart it as a standby.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_lost: Option<LeaseLostBody>,
+}
+
+/// When and why a node lost its store's lease (`ReadyBody::lease_lost`).
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+pub struct LeaseLostBody {
+    /// One sentence: why the lease counts as lost.
+    pub why: String,
+    /// When the node noticed, RFC 3339 in UTC.
+    pub at: String,
+    /// The same instant, milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
 }
 
 /// Readiness, without a token (for probes and load balancers): 200 while the node can
 /// commit metadata (the last commit, or a probe commit now, succeeded and the metadata
-/// reserve is intact), 503 with the reasons otherwise. A node that is alive but not ready
-/// still serves reads; writes that need a metadata commit (FLUSH, allocation by FUA) fail.
+/// reserve is intact), 503 with the reasons otherwise, within 2 s (a probe commit that takes
+/// longer: "metadata store not answering"). A node that is alive but not ready still serves
+/// reads; writes that need a metadata commit (FLUSH, allocation by FUA) fail. A node that
+/// lost its RADOS store's lease serves nothing; the body names the loss (`lease_lost`).
 #[utoipa::path(get, path = "/readyz", tag = "node", security(()),
     responses((status = 200, description = "The node can commit metadata", body = ReadyBody),
         (status = 503, description = "Not ready; `reasons` says why", body = ReadyBody)))]
 async fn readyz(State(state): State<ApiState>) -> (StatusCode, Json<ReadyBody>) {
-    let store = Arc::clone(&state.store);
-    let reasons = match tokio::task::spawn_blocking(move || store.commit_health()).await {
-        Ok(health) => health.reasons,
-        Err(err) => vec![format!("the readiness check failed: {err}")],
-    };
-    let ready = reasons.is_empty();
+    let reasons = state.readiness.reasons(&state.store).await;
+    let lease_lost = state.store.lease_lost().map(|loss| {
+        let at_unix_ms = loss
+            .at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        LeaseLostBody {
+            why: loss.why,
+            at: audit_log::rfc3339_utc(at_unix_ms),
+            at_unix_ms,
+        }
+    });
+    let ready = reasons.is_empty() && lease_lost.is_none();
     let body = ReadyBody {
         status: if ready { "ready" } else { "not_ready" }.to_string(),
         reasons,
+        lease_lost,
     };
     let code = if ready {
         StatusCode::OK

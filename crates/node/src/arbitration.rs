@@ -254,6 +254,7 @@ impl Arbitration {
     pub fn start<J: Send + 'static>(
         config: ArbitrationConfig,
         conf: std::path::PathBuf,
+        id: String,
         pool: String,
         scheduler: Arc<Scheduler<J>>,
         status: SharedStatus,
@@ -262,7 +263,7 @@ impl Arbitration {
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("headroom-arbiter".into())
-            .spawn(move || run(config, conf, pool, &scheduler, &status, &flag))?;
+            .spawn(move || run(config, conf, id, pool, &scheduler, &status, &flag))?;
         Ok(Arbitration {
             stop,
             thread: Some(thread),
@@ -299,6 +300,7 @@ fn set_share<J: Send + 'static>(scheduler: &Scheduler<J>, units_per_s: u64) {
 fn run<J: Send + 'static>(
     config: ArbitrationConfig,
     conf: std::path::PathBuf,
+    id: String,
     pool: String,
     scheduler: &Scheduler<J>,
     status: &Mutex<ArbitrationStatus>,
@@ -316,6 +318,7 @@ fn run<J: Send + 'static>(
     });
     let settings = ArbiterSettings {
         conf,
+        id,
         pool,
         node_id: config.node_id.clone(),
         lock_ms: config.effective_lock_ms(),

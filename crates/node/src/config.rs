@@ -29,6 +29,8 @@ pub enum StoreBackend {
         data_dir: PathBuf,
         /// The cluster's `ceph.conf`.
         conf: PathBuf,
+        /// The cephx user, without `client.` (`headroom_store::RadosTarget::id`).
+        id: String,
         pool: String,
         /// Address space extents are allocated from (the pool device's capacity).
         capacity_bytes: u64,
@@ -38,6 +40,9 @@ pub enum StoreBackend {
         lease_ms: u64,
         /// How long to wait at start for another node's lease (`None`: as long as it takes).
         lease_wait_ms: Option<u64>,
+        /// After losing the lease, how long the process keeps answering the API (`/readyz`
+        /// 503) before it exits with `headroom_store::LEASE_LOST_EXIT_STATUS`.
+        lease_lost_linger_ms: u64,
     },
 }
 
@@ -607,11 +612,13 @@ mod tests {
         let rados = NodeConfig::new(StoreBackend::Rados {
             data_dir: PathBuf::from("d"),
             conf: PathBuf::from("ceph.conf"),
+            id: "admin".to_owned(),
             pool: "p".to_owned(),
             capacity_bytes: 1 << 30,
             namespace: None,
             lease_ms: 3000,
             lease_wait_ms: None,
+            lease_lost_linger_ms: 0,
         });
         assert_eq!(rados.effective_coalesce_us(), DEFAULT_COALESCE_US);
         let memory = NodeConfig::new(StoreBackend::Memory {

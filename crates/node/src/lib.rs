@@ -24,6 +24,7 @@ pub mod handshake_limit;
 pub mod metrics;
 pub mod net_threads;
 pub mod paced;
+pub mod readiness;
 pub mod repair;
 pub mod scheduler;
 pub mod scrub;

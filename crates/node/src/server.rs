@@ -78,6 +78,9 @@ pub struct RunningNode {
     store: Arc<Store>,
     scheduler: Option<Arc<Scheduler<IoJob>>>,
     stop: watch::Sender<bool>,
+    /// Stops the NBD accept loop alone (`stop_nbd`; `shutdown` stops everything).
+    nbd_stop: watch::Sender<bool>,
+    connections: Arc<Connections>,
     tasks: Vec<JoinHandle<()>>,
     saver: Option<CreditSaver>,
     arbitration: Option<crate::arbitration::Arbitration>,
@@ -129,15 +132,18 @@ impl Node {
             StoreBackend::Rados {
                 data_dir,
                 conf,
+                id,
                 pool,
                 capacity_bytes,
                 namespace,
                 lease_ms,
                 lease_wait_ms,
+                lease_lost_linger_ms: _,
             } => {
                 let mut store_config = StoreConfig::new(data_dir.clone());
                 store_config.device_capacity_bytes = *capacity_bytes;
                 let mut target = RadosTarget::new(conf.clone(), pool.clone());
+                target.id = id.clone();
                 target.namespace = namespace.clone();
                 target.lease_ms = *lease_ms;
                 target.lease_wait_ms = *lease_wait_ms;
@@ -211,7 +217,7 @@ impl Node {
         let arbitration_status = crate::arbitration::SharedStatus::default();
         let arbitration = match (&config.arbitration, &config.backend, &scheduler) {
             (None, _, _) => None,
-            (Some(arb), StoreBackend::Rados { conf, pool, .. }, Some(scheduler)) => {
+            (Some(arb), StoreBackend::Rados { conf, id, pool, .. }, Some(scheduler)) => {
                 {
                     let mut s = arbitration_status.lock().unwrap_or_else(|p| p.into_inner());
                     s.enabled = true;
@@ -224,6 +230,7 @@ impl Node {
                     crate::arbitration::Arbitration::start(
                         arb.clone(),
                         conf.clone(),
+                        id.clone(),
                         pool.clone(),
                         Arc::clone(scheduler),
                         Arc::clone(&arbitration_status),
@@ -257,6 +264,7 @@ impl Node {
         let nbd_addr = local_addr(&nbd_listener, config.nbd_listen)?;
         let api_addr = local_addr(&api_listener, config.api_listen)?;
         let (stop, stop_rx) = watch::channel(false);
+        let (nbd_stop, nbd_stop_rx) = watch::channel(false);
 
         let limits = &config.limits;
         let nofile = log_limits(limits);
@@ -306,7 +314,7 @@ impl Node {
             nbd_listener,
             ctx,
             Arc::clone(&connections),
-            stop_rx.clone(),
+            nbd_stop_rx,
             net_threads,
         ));
         let timeline = crate::timeline::Timeline::new(
@@ -343,7 +351,7 @@ impl Node {
             scrub: Some(scrub),
             store: Arc::clone(&store),
             scheduler: scheduler.clone(),
-            connections,
+            connections: Arc::clone(&connections),
             budget,
             buffers,
             connection_threads,
@@ -354,6 +362,7 @@ impl Node {
             node: Arc::new(node_facts(&config, nbd_addr, api_addr)),
             arbitration: arbitration_status,
             api_connections,
+            readiness: Arc::default(),
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state.clone(), stop_rx));
         tracing::info!(
@@ -366,6 +375,8 @@ impl Node {
             store,
             scheduler,
             stop,
+            nbd_stop,
+            connections,
             tasks: vec![accept_task, api_task, sampler_task],
             saver,
             arbitration,
@@ -476,11 +487,35 @@ impl RunningNode {
         self.scheduler.as_ref()
     }
 
+    /// Completes once the node has lost the lease of its RADOS store (never for another
+    /// store): from then on the store refuses every I/O (lease.rs). Checked every 100 ms.
+    pub async fn lease_lost(&self) -> headroom_store::LeaseLoss {
+        loop {
+            if let Some(loss) = self.store.lease_lost() {
+                return loss;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops serving NBD and nothing else: the listener closes (new connections are
+    /// refused) and every open connection is closed; the management API keeps answering
+    /// (`/readyz` says why the node is not ready).
+    pub fn stop_nbd(&self) {
+        let _ = self.nbd_stop.send(true);
+        let closed = self.connections.close_all();
+        tracing::info!(
+            closed,
+            "stopped serving NBD: listener and connections closed"
+        );
+    }
+
     /// Stops accepting, then makes every acknowledged write durable and saves the exact
     /// credit balances.
     pub async fn shutdown(self) -> Result<(), NodeError> {
         // Receivers may already be gone if a task ended; that is fine.
         let _ = self.stop.send(true);
+        let _ = self.nbd_stop.send(true);
         for task in self.tasks {
             let _ = task.await;
         }
@@ -501,6 +536,8 @@ impl RunningNode {
                 save_credits(&store, scheduler, true, 0)?;
                 scheduler.stop();
             }
+            // Last: nothing writes to the store after this (a RADOS store's lease).
+            store.release_lease();
             Ok(())
         })
         .await

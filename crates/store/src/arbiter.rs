@@ -42,6 +42,8 @@ pub const MAX_NODE_ID_LEN: usize = 64;
 pub struct ArbiterSettings {
     /// The cluster's `ceph.conf`.
     pub conf: PathBuf,
+    /// The cephx user, without `client.` (`RadosTarget::id`).
+    pub id: String,
     pub pool: String,
     /// This node's id among the nodes sharing the pool (unique, `[A-Za-z0-9._:-]`, ≤ 64).
     pub node_id: String,
@@ -190,8 +192,13 @@ mod imp {
         /// the store's, so that fencing a store's client never touches it).
         pub fn connect(settings: ArbiterSettings) -> Result<Arbiter, StoreError> {
             validate_node_id(&settings.node_id)?;
-            let pool =
-                Pool::connect(&settings.conf, &settings.pool, ARBITER_NAMESPACE).map_err(io_err)?;
+            let pool = Pool::connect(
+                &settings.conf,
+                &settings.id,
+                &settings.pool,
+                ARBITER_NAMESPACE,
+            )
+            .map_err(io_err)?;
             let cookie = CString::new(format!(
                 "{}-{}",
                 settings.node_id,

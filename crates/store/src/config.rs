@@ -65,9 +65,14 @@ fn default_metadata_reserve_bytes() -> u64 {
 /// A Ceph cluster and pool holding a store's extents (`StoreConfig::rados`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RadosTarget {
-    /// The cluster's `ceph.conf` (monitor addresses, authentication); the client is
-    /// `client.admin`.
+    /// The cluster's `ceph.conf` (monitor addresses, authentication: the keyring of the
+    /// user `id`).
     pub conf: PathBuf,
+    /// The cephx user the node connects as, without `client.` (`validate_rados_id`); the
+    /// default `admin` is kept for compatibility, a dedicated user with the caps of
+    /// docs/operations.md ("The cephx user") is what production uses.
+    #[serde(default = "default_rados_id")]
+    pub id: String,
     /// An existing pool.
     pub pool: String,
     /// The RADOS namespace of an existing store to open (`headroom-<16 hex>`); `None`: the
@@ -84,6 +89,41 @@ pub struct RadosTarget {
     pub lease_wait_ms: Option<u64>,
 }
 
+/// Default `RadosTarget::id`: `client.admin`, what every node connected as before the
+/// user could be chosen.
+pub const DEFAULT_RADOS_ID: &str = "admin";
+
+/// Most bytes of a cephx user id (`RadosTarget::id`).
+pub const MAX_RADOS_ID_LEN: usize = 64;
+
+fn default_rados_id() -> String {
+    DEFAULT_RADOS_ID.to_owned()
+}
+
+/// Checks a cephx user id as `--rados-id` takes it: not empty, at most `MAX_RADOS_ID_LEN`
+/// bytes of ASCII letters, digits, `_`, `-` and `.`, and without the `client.` prefix (the
+/// id of `client.headroom` is `headroom`). The message says what is wrong.
+pub fn validate_rados_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("must not be empty (the cephx user without `client.`, e.g. headroom)".into());
+    }
+    if id.len() > MAX_RADOS_ID_LEN {
+        return Err(format!("must be at most {MAX_RADOS_ID_LEN} bytes"));
+    }
+    if let Some(rest) = id.strip_prefix("client.") {
+        return Err(format!(
+            "is the id without the `client.` prefix: {rest:?} for client.{rest}"
+        ));
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        return Err("may hold only ASCII letters, digits, '_', '-' and '.'".into());
+    }
+    Ok(())
+}
+
 /// Default `RadosTarget::lease_ms`: 30 s.
 pub const DEFAULT_LEASE_MS: u64 = 30_000;
 
@@ -92,11 +132,12 @@ fn default_lease_ms() -> u64 {
 }
 
 impl RadosTarget {
-    /// `conf` and `pool` with the default lease and the namespace recorded in the data
+    /// `conf` and `pool` as `client.admin`, with the default lease and the namespace recorded in the data
     /// directory.
     pub fn new(conf: impl Into<PathBuf>, pool: impl Into<String>) -> RadosTarget {
         RadosTarget {
             conf: conf.into(),
+            id: default_rados_id(),
             pool: pool.into(),
             namespace: None,
             lease_ms: DEFAULT_LEASE_MS,
@@ -144,5 +185,34 @@ impl StoreConfig {
     /// Path of the second copy of the metadata database.
     pub fn meta_copy_path(&self) -> PathBuf {
         self.data_dir.join("meta-copy.redb")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rados_ids_are_checked() {
+        for ok in [
+            "admin",
+            "headroom",
+            "node-1.a_b",
+            &"x".repeat(MAX_RADOS_ID_LEN),
+        ] {
+            assert_eq!(validate_rados_id(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("", "must not be empty"),
+            ("client.headroom", "\"headroom\" for client.headroom"),
+            ("a b", "only ASCII"),
+            ("a/b", "only ASCII"),
+            ("é", "only ASCII"),
+            ("a\0", "only ASCII"),
+            (&"x".repeat(MAX_RADOS_ID_LEN + 1), "at most 64"),
+        ] {
+            let e = validate_rados_id(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
     }
 }

@@ -17,6 +17,8 @@ mod alloc;
 pub mod arbiter;
 pub mod check;
 mod checksum;
+#[cfg_attr(not(feature = "rados"), allow(dead_code))]
+mod cls_lock_info;
 mod config;
 mod device;
 mod device_admission;
@@ -27,6 +29,7 @@ mod fault;
 mod layout;
 #[cfg(feature = "rados")]
 mod lease;
+mod lease_loss;
 mod meta;
 mod meta_file;
 mod meta_reserve;
@@ -47,8 +50,8 @@ mod telemetry;
 mod volume;
 
 pub use config::{
-    DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, DEFAULT_LEASE_MS, MAX_DEVICES,
-    RADOS_SUPPORTED, RadosTarget, StoreConfig,
+    DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, DEFAULT_LEASE_MS, DEFAULT_RADOS_ID,
+    MAX_DEVICES, MAX_RADOS_ID_LEN, RADOS_SUPPORTED, RadosTarget, StoreConfig, validate_rados_id,
 };
 pub use device_admission::{
     AdmissionPolicy, BLOCK_EDGE_BYTES, BLOCK_SAMPLE_BYTES, BLOCK_SAMPLES, DEFAULT_MAX_DEVICE_BYTES,
@@ -56,8 +59,7 @@ pub use device_admission::{
 pub use error::{MetadataError, StoreError};
 pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENCY_SPIKE_MS};
 pub use layout::{EXTENT_SIZE_BYTES, MAX_REPLICAS, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
-#[cfg(feature = "rados")]
-pub use lease::LEASE_LOST_EXIT_STATUS;
+pub use lease_loss::{DEFAULT_LEASE_LOST_LINGER_MS, LEASE_LOST_EXIT_STATUS, LeaseLoss};
 pub use meta::CommitHealth;
 pub use meta_reserve::{DEFAULT_METADATA_RESERVE_BYTES, RESERVE_FILE};
 pub use name::{MAX_TENANT_ID_LEN, MAX_VOLUME_NAME_LEN, validate_tenant_id, validate_volume_name};

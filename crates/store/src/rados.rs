@@ -8,8 +8,7 @@
 //! keeps every `unsafe` block in this one file.
 //!
 //! Besides the extent objects, the namespace holds `meta` (the store's metadata as omap
-//! key/values, rados_meta.rs) and `lease` (the node's exclusive lock and the holder's address,
-//! lease.rs).
+//! key/values, rados_meta.rs) and `lease` (the node's exclusive lock, lease.rs).
 //!
 //! **Object naming and size.** The store's RADOS device is device 0 of the pool, like a
 //! device file; its capacity (`device_capacity_bytes`, `--device-size`) is the address space
@@ -222,6 +221,27 @@ mod ffi {
             expire_seconds: u32,
         ) -> c_int;
         pub fn rados_getaddrs(cluster: RadosT, addrs: *mut *mut c_char) -> c_int;
+        pub fn rados_list_lockers(
+            io: IoctxT,
+            o: *const c_char,
+            name: *const c_char,
+            exclusive: *mut c_int,
+            tag: *mut c_char,
+            tag_len: *mut usize,
+            clients: *mut c_char,
+            clients_len: *mut usize,
+            cookies: *mut c_char,
+            cookies_len: *mut usize,
+            addrs: *mut c_char,
+            addrs_len: *mut usize,
+        ) -> isize;
+        pub fn rados_getxattr(
+            io: IoctxT,
+            o: *const c_char,
+            name: *const c_char,
+            buf: *mut c_char,
+            len: usize,
+        ) -> c_int;
         pub fn rados_buffer_free(buf: *mut c_char);
         pub fn rados_wait_for_latest_osdmap(cluster: RadosT) -> c_int;
     }
@@ -245,6 +265,12 @@ mod ffi {
 const ENOENT: c_int = 2;
 /// EBUSY as librados returns it (negated errno): a lock held by another client.
 const EBUSY: c_int = 16;
+/// ERANGE as librados returns it (negated errno): the buffer given is too small.
+const ERANGE: c_int = 34;
+/// ENODATA as librados returns it (negated errno): no such xattr.
+const ENODATA: c_int = 61;
+/// Most bytes `Pool::xattr` reads (a lock's state is about 130 bytes per holder).
+const MAX_XATTR_BYTES: usize = 1 << 20;
 
 /// librados settings we default differently: (name, librados' default, ours), seconds. Ours
 /// applies where the `ceph.conf` leaves librados' default; a setting in the file (`[client]`
@@ -352,6 +378,9 @@ pub(crate) struct Pool {
     /// Declared after `io`: the context is destroyed before the connection shuts down.
     cluster: Cluster,
     pub(crate) label: String,
+    /// Set once the store's lease is lost (`stop_io`): from then on every operation fails
+    /// here, before it reaches the cluster.
+    stopped: std::sync::OnceLock<String>,
 }
 
 // SAFETY: librados' cluster and I/O-context handles may be used from any thread and from
@@ -368,10 +397,19 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// Connects as `client.admin` with the settings of `conf` and opens `pool`, namespace
-    /// `namespace`. Fails (after at most `client_mount_timeout`, 30 s unless `conf` says
-    /// otherwise) when the cluster cannot be reached, and when the pool does not exist.
-    pub(crate) fn connect(conf: &Path, pool: &str, namespace: &str) -> io::Result<Pool> {
+    /// Connects as the cephx user `client.<id>` (`RadosTarget::id`) with the settings of
+    /// `conf` (which names its keyring) and opens `pool`, namespace `namespace`. Fails (after
+    /// at most `client_mount_timeout`, 30 s unless `conf` says otherwise) when the cluster
+    /// cannot be reached, the user's key is missing or wrong, and when the pool does not
+    /// exist.
+    pub(crate) fn connect(conf: &Path, id: &str, pool: &str, namespace: &str) -> io::Result<Pool> {
+        crate::config::validate_rados_id(id).map_err(|why| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("RADOS user id {id:?} {why}"),
+            )
+        })?;
+        let id_c = c_string(id, "RADOS user id")?;
         let conf_c = c_string(
             conf.to_str().ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, "RADOS conf path is not UTF-8")
@@ -381,9 +419,9 @@ impl Pool {
         let pool_c = c_string(pool, "RADOS pool name")?;
         let ns_c = c_string(namespace, "RADOS namespace")?;
         let mut handle: ffi::RadosT = ptr::null_mut();
-        // SAFETY: out-pointer to a local; a null id means client.admin.
+        // SAFETY: out-pointer to a local; a NUL-terminated id (librados prepends `client.`).
         check(
-            unsafe { ffi::rados_create(&mut handle, ptr::null()) },
+            unsafe { ffi::rados_create(&mut handle, id_c.as_ptr()) },
             "create",
         )?;
         let cluster = Cluster(handle);
@@ -417,7 +455,10 @@ impl Pool {
             )?;
         }
         // SAFETY: valid, configured, not yet connected handle.
-        check(unsafe { ffi::rados_connect(cluster.0) }, "connect")?;
+        check(
+            unsafe { ffi::rados_connect(cluster.0) },
+            &format!("connect as client.{id}"),
+        )?;
         let mut io: ffi::IoctxT = ptr::null_mut();
         // SAFETY: connected handle, NUL-terminated pool name, out-pointer to a local.
         let ret = unsafe { ffi::rados_ioctx_create(cluster.0, pool_c.as_ptr(), &mut io) };
@@ -434,12 +475,32 @@ impl Pool {
             io,
             cluster,
             label: format!("rados:{pool}/{namespace}"),
+            stopped: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Refuses every later data and metadata operation of this pool handle, before it
+    /// reaches the cluster (the store's lease is lost, lease.rs: another node may be serving
+    /// the store now). Operations already sent are not recalled.
+    pub(crate) fn stop_io(&self, why: &str) {
+        let _ = self.stopped.set(why.to_owned());
+    }
+
+    /// `Err` once `stop_io` was called.
+    fn refuse(&self) -> io::Result<()> {
+        match self.stopped.get() {
+            None => Ok(()),
+            Some(why) => Err(io::Error::other(format!(
+                "RADOS store {}: this node stopped serving it: {why}",
+                self.label
+            ))),
+        }
     }
 
     /// Reads `buf.len()` bytes at `off` of object `oid`; a missing object, or bytes past its
     /// end, read as zeros.
     pub(crate) fn read(&self, oid: &CStr, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.refuse()?;
         let mut done = 0usize;
         while done < buf.len() {
             let rest = &mut buf[done..];
@@ -468,6 +529,7 @@ impl Pool {
 
     /// Writes `data` at `off` of object `oid` (creating it), durably once this returns.
     pub(crate) fn write(&self, oid: &CStr, off: u64, data: &[u8]) -> io::Result<()> {
+        self.refuse()?;
         // SAFETY: valid context and NUL-terminated name; `data` is readable for its length.
         let ret = unsafe {
             ffi::rados_write(
@@ -483,6 +545,7 @@ impl Pool {
 
     /// Zeroes `[off, off + len)` of object `oid` (nothing to do where it does not exist).
     pub(crate) fn zero(&self, oid: &CStr, off: u64, len: u64) -> io::Result<()> {
+        self.refuse()?;
         // SAFETY: creates a fresh operation, released below on every path.
         let op = unsafe { ffi::rados_create_write_op() };
         if op.is_null() {
@@ -505,6 +568,7 @@ impl Pool {
 
     /// Removes object `oid`; a missing object is already removed.
     pub(crate) fn remove(&self, oid: &CStr) -> io::Result<()> {
+        self.refuse()?;
         // SAFETY: valid context and NUL-terminated name.
         let ret = unsafe { ffi::rados_remove(self.io, oid.as_ptr()) };
         if ret == -ENOENT {
@@ -519,6 +583,7 @@ impl Pool {
     /// callback and no buffer is involved: each completion is waited for, in order, before it
     /// is released, also after an error; then the first error is returned.
     pub(crate) fn remove_many(&self, oids: impl IntoIterator<Item = ObjectName>) -> io::Result<()> {
+        self.refuse()?;
         let mut in_flight: std::collections::VecDeque<ffi::CompletionT> =
             std::collections::VecDeque::with_capacity(REMOVE_WINDOW);
         let mut first_error: Option<io::Error> = None;
@@ -572,6 +637,7 @@ impl Pool {
 
     /// Whether object `oid` exists.
     pub(crate) fn exists(&self, oid: &CStr) -> io::Result<bool> {
+        self.refuse()?;
         let mut size = 0u64;
         let mut mtime: ffi::libc_time_t = 0;
         // SAFETY: valid context and name; out-pointers to locals.
@@ -584,6 +650,7 @@ impl Pool {
 
     /// The names of every object in this pool's namespace.
     pub(crate) fn list(&self) -> io::Result<Vec<String>> {
+        self.refuse()?;
         let mut ctx: ffi::ListCtxT = ptr::null_mut();
         // SAFETY: valid context; out-pointer to a local.
         check(
@@ -636,6 +703,7 @@ impl Pool {
     /// Applies `batch` to the omap of object `oid` (created if missing) in **one** write
     /// operation: RADOS applies all of it or none of it.
     pub(crate) fn omap_commit(&self, oid: &CStr, batch: &OmapBatch) -> io::Result<()> {
+        self.refuse()?;
         // SAFETY: creates a fresh operation, released below on every path.
         let op = unsafe { ffi::rados_create_write_op() };
         if op.is_null() {
@@ -692,6 +760,7 @@ impl Pool {
     /// Every omap entry of object `oid` whose key starts with `prefix` (`c""`: all), sorted
     /// by key; `None` when the object does not exist. Read in pages of `OMAP_PAGE` entries.
     pub(crate) fn omap_load(&self, oid: &CStr, prefix: &CStr) -> io::Result<Option<OmapEntries>> {
+        self.refuse()?;
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         loop {
             let after = match out.last() {
@@ -853,6 +922,127 @@ impl Pool {
         check(ret, "lock").map(|_| true)
     }
 
+    /// Who holds lock `name` on `oid` now, as the OSD recorded each holder from its
+    /// connection (client, cookie, address; expired holders are not listed): empty when
+    /// nobody does, or the object does not exist.
+    pub(crate) fn lockers(
+        &self,
+        oid: &CStr,
+        name: &CStr,
+    ) -> io::Result<Vec<crate::cls_lock_info::LockHolder>> {
+        let mut cap = 512usize;
+        loop {
+            let mut exclusive: c_int = 0;
+            let (mut tag, mut clients, mut cookies, mut addrs) = (
+                vec![0u8; cap],
+                vec![0u8; cap],
+                vec![0u8; cap],
+                vec![0u8; cap],
+            );
+            let (mut tag_len, mut clients_len, mut cookies_len, mut addrs_len) =
+                (cap, cap, cap, cap);
+            // SAFETY: valid context; NUL-terminated names; four buffers of the lengths given,
+            // which librados fills with NUL-separated strings (or raises on ERANGE).
+            let ret = unsafe {
+                ffi::rados_list_lockers(
+                    self.io,
+                    oid.as_ptr(),
+                    name.as_ptr(),
+                    &mut exclusive,
+                    tag.as_mut_ptr().cast(),
+                    &mut tag_len,
+                    clients.as_mut_ptr().cast(),
+                    &mut clients_len,
+                    cookies.as_mut_ptr().cast(),
+                    &mut cookies_len,
+                    addrs.as_mut_ptr().cast(),
+                    &mut addrs_len,
+                )
+            };
+            if ret == -(ENOENT as isize) {
+                return Ok(Vec::new());
+            }
+            if ret == -(ERANGE as isize) {
+                let need = tag_len.max(clients_len).max(cookies_len).max(addrs_len);
+                if need <= cap || need > MAX_XATTR_BYTES {
+                    return Err(io::Error::other(format!(
+                        "RADOS list lockers: asks for {need} bytes of buffer"
+                    )));
+                }
+                cap = need;
+                continue;
+            }
+            let count = check(c_int::try_from(ret).unwrap_or(-ERANGE), "list lockers")? as usize;
+            let split = |buf: &[u8], len: usize| -> Vec<String> {
+                buf[..len.min(buf.len())]
+                    .split(|&b| b == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect()
+            };
+            let (clients, cookies, addrs) = (
+                split(&clients, clients_len),
+                split(&cookies, cookies_len),
+                split(&addrs, addrs_len),
+            );
+            if clients.len() != count || cookies.len() != count || addrs.len() != count {
+                return Err(io::Error::other(format!(
+                    "RADOS list lockers: {count} lockers but {} clients, {} cookies, {} addresses",
+                    clients.len(),
+                    cookies.len(),
+                    addrs.len()
+                )));
+            }
+            return Ok(clients
+                .into_iter()
+                .zip(cookies)
+                .zip(addrs)
+                .map(
+                    |((client, cookie), addr)| crate::cls_lock_info::LockHolder {
+                        client,
+                        cookie,
+                        // `v1:IP:PORT/NONCE` here, `IP:PORT/NONCE` in the lock's raw state and in
+                        // `ceph osd blocklist ls` (the monitors drop the type): one form.
+                        addr: ["v1:", "v2:", "any:"]
+                            .iter()
+                            .find_map(|p| addr.strip_prefix(p))
+                            .unwrap_or(&addr)
+                            .to_owned(),
+                        expires_unix_s: None,
+                    },
+                )
+                .collect());
+        }
+    }
+
+    /// The xattr `name` of object `oid`; `None` when the object or the xattr does not exist.
+    pub(crate) fn xattr(&self, oid: &CStr, name: &CStr) -> io::Result<Option<Vec<u8>>> {
+        let mut cap = 4096usize;
+        loop {
+            let mut buf = vec![0u8; cap];
+            // SAFETY: valid context; NUL-terminated names; a buffer of `cap` bytes.
+            let ret = unsafe {
+                ffi::rados_getxattr(
+                    self.io,
+                    oid.as_ptr(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    cap,
+                )
+            };
+            if ret == -ENOENT || ret == -ENODATA {
+                return Ok(None);
+            }
+            if ret == -ERANGE && cap < MAX_XATTR_BYTES {
+                cap *= 16;
+                continue;
+            }
+            let len = check(ret, "getxattr")? as usize;
+            buf.truncate(len);
+            return Ok(Some(buf));
+        }
+    }
+
     /// Releases lock `name` on `oid` held with `cookie` (nothing if it is not held).
     pub(crate) fn unlock(&self, oid: &CStr, name: &CStr, cookie: &CStr) -> io::Result<()> {
         // SAFETY: valid context; NUL-terminated strings.
@@ -974,6 +1164,9 @@ impl Pool {
                 done(op.buf, Err(e));
             }
         };
+        if let Err(e) = self.refuse() {
+            return fail(op, e);
+        }
         let Some(slice) = op.buf.as_mut().get_mut(op.range.clone()) else {
             return fail(
                 op,

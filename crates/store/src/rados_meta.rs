@@ -331,7 +331,8 @@ mod tests {
         };
         let pool = std::env::var("HEADROOM_TEST_CEPH_POOL").unwrap_or_else(|_| "headroom".into());
         let ns = crate::rados::new_namespace().unwrap();
-        let p = Arc::new(Pool::connect(std::path::Path::new(&conf), &pool, &ns).unwrap());
+        let id = std::env::var("HEADROOM_TEST_CEPH_ID").unwrap_or_else(|_| "admin".into());
+        let p = Arc::new(Pool::connect(std::path::Path::new(&conf), &id, &pool, &ns).unwrap());
         let m = RadosMeta::new(Arc::clone(&p));
         assert!(m.load().unwrap().is_none());
         let dev = DeviceRecord {

@@ -601,6 +601,7 @@ fn open_meta(cfg: &StoreConfig) -> Result<(Meta, Option<RadosSession>), StoreErr
             }
             let pool = Arc::new(crate::rados::Pool::connect(
                 &target.conf,
+                &target.id,
                 &target.pool,
                 &namespace,
             )?);
@@ -695,7 +696,12 @@ fn open_rados_device(
                     s.namespace
                 )));
             }
-            None => Arc::new(crate::rados::Pool::connect(&target.conf, pool, namespace)?),
+            None => Arc::new(crate::rados::Pool::connect(
+                &target.conf,
+                &target.id,
+                pool,
+                namespace,
+            )?),
         };
         Ok(Device::rados(id, p, extent_count))
     }
@@ -1956,8 +1962,40 @@ impl Store {
     /// (reopening a poisoned database) and tries to take the reserve again, so the answer
     /// turns ready again once the cause is gone without waiting for a FLUSH. Cheap when
     /// healthy (no I/O); one redb commit otherwise. Call it from a blocking thread.
+    /// A RADOS store whose lease is lost is not ready, with the loss as its one reason, and
+    /// probes nothing (its pool refuses every operation then).
     pub fn commit_health(&self) -> crate::meta::CommitHealth {
+        if let Some(loss) = self.lease_lost() {
+            return crate::meta::CommitHealth {
+                reasons: vec![format!(
+                    "lost the store's lease ({}): another node may serve it now; this node \
+                     serves nothing",
+                    loss.why
+                )],
+            };
+        }
         self.shared.meta.health(true)
+    }
+
+    /// Releases the lease of a RADOS store at the end of a clean shutdown, after the last
+    /// flush (lease.rs): the next node takes it at once and fences nobody; the store takes
+    /// no I/O after this. Nothing for other stores.
+    pub fn release_lease(&self) {
+        #[cfg(feature = "rados")]
+        if let Some(lease) = &self.lease {
+            lease.release();
+        }
+    }
+
+    /// Why and when this node lost the lease of its RADOS store (lease.rs); `None` while it
+    /// holds it, and for every other store. Once lost, every later I/O of the store fails.
+    pub fn lease_lost(&self) -> Option<crate::lease_loss::LeaseLoss> {
+        #[cfg(feature = "rados")]
+        {
+            self.lease.as_ref().and_then(crate::lease::Lease::loss)
+        }
+        #[cfg(not(feature = "rados"))]
+        None
     }
 
     /// Saves the node's runtime QoS state (opaque bytes, e.g. credit balances) for each

@@ -240,6 +240,13 @@ impl Server {
         let _ = child.wait();
     }
 
+    /// The exit status once the process has ended (`None` while it runs).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|child| child.try_wait().ok().flatten())
+    }
+
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {

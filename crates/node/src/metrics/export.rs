@@ -434,7 +434,7 @@ impl Collector for Scrape {
         gauge(m, gauge_u64(folded))?;
         let m = encoder.encode_descriptor(
             "headroom_metadata_ready",
-            "1 while the node can commit metadata and its metadata reserve is intact (GET /readyz), 0 otherwise",
+            "1 while the node can commit metadata and its metadata reserve is intact (GET /readyz), 0 otherwise (also once it lost its RADOS store's lease)",
             None,
             MetricType::Gauge,
         )?;
