@@ -19,5 +19,12 @@ fn main() -> std::io::Result<()> {
         }
         println!("{target}: {} seeds in {}", seeds.len(), dir.display());
     }
+    let dir = root.join("session");
+    std::fs::create_dir_all(&dir)?;
+    let seeds = headroom_fuzz::session::session_seeds();
+    for (name, bytes) in &seeds {
+        std::fs::write(dir.join(format!("seed-{name}")), bytes)?;
+    }
+    println!("session: {} seeds in {}", seeds.len(), dir.display());
     Ok(())
 }
