@@ -25,5 +25,12 @@ fn main() -> std::io::Result<()> {
     for (name, bytes) in headroom_fuzz::router::router_regressions() {
         std::fs::write(dir.join(format!("regression-{name}")), bytes)?;
     }
+    let dir = root.join("session");
+    std::fs::create_dir_all(&dir)?;
+    let seeds = headroom_fuzz::session::session_seeds();
+    for (name, bytes) in &seeds {
+        std::fs::write(dir.join(format!("seed-{name}")), bytes)?;
+    }
+    println!("session: {} seeds in {}", seeds.len(), dir.display());
     Ok(())
 }

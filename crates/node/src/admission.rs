@@ -146,6 +146,8 @@ pub struct Admitted {
     table: Arc<Connections>,
     id: u64,
     shared: Arc<ConnShared>,
+    /// Where the connection comes from (the TLS handshake limit groups by it).
+    peer: SocketAddr,
     /// The connection evicted to make room, if any.
     pub evicted: Option<SocketAddr>,
 }
@@ -267,6 +269,7 @@ impl Connections {
             table: Arc::clone(self),
             id,
             shared,
+            peer,
             evicted,
         })
     }
@@ -379,6 +382,11 @@ impl Connections {
 impl Admitted {
     pub fn shared(&self) -> &Arc<ConnShared> {
         &self.shared
+    }
+
+    /// The address the connection was admitted from.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
     }
 
     /// Marks the connection transmitting, from when the reply that enters transmission is

@@ -629,6 +629,10 @@ async fn run_session(
     admitted: Admitted,
 ) {
     let shared = Arc::clone(admitted.shared());
+    if let Err(err) = stream.set_nodelay(true) {
+        tracing::info!("session with {peer} ended: {}", SessionError::from(err));
+        return;
+    }
     let served = tokio::select! {
         served = serve_connection(stream, ctx, &admitted) => served,
         () = shared.evicted() => Err(SessionError::Evicted),

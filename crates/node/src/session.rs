@@ -314,13 +314,19 @@ struct Negotiated {
     allocation_context: bool,
 }
 
-/// Serves one accepted connection to the end.
-pub async fn serve_connection(
-    mut stream: TcpStream,
+/// What a session runs on: any byte stream (a TCP socket on a node; an in-memory pipe in the
+/// session fuzzer, `fuzz/src/session.rs`).
+pub trait SessionStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> SessionStream for S {}
+
+/// Serves one accepted connection to the end. Socket options (`TCP_NODELAY`) are the
+/// caller's.
+pub async fn serve_connection<S: SessionStream>(
+    mut stream: S,
     ctx: Arc<SessionContext>,
     conn: &Admitted,
 ) -> Result<(), SessionError> {
-    stream.set_nodelay(true)?;
     // One deadline for the whole negotiation, TLS handshake included.
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(ctx.limits.handshake_timeout_ms);
@@ -338,13 +344,10 @@ pub async fn serve_connection(
         };
     match outcome {
         Outcome::End => Ok(()),
-        Outcome::Transmit(negotiated) => {
-            let (reader, writer) = stream.into_split();
-            transmit(reader, writer, ctx, negotiated, conn).await
-        }
+        Outcome::Transmit(negotiated) => transmit_on(stream, ctx, negotiated, conn).await,
         Outcome::StartTls(tls) => {
             let (upgraded, tenant) =
-                match tokio::time::timeout_at(deadline, start_tls(&tls, stream)).await {
+                match tokio::time::timeout_at(deadline, start_tls(&tls, stream, conn)).await {
                     Ok(upgraded) => upgraded?,
                     Err(_) => return Err(SessionError::HandshakeTimeout),
                 };
@@ -353,8 +356,32 @@ pub async fn serve_connection(
     }
 }
 
+/// Transmission on the whole stream: a TCP socket splits into its owned halves as before (no
+/// lock between the reader and the writer task), any other stream through `tokio::io::split`.
+async fn transmit_on<S: SessionStream>(
+    stream: S,
+    ctx: Arc<SessionContext>,
+    negotiated: Negotiated,
+    conn: &Admitted,
+) -> Result<(), SessionError> {
+    let stream: Box<dyn std::any::Any + Send> = Box::new(stream);
+    match stream.downcast::<TcpStream>() {
+        Ok(tcp) => {
+            let (reader, writer) = tcp.into_split();
+            transmit(reader, writer, ctx, negotiated, conn).await
+        }
+        Err(other) => {
+            let Ok(stream) = other.downcast::<S>() else {
+                unreachable!("the stream is an S")
+            };
+            let (reader, writer) = tokio::io::split(*stream);
+            transmit(reader, writer, ctx, negotiated, conn).await
+        }
+    }
+}
+
 /// Sends the greeting and reads the client flags.
-async fn greet(stream: &mut TcpStream) -> Result<nbd::ClientFlags, SessionError> {
+async fn greet<S: SessionStream>(stream: &mut S) -> Result<nbd::ClientFlags, SessionError> {
     let mut out = Vec::with_capacity(32);
     nbd::encode_server_greeting(&mut out);
     stream.write_all(&out).await?;
@@ -364,19 +391,20 @@ async fn greet(stream: &mut TcpStream) -> Result<nbd::ClientFlags, SessionError>
 }
 
 #[cfg(feature = "tls")]
-type TlsStream = tokio_openssl::SslStream<TcpStream>;
+type TlsStream<S> = tokio_openssl::SslStream<S>;
 #[cfg(not(feature = "tls"))]
-type TlsStream = TcpStream;
+type TlsStream<S> = S;
 
 /// The TLS handshake that follows our `NBD_REP_ACK` to `NBD_OPT_STARTTLS`; returns the
 /// stream and the client's tenant (its PSK identity or certificate CN, `None` if anonymous).
 #[cfg(feature = "tls")]
-async fn start_tls(
+async fn start_tls<S: SessionStream>(
     tls: &Tls,
-    stream: TcpStream,
-) -> Result<(TlsStream, Option<String>), SessionError> {
+    stream: S,
+    conn: &Admitted,
+) -> Result<(TlsStream<S>, Option<String>), SessionError> {
     let (stream, peer) = tls
-        .accept(stream)
+        .accept(stream, conn.peer().ip())
         .await
         .map_err(|err| SessionError::TlsHandshake(err.to_string()))?;
     tracing::debug!("TLS session up, peer {peer:?}");
@@ -384,17 +412,18 @@ async fn start_tls(
 }
 
 #[cfg(not(feature = "tls"))]
-async fn start_tls(
+async fn start_tls<S: SessionStream>(
     tls: &Tls,
-    _stream: TcpStream,
-) -> Result<(TlsStream, Option<String>), SessionError> {
+    _stream: S,
+    _conn: &Admitted,
+) -> Result<(TlsStream<S>, Option<String>), SessionError> {
     match *tls {}
 }
 
 /// Negotiation (again, from scratch but for the client flags) and transmission over TLS, for
 /// `tenant`.
-async fn serve_tls(
-    mut stream: TlsStream,
+async fn serve_tls<S: SessionStream>(
+    mut stream: TlsStream<S>,
     tenant: Option<String>,
     ctx: Arc<SessionContext>,
     plaintext: Haggling,

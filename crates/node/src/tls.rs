@@ -10,6 +10,7 @@
 //! a failed handshake (wrong key, untrusted certificate) ends that session only.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use openssl::ssl::{
 use openssl::x509::store::X509Lookup;
 use openssl::x509::verify::X509VerifyFlags;
 use openssl::x509::{X509Name, X509Ref};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_openssl::SslStream;
 
 use crate::config::TlsConfig;
@@ -262,15 +263,20 @@ impl TlsAcceptor {
     }
 
     /// Runs the server side of the handshake on `stream` (right after the `NBD_REP_ACK` to
-    /// `NBD_OPT_STARTTLS`) and says who the client is.
-    pub async fn accept(
+    /// `NBD_OPT_STARTTLS`) from the client at `peer_ip` and says who the client is. Any byte
+    /// stream will do: a TCP socket on a node, an in-memory pipe in the session fuzzer.
+    pub async fn accept<S>(
         &self,
-        stream: TcpStream,
-    ) -> Result<(SslStream<TcpStream>, Peer), TlsError> {
-        if let (Some(limiter), Ok(peer)) = (&self.handshakes, stream.peer_addr())
-            && !limiter.admit(peer.ip(), std::time::Instant::now())
+        stream: S,
+        peer_ip: IpAddr,
+    ) -> Result<(SslStream<S>, Peer), TlsError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        if let Some(limiter) = &self.handshakes
+            && !limiter.admit(peer_ip, std::time::Instant::now())
         {
-            return Err(TlsError::Throttled { ip: peer.ip() });
+            return Err(TlsError::Throttled { ip: peer_ip });
         }
         let ssl = Ssl::new(&self.context)?;
         let mut stream = SslStream::new(ssl, stream)?;
@@ -613,7 +619,10 @@ mod tests {
         };
         let peer = runtime.block_on(async {
             let (tcp, _) = listener.accept().await.unwrap();
-            let (mut tls, peer) = acceptor.accept(tcp).await.map_err(|e| e.to_string())?;
+            let (mut tls, peer) = acceptor
+                .accept(tcp, addr.ip())
+                .await
+                .map_err(|e| e.to_string())?;
             use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
             tls.write_all(b"x").await.unwrap();
             tls.flush().await.unwrap();
