@@ -251,14 +251,7 @@ fn flipped_bits_are_found_by_scrub_repaired_from_a_copy_or_answered_with_eio() {
     client.disconnect();
 
     // The metrics say the same.
-    let metrics = common::agent()
-        .get(format!("{}/metrics", server.api))
-        .header("authorization", common::bearer())
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = common::metrics_text(&server.api);
     assert!(
         metrics.contains("headroom_scrub_unrepairable_blocks_total 36")
             && metrics.contains("headroom_scrub_passes_total 3"),

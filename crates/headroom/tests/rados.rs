@@ -1082,14 +1082,7 @@ fn the_fenced_address_is_the_one_the_osd_recorded_and_a_lost_lease_shows_in_read
             .contains("lost the store's lease"),
         "{body}"
     );
-    let metrics = common::agent()
-        .get(format!("{}/metrics", a.api))
-        .header("authorization", common::bearer())
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = common::metrics_text(&a.api);
     assert!(
         metrics.lines().any(|l| l == "headroom_metadata_ready 0"),
         "{metrics}"

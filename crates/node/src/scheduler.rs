@@ -1225,17 +1225,20 @@ mod tests {
         }
     }
 
+    /// The device model of [`scheduler`]: a 4 KiB random read costs 50,000 units.
+    const TEST_DEVICE: IoCostModel = IoCostModel {
+        rbps: 200_000_000,
+        rseqiops: 48_828,
+        rrandiops: 20_000,
+        wbps: 150_000_000,
+        wseqiops: 36_621,
+        wrandiops: 15_000,
+    };
+
     /// One worker, Burst, a device capacity so large that the pacer hardly binds (10¹² units
     /// per second; a 4 KiB random read costs 50,000), and a gate of two requests.
     fn scheduler() -> (Arc<Scheduler<u32>>, Arc<Collect>) {
-        let model = IoCostModel {
-            rbps: 200_000_000,
-            rseqiops: 48_828,
-            rrandiops: 20_000,
-            wbps: 150_000_000,
-            wseqiops: 36_621,
-            wrandiops: 15_000,
-        };
+        let model = TEST_DEVICE;
         let config = QosConfig {
             policy: PolicyChoice::Policy(PolicyKind::Burst),
             capacity: NodeCapacity::new(CostVector::new(
@@ -1293,17 +1296,7 @@ mod tests {
     fn a_request_is_charged_every_sync_it_causes() {
         let (s, collect) = scheduler();
         let volume = s.add_volume(1, &VolumeQos::default());
-        let model = CostModel::new(
-            CpuModel::default(),
-            DeviceModel::Linear(IoCostModel {
-                rbps: 200_000_000,
-                rseqiops: 48_828,
-                rrandiops: 20_000,
-                wbps: 150_000_000,
-                wseqiops: 36_621,
-                wrandiops: 15_000,
-            }),
-        );
+        let model = CostModel::new(CpuModel::default(), DeviceModel::Linear(TEST_DEVICE));
         let charged = |desc: IoDesc| {
             let before = s.dispatched_cost_total();
             let mut ready = Vec::new();

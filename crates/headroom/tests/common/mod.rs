@@ -32,6 +32,18 @@ pub fn agent() -> ureq::Agent {
         .into()
 }
 
+/// The Prometheus text of the server whose API is at `api` (with the test token).
+pub fn metrics_text(api: &str) -> String {
+    agent()
+        .get(format!("{api}/metrics"))
+        .header("authorization", bearer())
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+}
+
 /// True when `tool` is on PATH. When it is missing the test is skipped with a message, unless
 /// HEADROOM_REQUIRE_TOOLS is set (CI), where a missing tool fails the test.
 pub fn have_tool(tool: &str) -> bool {
