@@ -1977,6 +1977,16 @@ impl Store {
         self.shared.meta.health(true)
     }
 
+    /// What [`Store::commit_health`] knows without a probe commit: no I/O, so it never
+    /// blocks on a device or a cluster that does not answer (the metrics' readiness gauge;
+    /// `/readyz` probes, within its bound).
+    pub fn commit_health_known(&self) -> crate::meta::CommitHealth {
+        if self.lease_lost().is_some() {
+            return self.commit_health();
+        }
+        self.shared.meta.health(false)
+    }
+
     /// Releases the lease of a RADOS store at the end of a clean shutdown, after the last
     /// flush (lease.rs): the next node takes it at once and fences nobody; the store takes
     /// no I/O after this. Nothing for other stores.

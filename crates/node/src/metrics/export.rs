@@ -438,7 +438,9 @@ impl Collector for Scrape {
             None,
             MetricType::Gauge,
         )?;
-        gauge(m, i64::from(self.store.commit_health().is_ready()))?;
+        // Without a probe commit: a scrape must not wait for a device or cluster that
+        // does not answer (`/readyz` probes, within its bound).
+        gauge(m, i64::from(self.store.commit_health_known().is_ready()))?;
 
         if let Some(rebuild) = &self.rebuild {
             let m = encoder.encode_descriptor(
