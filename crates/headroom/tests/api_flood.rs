@@ -136,12 +136,12 @@ fn a_flood_of_half_sent_requests_starves_neither_nbd_nor_health_nor_shutdown() {
     let (status, took) = server.stop_within(Duration::from_secs(15));
     assert!(status.success(), "exit status {status}");
     let stop_s = took.as_secs_f64();
-    eprintln!(
+    common::report(&format!(
         "{FLOOD_CONNECTIONS} half-sent API connections opened in {flood_s:.1} s (API cap \
          {cap}, {evicted} evicted, at most {most_held} open at the client, {} still open); nbdinfo served in {nbdinfo_s:.2} s; /healthz 200 in \
          {healthz_s:.3} s; SIGTERM to exit {stop_s:.2} s",
         held.len()
-    );
+    ));
     drop(held);
 
     // The block acknowledged before SIGTERM is there after a restart.

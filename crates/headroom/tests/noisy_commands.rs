@@ -42,7 +42,7 @@ fn the_victim_and_every_noisy_command_are_served() {
         .expect("run scripts/bench-noisy-commands");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}");
+    common::report(&format!("noisy-neighbour suite (short):\n{stdout}"));
     assert!(
         out.status.success(),
         "the suite failed:\n{stdout}\n{stderr}"

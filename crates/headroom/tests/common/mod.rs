@@ -32,6 +32,15 @@ pub fn agent() -> ureq::Agent {
         .into()
 }
 
+/// Writes a test's measured numbers to the process's standard error directly, past the test
+/// harness's capture, so that every CI log shows them (the acceptance runs print their
+/// numbers), not only the logs of failed tests.
+pub fn report(text: &str) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{text}");
+}
+
 /// The Prometheus text of the server whose API is at `api` (with the test token).
 pub fn metrics_text(api: &str) -> String {
     agent()
