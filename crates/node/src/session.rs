@@ -1104,24 +1104,14 @@ where
                 .arrive(&ctx.metrics, arrival_ns, tally.payload_bytes);
             let mut submit = |job: IoJob| {
                 let io = job.desc();
-                match (&ctx.scheduler, &handle) {
-                    (Some(scheduler), Some(handle)) => {
-                        scheduler.submit(handle, io, job, &mut ready);
-                        if !ready.is_empty() {
-                            run_ready_in(&ctx.io, Some(scheduler), &mut ready);
-                        }
-                    }
-                    _ => {
-                        let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
-                        let sequential =
-                            headroom_qos::model::is_sequential(last_end_bytes, io.offset_bytes);
-                        last_end_bytes = end;
-                        if let Some(released) = run_job(&ctx.io, None, job, Unscheduled(sequential))
-                        {
-                            debug_assert!(released.is_empty());
-                        }
-                    }
+                let scheduled = ctx.scheduler.as_ref().zip(handle.as_ref());
+                let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
+                let sequential = scheduled.is_none()
+                    && headroom_qos::model::is_sequential(last_end_bytes, io.offset_bytes);
+                if scheduled.is_none() {
+                    last_end_bytes = end;
                 }
+                submit_job(&ctx.io, scheduled, job, sequential, &mut ready);
             };
             let piece_bytes = piece_bytes_of(&request, ctx.limits.max_request_bytes);
             if needs_split(&request, piece_bytes) {
@@ -1209,6 +1199,32 @@ fn scheduler_handle(scheduler: &Scheduler<IoJob>, volume: &Volume) -> Arc<Volume
 /// Smallest piece a split request is cut into, whatever `max_request_bytes` says (a tiny
 /// configured maximum must not turn a 4 GiB TRIM into millions of pieces).
 const MIN_PIECE_BYTES: u32 = 1 << 20;
+
+/// Submits `job` to the scheduler (and runs what it dispatches, with `ready` as the
+/// scratch vector), or without one runs it at once, as `sequential` or not: what a session
+/// does with each request and a split request with each piece it feeds.
+fn submit_job(
+    io: &Arc<IoRuntime>,
+    scheduled: Option<(&Arc<Scheduler<IoJob>>, &Arc<VolumeHandle>)>,
+    job: IoJob,
+    sequential: bool,
+    ready: &mut Vec<Ready<IoJob>>,
+) {
+    match scheduled {
+        Some((scheduler, handle)) => {
+            let desc = job.desc();
+            scheduler.submit(handle, desc, job, ready);
+            if !ready.is_empty() {
+                run_ready_in(io, Some(scheduler), ready);
+            }
+        }
+        None => {
+            if let Some(released) = run_job(io, None, job, Unscheduled(sequential)) {
+                debug_assert!(released.is_empty());
+            }
+        }
+    }
+}
 
 /// How many pieces of one split request the node holds at once (queued at the scheduler or
 /// running): one running and one waiting, so a request's pieces keep its device busy
@@ -1354,23 +1370,9 @@ impl SplitRequest {
         let Some(job) = self.next_piece() else {
             return;
         };
-        let io = &self.feeder.io;
-        match &self.feeder.scheduled {
-            Some((scheduler, handle)) => {
-                let mut ready = Vec::new();
-                let desc = job.desc();
-                scheduler.submit(handle, desc, job, &mut ready);
-                if !ready.is_empty() {
-                    run_ready(io, Some(scheduler), ready);
-                }
-            }
-            // The pieces are contiguous: each follows the previous one.
-            None => {
-                if let Some(released) = run_job(io, None, job, Unscheduled(true)) {
-                    debug_assert!(released.is_empty());
-                }
-            }
-        }
+        let scheduled = self.feeder.scheduled.as_ref().map(|(s, h)| (s, h));
+        // The pieces are contiguous: each follows the previous one.
+        submit_job(&self.feeder.io, scheduled, job, true, &mut Vec::new());
     }
 
     /// Records one piece's outcome; answers the request when it was the last, and otherwise
