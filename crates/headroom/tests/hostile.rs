@@ -941,7 +941,24 @@ mod with_tls {
             u64_at(&report, "/transmitting") >= 4,
             "nbdcopy finished too early: {report}"
         );
-        let crowded = fio_latency(&victim, 2);
+        // Up to three windows of 2 s, the bound applying to the best: starvation by the frozen
+        // tenant lasts as long as it is frozen, so it fails all three, while one stall of the
+        // shared machine (a CI run once saw a single read take 2.6 s, and the next nbdcopy of
+        // the victim run at its usual speed) fails one. Every window is printed.
+        let bound_us = (alone.1 * 10.0).max(2_000.0);
+        let mut windows = Vec::new();
+        while windows.len() < 3 {
+            let window = fio_latency(&victim, 2);
+            windows.push(window);
+            if window.1 < bound_us {
+                break;
+            }
+        }
+        let crowded = windows
+            .iter()
+            .copied()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap();
         let copy = dir.path().join("victim.raw");
         let copy_started = Instant::now();
         let out = Command::new("timeout")
@@ -965,25 +982,30 @@ mod with_tls {
             .unwrap();
         assert_eq!(bob_peak, 256 * MIB, "{report}");
         let hwm = settled_rss(pid, Duration::from_secs(30));
+        let windows_text = windows
+            .iter()
+            .map(|w| format!("{:.0} IOPS, mean {:.0} us, p99 {:.0} us", w.0, w.1, w.2))
+            .collect::<Vec<_>>()
+            .join("; ");
         println!(
             "victim alone: {:.0} IOPS, mean {:.0} us, p99 {:.0} us; next to a frozen tenant \
-             holding its 256 MiB: {:.0} IOPS, mean {:.0} us, p99 {:.0} us; nbdcopy of 64 MiB \
+             holding its 256 MiB ({} window(s) of 2 s): {windows_text}; nbdcopy of 64 MiB \
              {copy_s:.2} s; peak RSS {} MiB (from {} MiB)",
             alone.0,
             alone.1,
             alone.2,
-            crowded.0,
-            crowded.1,
-            crowded.2,
+            windows.len(),
             hwm / MIB,
             before / MIB,
         );
         // Served, at a latency of the same order. A starved victim would not finish at all;
         // the bound is loose because the 2 cores are shared (runs alone vary 2x).
         assert!(
-            crowded.1 < (alone.1 * 10.0).max(2_000.0),
-            "mean latency {:.0} us next to the frozen tenant, {:.0} us alone",
+            crowded.1 < bound_us,
+            "mean latency {:.0} us next to the frozen tenant in its best of {} windows \
+             ({windows_text}), {:.0} us alone",
             crowded.1,
+            windows.len(),
             alone.1
         );
         drop(hog);
