@@ -1,9 +1,10 @@
 //! The answer of `GET /readyz`, within a bound: why the node should get no new work.
 //!
-//! Why a module: on a RADOS store the check may have to commit to the cluster (a probe commit
-//! after a failed one), and a cluster that does not answer would hold the probe for as long
-//! as librados waits (30 s by default), longer than any load balancer's probe timeout. So the
-//! probe commit runs on a blocking thread and the answer waits for it at most
+//! Why a module: after a failed metadata commit the check commits again (a probe), and a
+//! device that does not answer would hold it for as long as the kernel waits, longer than any
+//! load balancer's probe timeout (on RADOS the probe is a no-op today, so no check waits for
+//! the cluster; the bound holds should it commit there). So the probe commit runs on a
+//! blocking thread and the answer waits for it at most
 //! `READY_PROBE_BOUND_MS`; past that, and while that probe is still out, the answer is 503
 //! "metadata store not answering" without starting another one (probes every second must
 //! not pile up blocking threads). A lost lease (lease.rs) is answered at once, without I/O.
@@ -29,6 +30,16 @@ impl ReadinessProbe {
             // No I/O: the store's pool refuses everything now.
             return store.commit_health().reasons;
         }
+        let store = Arc::clone(store);
+        self.bounded(move || store.commit_health().reasons).await
+    }
+
+    /// Runs `probe` on a blocking thread and waits for it at most `READY_PROBE_BOUND_MS`;
+    /// while an earlier probe is still out, answers at once without starting another.
+    async fn bounded<P>(&self, probe: P) -> Vec<String>
+    where
+        P: FnOnce() -> Vec<String> + Send + 'static,
+    {
         {
             let mut since = self
                 .in_flight_since
@@ -42,14 +53,14 @@ impl ReadinessProbe {
             }
             *since = Some(Instant::now());
         }
-        let (store, flag) = (Arc::clone(store), Arc::clone(&self.in_flight_since));
+        let flag = Arc::clone(&self.in_flight_since);
         let probe = tokio::task::spawn_blocking(move || {
-            let health = store.commit_health();
+            let reasons = probe();
             *flag.lock().unwrap_or_else(|p| p.into_inner()) = None;
-            health
+            reasons
         });
         match tokio::time::timeout(Duration::from_millis(READY_PROBE_BOUND_MS), probe).await {
-            Ok(Ok(health)) => health.reasons,
+            Ok(Ok(reasons)) => reasons,
             Ok(Err(err)) => {
                 *self
                     .in_flight_since
@@ -62,5 +73,79 @@ impl ReadinessProbe {
                  {READY_PROBE_BOUND_MS} ms"
             )],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// A probe that does not return until the test says so (a disk or cluster that does not
+    /// answer), counting how many were started.
+    fn hanging_probe(
+        started: &Arc<AtomicUsize>,
+        release: mpsc::Receiver<()>,
+    ) -> impl FnOnce() -> Vec<String> + Send + 'static {
+        let started = Arc::clone(started);
+        move || {
+            started.fetch_add(1, Ordering::SeqCst);
+            let _ = release.recv();
+            vec!["probed".to_string()]
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_probe_that_never_answers_is_answered_within_the_bound_and_not_repeated() {
+        let probe = ReadinessProbe::default();
+        let started = Arc::new(AtomicUsize::new(0));
+        let (release, hung) = mpsc::channel();
+
+        let asked = Instant::now();
+        let outer = Duration::from_millis(READY_PROBE_BOUND_MS * 5);
+        let first = tokio::time::timeout(outer, probe.bounded(hanging_probe(&started, hung)))
+            .await
+            .expect("/readyz waited for a probe that does not answer");
+        let waited = asked.elapsed();
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert!(
+            first[0].contains("not answering") && first[0].contains("within 2000 ms"),
+            "{first:?}"
+        );
+        // It waited for the probe up to the bound, and no longer than a loaded machine's
+        // scheduling adds to it.
+        assert!(
+            waited >= Duration::from_millis(READY_PROBE_BOUND_MS),
+            "{waited:?}"
+        );
+
+        // Asked again while the first probe is still out: an answer at once, no second probe.
+        let (_unused, never) = mpsc::channel::<()>();
+        let again = probe.bounded(hanging_probe(&started, never)).await;
+        assert!(again[0].contains("has waited"), "{again:?}");
+        assert_eq!(started.load(Ordering::SeqCst), 1);
+
+        // Once it answers, the next question probes again and gets the probe's answer.
+        release.send(()).unwrap();
+        // (The first probe's thread clears its flag just after it returns: until then the
+        // answer is still "has waited", with no probe started.)
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let answered = loop {
+            let (done, ready) = mpsc::channel::<()>();
+            drop(done);
+            let reasons = probe.bounded(hanging_probe(&started, ready)).await;
+            if !reasons.iter().any(|r| r.contains("has waited")) {
+                break reasons;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the released probe never finished"
+            );
+            tokio::task::yield_now().await;
+        };
+        assert_eq!(answered, vec!["probed".to_string()]);
+        assert_eq!(started.load(Ordering::SeqCst), 2);
     }
 }
