@@ -13,6 +13,12 @@
 //!   (`qos.cost.device = { vop = ... }`): one VOP is the fastest request measured, the device
 //!   capacity is that many thousand milli-VOPs per second.
 //!
+//! - **a device sync** (`cpu.sync`): 4 KiB random writes at queue depth 1, each followed by
+//!   a FLUSH (`--fsync=1`), against the same writes without the FLUSH; the difference per
+//!   write, less the cheapest request's CPU (what `cpu.other` charges the FLUSH itself), is
+//!   what one sync costs this process: mostly kernel time in `fdatasync`. On the memory
+//!   backend it is what a FLUSH costs there, nearly nothing.
+//!
 //! The CPU capacity written is the CPUs this process may use × 10⁹ ns/s: the costs are
 //! whole-process CPU time, so all the cores are what they share.
 
@@ -98,10 +104,23 @@ pub struct Point {
     pub cpu_ns: u64,
 }
 
+/// The sync measurement: 4 KiB random writes at queue depth 1, with and without a FLUSH
+/// after each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncPoint {
+    /// Writes fio completed with a FLUSH after each.
+    pub flushed_writes: u64,
+    /// Server CPU time per write and its FLUSH.
+    pub flushed_write_cpu_ns: u64,
+    /// Server CPU time per write without a FLUSH (same size and depth).
+    pub plain_write_cpu_ns: u64,
+}
+
 /// Everything measured, and how.
 #[derive(Clone, Debug)]
 pub struct Measurement {
     pub points: Vec<Point>,
+    pub sync: SyncPoint,
     /// What was measured (`memory backend (256MiB)`, `data directory /srv/h`).
     pub backend: String,
     pub fio_version: String,
@@ -118,6 +137,8 @@ pub struct Fit {
     pub read: LinearCpu,
     pub write: LinearCpu,
     pub other: LinearCpu,
+    /// One device sync (`cpu.sync`): measured, not per KiB.
+    pub sync: LinearCpu,
     pub curve: VopCurve,
     pub cpu_ns_per_s: u64,
     pub device_units_per_s: u64,
@@ -203,10 +224,11 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     runtime
         .block_on(node.shutdown())
         .context("stopping the node")?;
-    let points = measured?;
+    let (points, sync) = measured?;
 
     let measurement = Measurement {
         points,
+        sync,
         backend: backend_text,
         fio_version,
         seconds_per_point: args.seconds_per_point,
@@ -271,7 +293,17 @@ fn json_report(m: &Measurement, fit: &Fit, out: &Path) -> serde_json::Value {
         "cpus": m.cpus,
         "unix_s": m.unix_s,
         "points": points,
-        "cpu": { "read": line(&fit.read), "write": line(&fit.write), "other": line(&fit.other) },
+        "cpu": {
+            "read": line(&fit.read),
+            "write": line(&fit.write),
+            "other": line(&fit.other),
+            "sync": line(&fit.sync),
+        },
+        "sync_measurement": {
+            "flushed_writes": m.sync.flushed_writes,
+            "flushed_write_cpu_ns": m.sync.flushed_write_cpu_ns,
+            "plain_write_cpu_ns": m.sync.plain_write_cpu_ns,
+        },
         "capacity": {
             "cpu_ns_per_s": fit.cpu_ns_per_s,
             "device_units_per_s": fit.device_units_per_s,
@@ -310,8 +342,13 @@ fn process_cpu_ns() -> u64 {
     secs.saturating_mul(NS_PER_S).saturating_add(nanos)
 }
 
-fn measure(uri: &str, sizes: &[u64], seconds: u64, iodepth: u32) -> Result<Vec<Point>> {
-    let total = 1 + 2 * sizes.len() as u64;
+fn measure(
+    uri: &str,
+    sizes: &[u64],
+    seconds: u64,
+    iodepth: u32,
+) -> Result<(Vec<Point>, SyncPoint)> {
+    let total = 3 + 2 * sizes.len() as u64;
     let bar = ProgressBar::new(total);
     let style =
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:24} {pos}/{len} {msg}")
@@ -320,7 +357,7 @@ fn measure(uri: &str, sizes: &[u64], seconds: u64, iodepth: u32) -> Result<Vec<P
     bar.enable_steady_tick(Duration::from_millis(100));
     bar.set_message("filling the scratch volume");
     let result = (|| {
-        fio(uri, "write", 1 << 20, 8, None).context("filling the scratch volume")?;
+        fio(uri, "write", 1 << 20, 8, None, false).context("filling the scratch volume")?;
         bar.inc(1);
         let mut points = Vec::new();
         for op in [Op::Read, Op::Write] {
@@ -335,7 +372,7 @@ fn measure(uri: &str, sizes: &[u64], seconds: u64, iodepth: u32) -> Result<Vec<P
                     Op::Write => "randwrite",
                 };
                 let before = process_cpu_ns();
-                let report = fio(uri, rw, size, iodepth, Some(seconds))
+                let report = fio(uri, rw, size, iodepth, Some(seconds), false)
                     .with_context(|| format!("measuring {rw} {}", format_size(size)))?;
                 let cpu = process_cpu_ns().saturating_sub(before);
                 let (requests, iops) = match op {
@@ -355,7 +392,32 @@ fn measure(uri: &str, sizes: &[u64], seconds: u64, iodepth: u32) -> Result<Vec<P
                 bar.inc(1);
             }
         }
-        Ok(points)
+        // The sync: the same writes at queue depth 1 without and with a FLUSH after each.
+        let mut per_write = [0; 2];
+        let mut flushed_writes = 0;
+        for (slot, flush) in [false, true].into_iter().enumerate() {
+            bar.set_message(format!(
+                "random write 4KiB at QD1{} for {seconds} s",
+                if flush { ", a FLUSH after each" } else { "" }
+            ));
+            let before = process_cpu_ns();
+            let report =
+                fio(uri, "randwrite", 4096, 1, Some(seconds), flush).context("measuring a sync")?;
+            let cpu = process_cpu_ns().saturating_sub(before);
+            let (requests, _) = report.write;
+            if requests == 0 {
+                bail!("fio completed no write at QD1 (flush: {flush})");
+            }
+            per_write[slot] = (cpu / requests).max(1);
+            flushed_writes = requests;
+            bar.inc(1);
+        }
+        let sync = SyncPoint {
+            flushed_writes,
+            flushed_write_cpu_ns: per_write[1],
+            plain_write_cpu_ns: per_write[0],
+        };
+        Ok((points, sync))
     })();
     bar.finish_and_clear();
     result
@@ -368,7 +430,15 @@ struct FioReport {
     write: (u64, u64),
 }
 
-fn fio(uri: &str, rw: &str, bs: u64, iodepth: u32, seconds: Option<u64>) -> Result<FioReport> {
+/// Runs fio on `uri`; `fsync`: a FLUSH after every write (`--fsync=1`).
+fn fio(
+    uri: &str,
+    rw: &str,
+    bs: u64,
+    iodepth: u32,
+    seconds: Option<u64>,
+    fsync: bool,
+) -> Result<FioReport> {
     let mut cmd = Command::new("fio");
     cmd.args([
         "--name=calibrate",
@@ -383,6 +453,9 @@ fn fio(uri: &str, rw: &str, bs: u64, iodepth: u32, seconds: Option<u64>) -> Resu
     ]);
     if let Some(seconds) = seconds {
         cmd.args(["--time_based", &format!("--runtime={seconds}s")]);
+    }
+    if fsync {
+        cmd.arg("--fsync=1");
     }
     let out = cmd.output().context("running fio")?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -479,12 +552,16 @@ pub fn fit(m: &Measurement) -> Fit {
     let read = fit_line(&of(Op::Read));
     let write = fit_line(&of(Op::Write));
     // Flush, trim and write-zeroes carry no payload: charge them the cheapest request
-    // measured, and a write-zeroes the default per KiB it zeroes (not measured here; nor is
-    // a sync, which keeps `CpuModel::default().sync`).
+    // measured, and a write-zeroes the default per KiB it zeroes (not measured here).
     let cheapest = m.points.iter().map(|p| p.cpu_ns).min().unwrap_or(0);
     let other = LinearCpu {
         base_ns: cheapest,
         per_kib_ps: headroom_qos::model::DEFAULT_ZERO_CPU_PER_KIB_PS,
+    };
+    // What the FLUSH added to each write, less what `other` charges the FLUSH request.
+    let sync = LinearCpu {
+        base_ns: sync_cpu_ns(&m.sync, cheapest),
+        per_kib_ps: 0,
     };
     let read_iops = iops_of(Op::Read);
     let write_iops = iops_of(Op::Write);
@@ -499,6 +576,7 @@ pub fn fit(m: &Measurement) -> Fit {
         read,
         write,
         other,
+        sync,
         curve: VopCurve {
             max_iops,
             read: read_iops,
@@ -507,6 +585,15 @@ pub fn fit(m: &Measurement) -> Fit {
         cpu_ns_per_s: m.cpus.max(1).saturating_mul(NS_PER_S),
         device_units_per_s: max_iops.saturating_mul(1000),
     }
+}
+
+/// One sync's CPU: what a FLUSH after each write added to it, less `flush_request_ns` (the
+/// FLUSH request's own charge), at least 1 ns.
+pub fn sync_cpu_ns(sync: &SyncPoint, flush_request_ns: u64) -> u64 {
+    sync.flushed_write_cpu_ns
+        .saturating_sub(sync.plain_write_cpu_ns)
+        .saturating_sub(flush_request_ns)
+        .max(1)
 }
 
 /// `1234567` → `1_234_567` (TOML integer).
@@ -628,10 +715,16 @@ pub fn render(m: &Measurement, fit: &Fit) -> String {
          cpu.read = {}\n\
          cpu.write = {}\n\
          # Flush, trim, write-zeroes: the cheapest request measured.\n\
-         cpu.other = {}\n\n",
+         cpu.other = {}\n\
+         # One device sync (a FUA write's, each device's in a FLUSH): 4 KiB writes at QD1\n\
+         # cost {} ns with a FLUSH after each, {} ns without; less cpu.other's base.\n\
+         cpu.sync = {}\n\n",
         line_toml(&fit.read),
         line_toml(&fit.write),
-        line_toml(&fit.other)
+        line_toml(&fit.other),
+        grouped(m.sync.flushed_write_cpu_ns),
+        grouped(m.sync.plain_write_cpu_ns),
+        line_toml(&fit.sync)
     ));
     out.push_str(&format!(
         "# Achieved IOPS per request size: [size, IOPS].\n\
@@ -686,6 +779,11 @@ mod tests {
             ],
             backend: "memory backend (256MiB)".into(),
             fio_version: "fio-3.33".into(),
+            sync: SyncPoint {
+                flushed_writes: 2_000,
+                flushed_write_cpu_ns: 760_000,
+                plain_write_cpu_ns: 40_000,
+            },
             seconds_per_point: 2,
             iodepth: 32,
             cpus: 2,
@@ -737,6 +835,22 @@ mod tests {
         assert_eq!(c.qos.cost_model.cpu.read, f.read);
         assert_eq!(c.qos.cost_model.cpu.write, f.write);
         assert_eq!(c.qos.cost_model.cpu.other.base_ns, 12_000);
+        // The sync: 760 us with a FLUSH after each write, 40 us without, less the 12 us of the
+        // FLUSH request itself.
+        assert_eq!(f.sync.base_ns, 708_000);
+        assert_eq!(c.qos.cost_model.cpu.sync, f.sync);
+        assert_eq!(
+            sync_cpu_ns(
+                &SyncPoint {
+                    flushed_writes: 1,
+                    flushed_write_cpu_ns: 10,
+                    plain_write_cpu_ns: 20,
+                },
+                5
+            ),
+            1,
+            "a FLUSH that cost nothing measurable is a sync of 1 ns, never below"
+        );
         let DeviceModel::Vop(curve) = &c.qos.cost_model.device else {
             panic!("not a VOP curve");
         };

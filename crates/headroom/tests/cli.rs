@@ -708,6 +708,14 @@ fn sim_and_calibrate_print_a_table_or_json() {
         assert!(point["cpu_ns"].as_u64().unwrap() > 0, "{report}");
     }
     assert!(report["cpu"]["read"]["base_ns"].is_u64(), "{report}");
+    let sync = &report["sync_measurement"];
+    assert!(sync["flushed_writes"].as_u64().unwrap() > 0, "{report}");
+    assert!(
+        sync["flushed_write_cpu_ns"].as_u64().unwrap() > 0
+            && sync["plain_write_cpu_ns"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    assert!(report["cpu"]["sync"]["base_ns"].as_u64().unwrap() >= 1, "{report}");
     assert_eq!(
         report["capacity"]["device_units_per_s"].as_u64(),
         report["vop"]["max_iops"].as_u64().map(|n| n * 1000),

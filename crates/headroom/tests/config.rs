@@ -232,6 +232,9 @@ fn calibrate_writes_a_config_that_serve_starts_with() {
         "reads must cost more CPU when larger: {text}"
     );
     assert!(cpu_ns(&cpu["write"], 4096) > 0, "{text}");
+    // A sync is measured (writes with and without a FLUSH after each), at least 1 ns.
+    assert!(cpu_ns(&cpu["sync"], 4096) >= 1, "{text}");
+    assert!(text.contains("with a FLUSH after each"), "{text}");
     let vop = &qos["cost"]["device"]["vop"];
     assert_eq!(vop["read"].as_array().map(Vec::len), Some(2), "{text}");
     assert_eq!(vop["write"].as_array().map(Vec::len), Some(2), "{text}");
