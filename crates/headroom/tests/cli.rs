@@ -715,7 +715,10 @@ fn sim_and_calibrate_print_a_table_or_json() {
             && sync["plain_write_cpu_ns"].as_u64().unwrap() > 0,
         "{report}"
     );
-    assert!(report["cpu"]["sync"]["base_ns"].as_u64().unwrap() >= 1, "{report}");
+    assert!(
+        report["cpu"]["sync"]["base_ns"].as_u64().unwrap() >= 1,
+        "{report}"
+    );
     assert_eq!(
         report["capacity"]["device_units_per_s"].as_u64(),
         report["vop"]["max_iops"].as_u64().map(|n| n * 1000),

@@ -17,7 +17,7 @@ use crate::buffers::BufferPool;
 use crate::clock::Clock;
 use crate::config::{Limits, LimitsError, NodeConfig, StoreBackend};
 use crate::emulated::EmulatedDevice;
-use crate::exec::Executor;
+use crate::exec::Lanes;
 use crate::scheduler::{Scheduler, SchedulerError};
 use crate::session::{
     Emulation, IoJob, IoRunner, IoRuntime, SessionContext, SessionError, serve_connection,
@@ -161,7 +161,7 @@ impl Node {
         let executor = if config.io_threads == 0 {
             None
         } else {
-            Some(Executor::start(config.io_threads).map_err(NodeError::Workers)?)
+            Some(Lanes::start(config.io_threads).map_err(NodeError::Workers)?)
         };
         let clock = Clock::new();
         let curve = config.emulated_curve.clone();

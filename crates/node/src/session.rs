@@ -36,7 +36,7 @@ use crate::buffers::{BufferPool, PooledBuffer};
 use crate::clock::Clock;
 use crate::config::Limits;
 use crate::emulated::EmulatedDevice;
-use crate::exec::Executor;
+use crate::exec::{Lane, Lanes};
 use crate::metrics::{MetricsRegistry, VolumeOp, VolumeStats};
 use crate::scheduler::{IoDesc, Ready, Runner, Scheduler, Ticket, VolumeHandle};
 
@@ -80,8 +80,9 @@ pub enum Tls {}
 /// Where and how block I/O runs once it may run.
 #[derive(Debug)]
 pub struct IoRuntime {
-    /// `None`: run everything but FLUSH inline on the calling thread.
-    pub executor: Option<Arc<Executor>>,
+    /// The executors, one per lane (`exec::Lane`); `None`: run everything but FLUSH inline
+    /// on the calling thread.
+    pub executor: Option<Lanes>,
     /// Requests with at most this many payload bytes run inline even with an executor.
     pub inline_max_bytes: u32,
     /// Payload buffers for READ replies and WRITE data.
@@ -1689,6 +1690,22 @@ fn runs_off_thread(request: &nbd::ValidRequest, io: &IoRuntime) -> bool {
     blocking || (io.executor.is_some() && moved > io.inline_max_bytes)
 }
 
+/// The executor lane a request runs on when it leaves the calling thread: bulk work (CACHE,
+/// WRITE_ZEROES, TRIM, BLOCK_STATUS, FUA or not: its length is the work) on the low-priority
+/// lane, FLUSH and FUA READs and WRITEs on the sync lane, the rest on the data lane; so a 4 KiB
+/// read never queues behind a neighbour's zeroing or `fdatasync` (exec.rs, "Lanes").
+fn lane_of(request: &nbd::ValidRequest) -> Lane {
+    match request.command {
+        nbd::Command::Cache
+        | nbd::Command::WriteZeroes
+        | nbd::Command::Trim
+        | nbd::Command::BlockStatus => Lane::Bulk,
+        nbd::Command::Flush => Lane::Sync,
+        _ if request.fua => Lane::Sync,
+        _ => Lane::Data,
+    }
+}
+
 /// Runs jobs for the scheduler's wake-up thread.
 #[derive(Debug)]
 pub struct IoRunner(pub Arc<IoRuntime>);
@@ -1759,6 +1776,7 @@ fn run_job(
     if !job.runs_on_executor(io) {
         return execute_and_finish(io, scheduler, job, admission);
     }
+    let lane = lane_of(&job.request);
     let task = {
         let io = Arc::clone(io);
         let scheduler = scheduler.cloned();
@@ -1769,8 +1787,8 @@ fn run_job(
         }
     };
     match &io.executor {
-        Some(executor) => {
-            if let Err(task) = executor.submit(Box::new(task)) {
+        Some(lanes) => {
+            if let Err(task) = lanes.get(lane).submit(Box::new(task)) {
                 task();
             }
         }
@@ -1838,8 +1856,8 @@ fn start_async(
                 move || run_ready(&io, Some(&scheduler), released)
             };
             match &io.executor {
-                Some(executor) => {
-                    if let Err(task) = executor.submit(Box::new(task)) {
+                Some(lanes) => {
+                    if let Err(task) = lanes.get(Lane::Data).submit(Box::new(task)) {
                         io.runtime.spawn_blocking(task);
                     }
                 }
@@ -2659,6 +2677,25 @@ mod tests {
         // Small READs and WRITEs stay inline (no executor here: nothing else does).
         assert!(!runs_off_thread(&request(Read, 0, 4096), &io));
         assert!(!runs_off_thread(&request(Write, 0, 1 << 20), &io));
+    }
+
+    #[test]
+    fn bulk_work_and_syncs_leave_the_lane_of_reads_and_writes() {
+        use nbd::Command::{BlockStatus, Cache, Flush, Read, Trim, Write, WriteZeroes};
+        let fua = |command| nbd::ValidRequest {
+            fua: true,
+            ..request(command, 0, 4096)
+        };
+        for command in [Cache, WriteZeroes, Trim, BlockStatus] {
+            assert_eq!(lane_of(&request(command, 0, 1 << 20)), Lane::Bulk);
+            // A FUA bulk request is bulk work first: its length is what it costs.
+            assert_eq!(lane_of(&fua(command)), Lane::Bulk);
+        }
+        assert_eq!(lane_of(&request(Flush, 0, 0)), Lane::Sync);
+        assert_eq!(lane_of(&fua(Write)), Lane::Sync);
+        assert_eq!(lane_of(&fua(Read)), Lane::Sync);
+        assert_eq!(lane_of(&request(Read, 0, 1 << 20)), Lane::Data);
+        assert_eq!(lane_of(&request(Write, 0, 1 << 20)), Lane::Data);
     }
 
     #[test]
