@@ -619,11 +619,19 @@ fn block_status_requests_in_flight_hold_their_replies_bytes() {
     assert_eq!(read_option_reply(&mut stream).reply_type, REP_ACK);
     go(&mut stream, "vol").unwrap();
     // 8 READs of 4 MiB fill the socket buffers (their replies are never read), so the 100
-    // BLOCK_STATUS replies behind them wait in the server with their charges.
+    // BLOCK_STATUS replies behind them wait in the server with their charges. The READs go
+    // first, and the BLOCK_STATUS requests once the first reply has begun to arrive: the
+    // writer is then stuck in it (4 MiB do not fit in the socket buffers), and every later
+    // reply waits behind it. (Sent together, a BLOCK_STATUS on the bulk lane may be answered
+    // before the READs on the data lane, and pass them.)
     const READS: u64 = 8;
     const STATUSES: u64 = 100;
     let mut requests = Vec::new();
+    let mut statuses_at = 0;
     for cookie in 0..READS + STATUSES {
+        if cookie == READS {
+            statuses_at = requests.len();
+        }
         // DF: the READs of never-written data are answered with their zeros, not a hole.
         const DF: u16 = 1 << 2;
         let (flags, command, length) = if cookie < READS {
@@ -638,7 +646,17 @@ fn block_status_requests_in_flight_hold_their_replies_bytes() {
         requests.extend_from_slice(&0u64.to_be_bytes());
         requests.extend_from_slice(&length.to_be_bytes());
     }
-    stream.write_all(&requests).unwrap();
+    stream.write_all(&requests[..statuses_at]).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut first = [0u8; 1];
+    assert_eq!(
+        stream.peek(&mut first).unwrap(),
+        1,
+        "the first READ's reply never began"
+    );
+    stream.write_all(&requests[statuses_at..]).unwrap();
     // Each BLOCK_STATUS holds its largest answer (2,048 descriptors of 8 bytes).
     let expected = READS * (4 * MIB) + STATUSES * (16 << 10);
     let report = wait_for(
