@@ -1217,6 +1217,14 @@ impl RawIo for Device {
         Ok(())
     }
 
+    fn raw_write_unsynced(&self, pos: u64, data: &[u8]) -> io::Result<()> {
+        match &self.backend {
+            Backend::File(f) => f.file.write_all_at(data, pos),
+            Backend::Sim(d) => d.write(pos, data),
+            _ => Err(invalid("no checksums on this backend")),
+        }
+    }
+
     fn raw_write_durable(&self, pos: u64, data: &[u8]) -> io::Result<()> {
         match &self.backend {
             Backend::File(f) => f.write_dsync(pos, data),
