@@ -1119,7 +1119,10 @@ where
                 // One reply for the request, sent when its last piece completes; each piece is
                 // scheduled, charged and run as a request of its own, at most
                 // `SPLIT_PIECES_IN_FLIGHT` at once (the rest are submitted as those complete).
-                let pieces = pieces(&request, piece_bytes);
+                let pieces = match request.command {
+                    nbd::Command::Cache => cache_work(&volume, pieces(&request, piece_bytes)),
+                    _ => pieces(&request, piece_bytes),
+                };
                 let feeder = PieceFeeder {
                     volume: Arc::clone(&volume),
                     io: Arc::clone(&ctx.io),
@@ -1263,6 +1266,20 @@ fn needs_split(request: &nbd::ValidRequest, piece_bytes: u32) -> bool {
         request.command,
         nbd::Command::WriteZeroes | nbd::Command::Trim | nbd::Command::Cache
     ) && request.length > piece_bytes
+}
+
+/// The pieces of a CACHE that have something to read ahead: the first one (so the request is
+/// charged and answered as any split request is), and every later one over an allocated
+/// extent. A piece over holes does nothing (`Volume::cache` skips them) but would cost a
+/// scheduler charge and an executor hop: a client looping 32 MiB CACHEs over a thin volume
+/// sent 16 of them per request, about 30,000 a second.
+fn cache_work(volume: &Volume, pieces: Vec<nbd::ValidRequest>) -> Vec<nbd::ValidRequest> {
+    pieces
+        .into_iter()
+        .enumerate()
+        .filter(|(i, p)| *i == 0 || volume.holds_data_in(p.offset, u64::from(p.length)))
+        .map(|(_, p)| p)
+        .collect()
 }
 
 /// Cuts `request` at multiples of `piece_bytes` (absolute offsets, so that pieces cover whole
@@ -2677,6 +2694,32 @@ mod tests {
         // Small READs and WRITEs stay inline (no executor here: nothing else does).
         assert!(!runs_off_thread(&request(Read, 0, 4096), &io));
         assert!(!runs_off_thread(&request(Write, 0, 1 << 20), &io));
+    }
+
+    #[test]
+    fn a_cache_is_cut_into_pieces_only_where_there_is_data() {
+        let store = Store::open_memory(1 << 30).unwrap();
+        store.create_volume("v", 256 << 20).unwrap();
+        let volume = store.open_volume("v").unwrap();
+        let extent = headroom_store::EXTENT_SIZE_BYTES;
+        let cache = request(nbd::Command::Cache, 0, 32 << 20);
+        let piece_bytes = piece_bytes_of(&cache, 32 << 20);
+        assert_eq!(pieces(&cache, piece_bytes).len(), 16);
+        // Thin: only the first piece, which answers the request.
+        let kept = cache_work(&volume, pieces(&cache, piece_bytes));
+        assert_eq!(kept.iter().map(|p| p.offset).collect::<Vec<_>>(), vec![0]);
+        // One written extent (the 11th) adds its piece, and only it.
+        volume
+            .write_at(10 * extent + 5, &[1u8; 4096], false)
+            .unwrap();
+        let kept = cache_work(&volume, pieces(&cache, piece_bytes));
+        assert_eq!(
+            kept.iter().map(|p| p.offset).collect::<Vec<_>>(),
+            vec![0, 10 * extent]
+        );
+        assert!(volume.holds_data_in(10 * extent, 1));
+        assert!(!volume.holds_data_in(11 * extent, extent));
+        assert!(!volume.holds_data_in(1 << 40, 4096), "past the end");
     }
 
     #[test]

@@ -1452,6 +1452,16 @@ impl Volume {
         }
     }
 
+    /// Whether any extent of `[offset, offset + len)` is allocated (on any copy): whether a
+    /// CACHE of the range has anything to read ahead. No I/O: the extent map only. A range
+    /// past the end holds nothing.
+    pub fn holds_data_in(&self, offset: u64, len: u64) -> bool {
+        let st = read(&self.state);
+        let end = offset.saturating_add(len).min(st.size_bytes);
+        offset < end
+            && pieces(offset, end - offset).any(|p| self.route_first(&st, p.extent).is_some())
+    }
+
     /// Advisory prefetch of `[offset, offset + len)` (NBD CACHE): read-ahead hints for the
     /// allocated parts on file devices; a no-op for holes and RAM.
     pub fn cache(&self, offset: u64, len: u64) -> Result<(), StoreError> {
