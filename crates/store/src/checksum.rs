@@ -52,11 +52,13 @@
 //! followed by a FLUSH found their extent cleared almost every time, and paid a durable
 //! bitmap write before the data and the FLUSH's sync after it, two syncs per write; with it
 //! an extent written within the last 5 s stays set, and a crash recomputes at most the
-//! extents written in the last 5 s before it (and since the last sync). A write takes its in-flight count before it
-//! looks at the dirty bit, and the clear is a compare-and-swap that requires the count to be
-//! zero, made under the bitmap lock that also serialises setting bits: a write either sees the
-//! bit set (and the clear has not happened, so the durable bit is still set), or sees it clear
-//! and sets it durably itself before writing.
+//! extents written in the last 5 s before it (and since the last sync).
+//!
+//! A write takes its in-flight count before it looks at the dirty bit, and the clear is a
+//! compare-and-swap that requires the count to be zero, made under the bitmap lock that also
+//! serialises setting bits: a write either sees the bit set (and the clear has not happened,
+//! so the durable bit is still set), or sees it clear and sets it durably itself before
+//! writing.
 //!
 //! Damage to these structures: a flipped entry makes its block fail verification (repaired
 //! from a copy, or EIO; never wrong data). A flipped bitmap bit costs a recompute (set) or, if
@@ -413,15 +415,12 @@ impl Sums {
     /// delay ago, and before this one (module comment), writing the bitmap pages without
     /// sync. Returns the extents cleared.
     pub(crate) fn after_sync(&self, raw: &dyn RawIo, epoch: u64) -> usize {
-        let threshold = {
-            let syncs = lock(&self.syncs);
-            let now = Instant::now();
-            syncs
-                .iter()
-                .rev()
-                .find(|(_, started)| now.duration_since(*started) >= self.clear_delay)
-                .map(|&(e, _)| e.min(epoch))
-        };
+        // `before_sync` keeps the newest sync at least the delay old at the front (one that
+        // has come of age since is left for a later sync: that only clears later).
+        let threshold = lock(&self.syncs)
+            .front()
+            .filter(|(_, started)| started.elapsed() >= self.clear_delay)
+            .map(|&(e, _)| e.min(epoch));
         let Some(epoch) = threshold else {
             return 0;
         };

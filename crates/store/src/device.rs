@@ -1208,11 +1208,7 @@ impl RawIo for Device {
     }
 
     fn raw_write(&self, pos: u64, data: &[u8]) -> io::Result<()> {
-        match &self.backend {
-            Backend::File(f) => f.file.write_all_at(data, pos)?,
-            Backend::Sim(d) => d.write(pos, data)?,
-            _ => return Err(invalid("no checksums on this backend")),
-        }
+        self.raw_write_unsynced(pos, data)?;
         self.mark_dirty();
         Ok(())
     }
