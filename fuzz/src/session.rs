@@ -151,7 +151,7 @@ impl Harness {
         }
         let clock = headroom_node::clock::Clock::new();
         let io = Arc::new(IoRuntime {
-            executor: Some(headroom_node::exec::Lanes::start(1).expect("executor")),
+            lanes: Some(headroom_node::exec::Lanes::start(1).expect("executor lanes")),
             inline_max_bytes: 64 << 10,
             buffers: Arc::new(headroom_node::buffers::BufferPool::new(
                 limits.max_request_bytes as usize,

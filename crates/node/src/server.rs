@@ -158,7 +158,7 @@ impl Node {
         store.set_overcommit_ratio(config.overcommit_ratio);
         store.set_admission_policy(config.device_admission.clone());
         let store = Arc::new(store);
-        let executor = if config.io_threads == 0 {
+        let lanes = if config.io_threads == 0 {
             None
         } else {
             Some(Lanes::start(config.io_threads).map_err(NodeError::Workers)?)
@@ -180,7 +180,7 @@ impl Node {
         };
         crate::coalesce::set_delay_us(config.effective_coalesce_us());
         let io = Arc::new(IoRuntime {
-            executor,
+            lanes,
             inline_max_bytes: config.effective_inline_max_bytes(store.is_memory_resident()),
             buffers: Arc::new(BufferPool::new(config.limits.max_request_bytes as usize)),
             emulation,

@@ -82,7 +82,7 @@ pub enum Tls {}
 pub struct IoRuntime {
     /// The executors, one per lane (`exec::Lane`); `None`: run everything but FLUSH inline
     /// on the calling thread.
-    pub executor: Option<Lanes>,
+    pub lanes: Option<Lanes>,
     /// Requests with at most this many payload bytes run inline even with an executor.
     pub inline_max_bytes: u32,
     /// Payload buffers for READ replies and WRITE data.
@@ -1704,7 +1704,7 @@ fn runs_off_thread(request: &nbd::ValidRequest, io: &IoRuntime) -> bool {
             | nbd::Command::Cache
             | nbd::Command::BlockStatus
     ) || request.fua;
-    blocking || (io.executor.is_some() && moved > io.inline_max_bytes)
+    blocking || (io.lanes.is_some() && moved > io.inline_max_bytes)
 }
 
 /// The executor lane a request runs on when it leaves the calling thread: bulk work (CACHE,
@@ -1803,7 +1803,7 @@ fn run_job(
             }
         }
     };
-    match &io.executor {
+    match &io.lanes {
         Some(lanes) => {
             if let Err(task) = lanes.get(lane).submit(Box::new(task)) {
                 task();
@@ -1872,7 +1872,7 @@ fn start_async(
                 let io = Arc::clone(&io);
                 move || run_ready(&io, Some(&scheduler), released)
             };
-            match &io.executor {
+            match &io.lanes {
                 Some(lanes) => {
                     if let Err(task) = lanes.get(Lane::Data).submit(Box::new(task)) {
                         io.runtime.spawn_blocking(task);
@@ -2562,7 +2562,7 @@ mod tests {
             .build()
             .unwrap();
         let io = Arc::new(IoRuntime {
-            executor: None,
+            lanes: None,
             inline_max_bytes: 0,
             buffers: Arc::new(BufferPool::new(1 << 20)),
             emulation: Emulation::Off,
@@ -2607,7 +2607,7 @@ mod tests {
 
     fn io_without_executor(runtime: &tokio::runtime::Runtime) -> IoRuntime {
         IoRuntime {
-            executor: None,
+            lanes: None,
             inline_max_bytes: 64 << 10,
             buffers: Arc::new(BufferPool::new(1 << 20)),
             emulation: Emulation::Off,
