@@ -26,6 +26,7 @@ use serde::Serialize;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::address_group::{DEFAULT_IPV6_PREFIX_LEN, address_group};
+use crate::sync::lock;
 
 /// The connections of a node.
 #[derive(Debug)]
@@ -212,7 +213,7 @@ impl Connections {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Counts a failed `accept`.
@@ -304,7 +305,7 @@ impl Connections {
     /// requests in flight get no reply); returns how many. Each leaves the table as its
     /// session ends.
     pub fn close_all(&self) -> usize {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let state = lock(&self.state);
         for entry in state.entries.values() {
             entry.shared.evicted.notify_one();
         }

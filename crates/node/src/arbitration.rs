@@ -43,6 +43,7 @@ use headroom_store::arbiter::{Arbiter, ArbiterSettings, NodeReport, NodeShare, S
 use serde::Serialize;
 
 use crate::scheduler::{DemandCounters, Scheduler};
+use crate::sync::lock;
 
 /// `arbitration_epoch_ms` by default.
 pub const DEFAULT_EPOCH_MS: u64 = 500;
@@ -271,8 +272,8 @@ impl Arbitration {
     }
 
     pub fn stop(mut self) {
-        let (lock, changed) = &*self.stop;
-        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        let (flag, changed) = &*self.stop;
+        *lock(flag) = true;
         changed.notify_all();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -282,8 +283,8 @@ impl Arbitration {
 
 /// Waits up to `period` for the stop flag; true once it is set.
 fn stopped(stop: &(Mutex<bool>, Condvar), period: Duration) -> bool {
-    let (lock, cv) = stop;
-    let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let (flag, cv) = stop;
+    let guard = lock(flag);
     let (guard, _) = cv
         .wait_timeout_while(guard, period, |stopped| !*stopped)
         .unwrap_or_else(|e| e.into_inner());
@@ -309,7 +310,7 @@ fn run<J: Send + 'static>(
     let epoch = Duration::from_millis(config.epoch_ms.max(1));
     let capacity = config.capacity_units_per_s();
     let update = |f: &mut dyn FnMut(&mut ArbitrationStatus)| {
-        f(&mut status.lock().unwrap_or_else(|p| p.into_inner()));
+        f(&mut lock(status));
     };
     set_share(scheduler, capacity);
     update(&mut |s| {

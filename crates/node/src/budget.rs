@@ -49,6 +49,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use crate::sync::lock;
+
 /// Why a charge can never be granted.
 #[derive(Debug, thiserror::Error)]
 pub enum BudgetError {
@@ -208,7 +210,7 @@ impl Budget {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Joins `tenant`'s account for the life of a session.

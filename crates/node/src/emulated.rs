@@ -75,7 +75,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 
 use headroom_qos::model::{self, IoCostModel, VopCurve};
@@ -84,6 +84,7 @@ use headroom_qos::{NS_PER_S, OpKind};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Clock;
+use crate::sync::lock;
 
 /// Largest allowed `parallelism`.
 pub const MAX_PARALLELISM: u32 = 1024;
@@ -325,12 +326,6 @@ struct Queue {
 struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves consistent state (no multi-step updates
-    // are interrupted by user code), so poisoning is ignored.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// An emulated block device with a known capacity. See the module doc.

@@ -37,6 +37,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::sync::lock;
+
 /// A unit of blocking work; it delivers its own result (typically to a session's reply queue).
 pub type Job = Box<dyn FnOnce() + Send + 'static>;
 
@@ -134,7 +136,7 @@ impl std::fmt::Debug for State {
 
 impl Pool {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     fn now_ns(&self) -> u64 {

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::address_group::address_group;
+use crate::sync::lock;
 
 /// Most address groups whose buckets are tracked at once.
 pub const MAX_TRACKED_GROUPS: usize = 65_536;
@@ -72,7 +73,7 @@ impl HandshakeLimiter {
             return true;
         }
         let group = address_group(ip, self.ipv6_prefix_len);
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut buckets = lock(&self.buckets);
         let refill = |b: &Bucket| {
             let elapsed_s = now.saturating_duration_since(b.at).as_secs_f64();
             (b.tokens + elapsed_s * self.per_s).min(self.burst)
@@ -107,7 +108,7 @@ impl HandshakeLimiter {
 
     /// Address groups tracked now.
     pub fn tracked_groups(&self) -> usize {
-        self.buckets.lock().unwrap_or_else(|p| p.into_inner()).len()
+        lock(&self.buckets).len()
     }
 }
 

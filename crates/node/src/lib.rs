@@ -30,6 +30,7 @@ pub mod scheduler;
 pub mod scrub;
 pub mod server;
 pub mod session;
+mod sync;
 pub mod timeline;
 #[cfg(feature = "tls")]
 pub mod tls;

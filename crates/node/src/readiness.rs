@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use headroom_store::Store;
 
+use crate::sync::lock;
+
 /// How long `/readyz` waits for a probe commit before it answers 503.
 pub const READY_PROBE_BOUND_MS: u64 = 2_000;
 
@@ -41,10 +43,7 @@ impl ReadinessProbe {
         P: FnOnce() -> Vec<String> + Send + 'static,
     {
         {
-            let mut since = self
-                .in_flight_since
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut since = lock(&self.in_flight_since);
             if let Some(started) = *since {
                 return vec![format!(
                     "the metadata store is not answering: a probe commit has waited {} ms",
@@ -56,16 +55,13 @@ impl ReadinessProbe {
         let flag = Arc::clone(&self.in_flight_since);
         let probe = tokio::task::spawn_blocking(move || {
             let reasons = probe();
-            *flag.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            *lock(&flag) = None;
             reasons
         });
         match tokio::time::timeout(Duration::from_millis(READY_PROBE_BOUND_MS), probe).await {
             Ok(Ok(reasons)) => reasons,
             Ok(Err(err)) => {
-                *self
-                    .in_flight_since
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = None;
+                *lock(&self.in_flight_since) = None;
                 vec![format!("the readiness check failed: {err}")]
             }
             Err(_) => vec![format!(

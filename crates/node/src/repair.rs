@@ -20,6 +20,7 @@ use headroom_store::{RebuildStep, Store, VolumeHealth};
 use crate::paced::{PacedRate, fixed_rate_qos, step_desc};
 use crate::scheduler::Scheduler;
 use crate::session::{IoJob, IoRuntime};
+use crate::sync::lock;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -87,10 +88,6 @@ pub struct Rebuilder {
     /// Bumped by `wake` (a device failed, the rate changed); the task waits on it.
     generation: Mutex<u64>,
     changed: Condvar,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Rebuilder {

@@ -52,7 +52,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 
 use headroom_qos::model::is_sequential;
 use headroom_qos::{
@@ -63,6 +63,7 @@ use headroom_qos::{
 use crate::clock::Clock;
 use crate::config::{DispatchMode, QosConfig};
 use crate::global_pool::{self, WorkerUse};
+use crate::sync::{lock, read, write};
 
 /// Most syncs one request is charged for (a FLUSH of a pool with more dirty devices pays for
 /// this many: the bound keeps one charge within what a policy window can absorb).
@@ -291,14 +292,6 @@ pub enum SchedulerError {
     Thread(std::io::Error),
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding a worker lock cannot leave a policy half-updated in a way that is
-    // worse than stopping service: keep serving with what is there.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl<J: Send + 'static> Scheduler<J> {
     /// Builds the workers and starts the wake-up thread.
     /// `device_parallelism`: the emulated device's channels, if there is one (it sets the
@@ -419,7 +412,7 @@ impl<J: Send + 'static> Scheduler<J> {
         }
         // Held while registering, so two sessions that meet a new volume at once register it
         // once (lock order: volumes, then a worker).
-        let mut volumes = self.volumes.write().unwrap_or_else(|p| p.into_inner());
+        let mut volumes = write(&self.volumes);
         if let Some(handle) = volumes.get(&key) {
             return Arc::clone(handle);
         }
@@ -449,11 +442,7 @@ impl<J: Send + 'static> Scheduler<J> {
 
     /// The handle of a registered volume.
     pub fn handle(&self, key: u64) -> Option<Arc<VolumeHandle>> {
-        self.volumes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned()
+        read(&self.volumes).get(&key).cloned()
     }
 
     /// Changes a volume's QoS live: the policies keep its credit balance (clamped to a smaller
@@ -478,12 +467,7 @@ impl<J: Send + 'static> Scheduler<J> {
     /// Removes a volume; its queued requests are handed to the runner, which fails them (the
     /// volume is gone from the store by then).
     pub fn remove_volume(&self, key: u64) {
-        let Some(handle) = self
-            .volumes
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key)
-        else {
+        let Some(handle) = write(&self.volumes).remove(&key) else {
             return;
         };
         let now = self.clock.now_ns();
@@ -877,7 +861,7 @@ impl<J: Send + 'static> Scheduler<J> {
     /// Every registered volume: its key, its whole QoS, and the requests it has completed
     /// since start (cross-node arbitration sums the baselines of the volumes that were active).
     pub fn volume_activity(&self) -> Vec<(u64, VolumeQos, u64)> {
-        let volumes = self.volumes.read().unwrap_or_else(|p| p.into_inner());
+        let volumes = read(&self.volumes);
         volumes
             .values()
             .map(|h| {

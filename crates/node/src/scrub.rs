@@ -30,6 +30,7 @@ use utoipa::ToSchema;
 use crate::paced::{PacedRate, step_desc};
 use crate::scheduler::Scheduler;
 use crate::session::{IoJob, IoRuntime};
+use crate::sync::lock;
 
 /// The scrub's volume key in the scheduler (the rebuild has `u64::MAX`; store ids count up
 /// from 1).
@@ -141,10 +142,6 @@ struct State {
 #[derive(Debug, Serialize, Deserialize)]
 struct RecordedState {
     last_pass_started_unix_s: u64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn unix_s() -> u64 {

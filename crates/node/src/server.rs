@@ -22,6 +22,7 @@ use crate::scheduler::{Scheduler, SchedulerError};
 use crate::session::{
     Emulation, IoJob, IoRunner, IoRuntime, SessionContext, SessionError, serve_connection,
 };
+use crate::sync::lock;
 use crate::volume_qos::{CreditRecord, SAVE_MARGIN_PERIODS};
 
 /// Failures while starting or stopping a node.
@@ -219,7 +220,7 @@ impl Node {
             (None, _, _) => None,
             (Some(arb), StoreBackend::Rados { conf, id, pool, .. }, Some(scheduler)) => {
                 {
-                    let mut s = arbitration_status.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut s = lock(&arbitration_status);
                     s.enabled = true;
                     s.node_id = arb.node_id.clone();
                     s.weight = arb.weight;
@@ -914,8 +915,8 @@ impl CreditSaver {
                 let clock = scheduler.clock();
                 let mut next_ns = clock.now_ns() + period_ms * 1_000_000;
                 loop {
-                    let (lock, changed) = &*flag;
-                    let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+                    let (stop, changed) = &*flag;
+                    let mut stopped = lock(stop);
                     while !*stopped && clock.now_ns() < next_ns {
                         let wait = clock.until(next_ns).min(period);
                         stopped = changed
@@ -949,8 +950,8 @@ impl CreditSaver {
     }
 
     fn stop(mut self) {
-        let (lock, changed) = &*self.stop;
-        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        let (flag, changed) = &*self.stop;
+        *lock(flag) = true;
         changed.notify_all();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();

@@ -19,7 +19,7 @@
 //! upper bound of the latency histogram's bucket that holds it (buckets double in width).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use headroom_qos::{CostVector, IoRate};
@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use crate::metrics::{MetricsRegistry, OpStats};
 use crate::scheduler::{PhaseStats, Scheduler};
 use crate::session::IoJob;
+use crate::sync::lock;
 use crate::volume_qos::{CreditsView, RateView, effective_qos};
 
 /// How often the sampler runs by default.
@@ -283,10 +284,6 @@ impl std::fmt::Debug for Timeline {
             .field("interval_ms", &self.interval_ms)
             .finish_non_exhaustive()
     }
-}
-
-fn lock(mutex: &Mutex<History>) -> MutexGuard<'_, History> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn unix_ms() -> u64 {

@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use crate::sync::lock;
+
 /// One audited request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditRecord {
@@ -97,7 +99,7 @@ impl AuditLog {
         };
         let mut line = serde_json::to_vec(record).map_err(|e| err(std::io::Error::other(e)))?;
         line.push(b'\n');
-        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let mut file = lock(&self.file);
         // One write of the whole line: with O_APPEND it lands after every earlier line.
         file.write_all(&line).map_err(err)?;
         file.sync_data().map_err(err)

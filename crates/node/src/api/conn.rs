@@ -46,6 +46,8 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tower_service::Service;
 
+use crate::sync::lock;
+
 /// The API's connection limits (`[api]` in the configuration).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiLimits {
@@ -197,7 +199,7 @@ impl ApiConnections {
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<Conn>>> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.table)
     }
 
     pub fn view(&self) -> ApiConnectionsView {

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{ApiErrorBody, ApiResult, ApiState, blocking};
+use crate::sync::lock;
 
 /// The routes of this module (merged into `api::routes`).
 pub(super) fn routes() -> Router<ApiState> {
@@ -161,13 +162,7 @@ pub(super) async fn node(State(state): State<ApiState>) -> Json<NodeView> {
 pub(super) async fn arbitration(
     State(state): State<ApiState>,
 ) -> Json<crate::arbitration::ArbitrationStatus> {
-    Json(
-        state
-            .arbitration
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone(),
-    )
+    Json(lock(&state.arbitration).clone())
 }
 
 /// The pool's devices: path, capacity, allocated bytes, failed, and what each is doing now

@@ -32,6 +32,8 @@ use utoipa::ToSchema;
 use super::auth::{ApiToken, constant_time_eq};
 use super::{ApiError, ApiErrorBody, ApiState};
 
+use crate::sync::lock;
+
 /// What a token may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -228,7 +230,7 @@ impl Tokens {
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Record>> {
-        self.records.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.records)
     }
 
     /// Who `offered` is, if anyone. Every stored hash is compared, in constant time.

@@ -36,13 +36,15 @@
 //! payload bytes, and on a transition to or from idle one more atomic; comparing the clock
 //! with the window's end decides whether to close (once per second).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use headroom_qos::{BurstMode, VolumeQos};
 use serde::{Deserialize, Serialize};
 
 use super::{MetricsRegistry, VolumeStats};
+
+use crate::sync::lock;
 
 const NS_PER_S: u64 = 1_000_000_000;
 /// A window is backlogged when the volume was idle (nothing outstanding) less than this.
@@ -99,10 +101,6 @@ struct AuditState {
     served_bytes: u64,
     idle_ns: u64,
     throttled_ios: u64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A baseline or cap dimension: finite and non-zero.

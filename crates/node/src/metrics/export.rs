@@ -33,6 +33,7 @@ use super::{MetricsRegistry, OpStats, VolumeOp, VolumeStats};
 use crate::api::ApiState;
 use crate::scheduler::Scheduler;
 use crate::session::IoJob;
+use crate::sync::lock;
 
 /// The label value of the folded volumes.
 pub const OTHER_VOLUMES: &str = "_other";
@@ -54,11 +55,7 @@ pub(crate) async fn metrics(State(state): State<ApiState>) -> Response {
         registry: Arc::clone(&state.metrics),
         scheduler: state.scheduler.clone(),
         store: Arc::clone(&state.store),
-        arbitration: state
-            .arbitration
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone(),
+        arbitration: lock(&state.arbitration).clone(),
         rebuild: state.rebuild.clone(),
         scrub: state.scrub.clone(),
     };

@@ -29,6 +29,7 @@ use headroom_store::{LatencyHistogram, LatencySnapshot};
 use crate::clock::Clock;
 use crate::scheduler::Scheduler;
 use crate::session::IoJob;
+use crate::sync::{read, write};
 
 pub use audit::AuditView;
 pub use export::routes;
@@ -277,7 +278,7 @@ impl MetricsRegistry {
         if let Some(stats) = self.get(key) {
             return stats;
         }
-        let mut volumes = self.volumes.write().unwrap_or_else(|p| p.into_inner());
+        let mut volumes = write(&self.volumes);
         Arc::clone(
             volumes
                 .entry(key)
@@ -286,29 +287,17 @@ impl MetricsRegistry {
     }
 
     pub fn get(&self, key: u64) -> Option<Arc<VolumeStats>> {
-        self.volumes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned()
+        read(&self.volumes).get(&key).cloned()
     }
 
     /// Forgets a deleted volume.
     pub fn remove(&self, key: u64) {
-        self.volumes
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key);
+        write(&self.volumes).remove(&key);
     }
 
     /// Every registered volume's stats.
     pub fn all(&self) -> Vec<Arc<VolumeStats>> {
-        self.volumes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        read(&self.volumes).values().cloned().collect()
     }
 }
 

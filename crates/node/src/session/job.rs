@@ -10,6 +10,7 @@ use headroom_store::{StoreError, Volume};
 use crate::buffers::{BufferPool, PooledBuffer};
 use crate::exec::Lane;
 use crate::scheduler::{IoDesc, Ready, Runner, Scheduler, Ticket, VolumeHandle};
+use crate::sync::lock;
 
 /// How a job's outcome reaches the client.
 #[derive(Debug)]
@@ -145,7 +146,7 @@ impl Grant {
         let Scheduled(ticket) = admission else {
             return None;
         };
-        let mut state = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = lock(&self.slot.state);
         if !state.abandoned {
             state.ticket = Some(ticket);
             drop(state);
@@ -173,7 +174,7 @@ impl PendingGrant {
     /// again to keep waiting).
     pub fn wait(&self, timeout: Duration) -> Option<Ticket> {
         let deadline = std::time::Instant::now() + timeout;
-        let mut state = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = lock(&self.slot.state);
         loop {
             if let Some(t) = state.ticket.take() {
                 return Some(t);
@@ -196,7 +197,7 @@ impl Drop for PendingGrant {
     fn drop(&mut self) {
         // Under the lock, so a dispatch either came before (its ticket is here) or sees this
         // and completes the grant itself.
-        let mut state = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = lock(&self.slot.state);
         state.abandoned = true;
         let ticket = state.ticket.take();
         drop(state);

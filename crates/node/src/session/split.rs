@@ -10,6 +10,7 @@ use super::IoRuntime;
 use super::job::{Admission, Answer, ClientJob, IoJob, run_job, run_ready_in};
 use super::transmit::{Permits, Reply, ReplyBody, ReplyPath, Tally};
 use crate::scheduler::{Ready, Scheduler, VolumeHandle};
+use crate::sync::lock;
 
 /// Smallest piece a split request is cut into, whatever `max_request_bytes` says (a tiny
 /// configured maximum must not turn a 4 GiB TRIM into millions of pieces).
@@ -179,7 +180,7 @@ impl SplitRequest {
 
     /// The next piece to submit, as a job, if any is left.
     pub(super) fn next_piece(self: &Arc<Self>) -> Option<IoJob> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = lock(&self.state);
         let piece = state.unsubmitted.pop_front()?;
         let index = state.next_index;
         state.next_index += 1;
@@ -210,7 +211,7 @@ impl SplitRequest {
     /// Records one piece's outcome; answers the request when it was the last, and otherwise
     /// submits the next piece.
     pub(super) fn piece_done(self: &Arc<Self>, index: usize, body: ReplyBody, now_ns: u64) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = lock(&self.state);
         if let ReplyBody::Error(errno, message) = body
             && state.failure.is_none_or(|(first, _, _)| index < first)
         {

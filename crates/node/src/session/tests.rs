@@ -11,6 +11,7 @@ use super::transmit::{Permits, ReplyBody, ReplyPath, Tally, volume_stats};
 use super::*;
 use crate::emulated::EmulatedDeviceSpec;
 use crate::exec::Lane;
+use crate::sync::lock;
 use headroom_nbd::consts;
 use headroom_qos::model::IoCostModel;
 use headroom_store::EXTENT_SIZE_BYTES as E;
@@ -474,7 +475,7 @@ fn a_split_request_holds_at_most_two_pieces_in_the_node_and_answers_once() {
 }
 
 fn lock_state(split: &SplitRequest) -> std::sync::MutexGuard<'_, SplitState> {
-    split.state.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&split.state)
 }
 
 #[test]
