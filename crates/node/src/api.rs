@@ -25,6 +25,8 @@ pub mod audit_log;
 pub mod auth;
 pub mod body;
 pub mod conn;
+pub mod dashboard;
+pub mod metrics;
 pub mod node;
 pub mod openapi;
 pub mod path;
@@ -378,8 +380,8 @@ fn routes() -> Router<ApiState> {
             "/v1/volumes/{name}",
             get(show_volume).patch(update_volume).delete(delete_volume),
         )
-        .merge(crate::dashboard::routes())
-        .merge(crate::metrics::routes())
+        .merge(dashboard::routes())
+        .merge(metrics::routes())
 }
 
 /// The API: [`routes`] and the JSON fallbacks, all behind the bearer-token check

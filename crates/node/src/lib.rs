@@ -16,11 +16,11 @@ pub mod buffers;
 pub mod clock;
 pub mod coalesce;
 pub mod config;
-pub mod dashboard;
 pub mod emulated;
 pub mod exec;
 pub mod global_pool;
 pub mod handshake_limit;
+pub mod limits;
 pub mod metrics;
 pub mod net_threads;
 pub mod paced;
@@ -34,6 +34,7 @@ mod sync;
 pub mod timeline;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub mod tls_config;
 pub mod volume_qos;
 
 pub use config::{Limits, NodeConfig, StoreBackend, TlsConfig};

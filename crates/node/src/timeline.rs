@@ -781,7 +781,7 @@ mod tests {
 
     fn scheduler() -> Arc<Scheduler<IoJob>> {
         Scheduler::start(
-            &crate::config::QosConfig::default(),
+            &crate::scheduler::config::QosConfig::default(),
             crate::clock::Clock::new(),
             Arc::new(Nop),
             None,

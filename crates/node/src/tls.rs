@@ -26,8 +26,8 @@ use openssl::x509::{X509Name, X509Ref};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_openssl::SslStream;
 
-use crate::config::TlsConfig;
 use crate::handshake_limit::HandshakeLimiter;
+use crate::tls_config::TlsConfig;
 
 /// TLS 1.2 cipher suites by default: forward-secret AEAD suites only — ECDHE with AES-GCM or
 /// ChaCha20-Poly1305 for certificates, and ECDHE-PSK with ChaCha20-Poly1305 (the one

@@ -27,6 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use headroom_qos::{BurstMode, IoRate, QosSpec, VolumeQos};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::scheduler::PhaseStats;
 
@@ -171,7 +172,7 @@ pub struct BucketView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QosView {
     /// What the operator asked for (preset and refinements).
-    #[schema(value_type = crate::api::openapi::QosSpecSchema)]
+    #[schema(value_type = QosSpecSchema)]
     pub spec: QosSpec,
     pub baseline: RateView,
     pub ceiling: RateView,
@@ -262,6 +263,41 @@ impl From<PhaseStats> for PhasesView {
             },
         }
     }
+}
+
+/// A volume's QoS as an operator writes it (`headroom_qos::QosSpec`; documented with the stored
+/// record so the policy crate needs no OpenAPI dependency).
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[schema(as = QosSpec)]
+pub struct QosSpecSchema {
+    /// A preset: gp2, gp3[:iops=N,throughput=MiBps], io2:iops=N, azure-credit,
+    /// azure-ondemand, autopl[:provisioned-iops=N], or qemu:iops-total=...,...
+    pub preset: Option<String>,
+    /// Guaranteed IOPS (0 = nothing guaranteed).
+    pub baseline_iops: Option<u64>,
+    /// Guaranteed MB/s, decimal (10^6 bytes per second).
+    pub baseline_mbps: Option<u64>,
+    /// Most IOPS ever allowed (> 0).
+    pub ceiling_iops: Option<u64>,
+    /// Most MB/s ever allowed, decimal (> 0).
+    pub ceiling_mbps: Option<u64>,
+    /// How the volume may exceed its baseline.
+    pub burst: Option<BurstSchema>,
+    /// Share of spare capacity relative to other volumes (1-10000).
+    pub weight: Option<u32>,
+}
+
+/// How a volume may exceed its baseline.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[schema(as = BurstKind)]
+#[serde(rename_all = "kebab-case")]
+pub enum BurstSchema {
+    /// Never above the baseline.
+    None,
+    /// Up to the ceiling while credits last.
+    Credits,
+    /// Up to the ceiling whenever the node has spare capacity.
+    OnDemand,
 }
 
 #[cfg(test)]

@@ -11,46 +11,11 @@ use std::sync::LazyLock;
 
 use axum::http::header;
 use axum::response::IntoResponse;
-use serde::{Deserialize, Serialize};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use super::{ApiErrorBody, ConnectionsReport, CreateVolume, UpdateVolume, VolumeView};
-
-/// A volume's QoS as an operator writes it (`headroom_qos::QosSpec`; documented here so the
-/// policy crate needs no OpenAPI dependency).
-#[derive(Debug, Deserialize, Serialize, ToSchema)]
-#[schema(as = QosSpec)]
-pub struct QosSpecSchema {
-    /// A preset: gp2, gp3[:iops=N,throughput=MiBps], io2:iops=N, azure-credit,
-    /// azure-ondemand, autopl[:provisioned-iops=N], or qemu:iops-total=...,...
-    pub preset: Option<String>,
-    /// Guaranteed IOPS (0 = nothing guaranteed).
-    pub baseline_iops: Option<u64>,
-    /// Guaranteed MB/s, decimal (10^6 bytes per second).
-    pub baseline_mbps: Option<u64>,
-    /// Most IOPS ever allowed (> 0).
-    pub ceiling_iops: Option<u64>,
-    /// Most MB/s ever allowed, decimal (> 0).
-    pub ceiling_mbps: Option<u64>,
-    /// How the volume may exceed its baseline.
-    pub burst: Option<BurstSchema>,
-    /// Share of spare capacity relative to other volumes (1-10000).
-    pub weight: Option<u32>,
-}
-
-/// How a volume may exceed its baseline.
-#[derive(Debug, Deserialize, Serialize, ToSchema)]
-#[schema(as = BurstKind)]
-#[serde(rename_all = "kebab-case")]
-pub enum BurstSchema {
-    /// Never above the baseline.
-    None,
-    /// Up to the ceiling while credits last.
-    Credits,
-    /// Up to the ceiling whenever the node has spare capacity.
-    OnDemand,
-}
+pub use crate::volume_qos::{BurstSchema, QosSpecSchema};
 
 /// `GET /v1/connections`' body is large and owned by the admission and budget modules; it is
 /// described as an object here (docs/operations.md has its fields).
@@ -123,8 +88,8 @@ impl Modify for BearerAuth {
         super::tokens::list_tokens,
         super::tokens::create_token,
         super::tokens::revoke_token,
-        crate::metrics::export::metrics,
-        crate::dashboard::stats,
+        crate::api::metrics::metrics,
+        crate::api::dashboard::stats,
         serve_json,
     ),
     components(schemas(ApiErrorBody, CreateVolume, UpdateVolume, VolumeView)),

@@ -285,12 +285,12 @@ impl Audit {
         }
         // Own-limit needs the scheduler: requests it held, and the credit balance.
         let (throttled_ios, credits_empty) = match registry.scheduler() {
-            Some(scheduler) => match scheduler.handle(stats.key) {
+            Some(scheduler) => match scheduler.volume_handle(stats.key) {
                 Some(handle) => {
                     let held = handle.counters.throttled_ios.load(Ordering::Relaxed);
                     let empty = match &state.qos.burst {
                         BurstMode::Credits(spec) => {
-                            let (iops, bytes) = scheduler.credits(&handle);
+                            let (iops, bytes) = scheduler.volume_credits(&handle);
                             let low = |bal: Option<u64>, cap: Option<u64>| match (bal, cap) {
                                 (Some(bal), Some(cap)) => bal <= cap / 100,
                                 _ => false,

@@ -5,7 +5,7 @@
 //! `VolumeHandle`), and an operator's `/metrics` scrape must read them without stopping I/O.
 //! So every counter is a relaxed atomic in a [`VolumeStats`] that a session looks up once
 //! (like `scheduler_handle`) and then updates with a few `fetch_add`s per request; the scrape
-//! (`export`) reads the atomics where they are, nothing is copied per request.
+//! (`api::metrics`) reads the atomics where they are, nothing is copied per request.
 //!
 //! Per request: one clock read when its header has been read (`arrive`) and one when its
 //! reply is handed to the writer (`complete`), a latency bucket and a latency sum, payload
@@ -16,7 +16,6 @@
 //! Bounds: one entry per volume (removed when the volume is deleted), fixed-size counters.
 
 pub mod audit;
-pub mod export;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,12 +26,10 @@ use headroom_qos::VolumeQos;
 use headroom_store::{LatencyHistogram, LatencySnapshot};
 
 use crate::clock::Clock;
-use crate::scheduler::Scheduler;
-use crate::session::IoJob;
+use crate::scheduler::{Scheduler, VolumeCredits};
 use crate::sync::{read, write};
 
 pub use audit::AuditView;
-pub use export::routes;
 
 /// `[metrics]`: how many volumes get series of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,6 +155,17 @@ pub struct VolumeStats {
 }
 
 impl VolumeStats {
+    /// The QoS the audit judges the volume by (what `/metrics` shows without a scheduler).
+    pub(crate) fn audited_qos(&self) -> VolumeQos {
+        self.audit.qos()
+    }
+
+    /// Records `ops`, the volume's operations so far, at a scrape; returns how many were
+    /// done since the previous scrape (to rank volumes by recent activity).
+    pub(crate) fn ops_since_scrape(&self, ops: u64) -> u64 {
+        ops.saturating_sub(self.scraped_ops.swap(ops, Ordering::Relaxed))
+    }
+
     fn new(key: u64, name: &str, qos: &VolumeQos, now_ns: u64) -> VolumeStats {
         VolumeStats {
             key,
@@ -243,7 +251,7 @@ pub struct MetricsRegistry {
     clock: Clock,
     volumes: RwLock<HashMap<u64, Arc<VolumeStats>>>,
     /// The scheduler, if a policy runs (the audit asks it about credits and held requests).
-    scheduler: OnceLock<Weak<Scheduler<IoJob>>>,
+    scheduler: OnceLock<Weak<dyn VolumeCredits>>,
 }
 
 impl MetricsRegistry {
@@ -265,11 +273,15 @@ impl MetricsRegistry {
     }
 
     /// Lets the audit ask the scheduler (set once at start).
-    pub fn attach_scheduler(&self, scheduler: &Arc<Scheduler<IoJob>>) {
-        let _ = self.scheduler.set(Arc::downgrade(scheduler));
+    pub fn attach_scheduler<J: Send + 'static>(&self, scheduler: &Arc<Scheduler<J>>)
+    where
+        Scheduler<J>: Send + Sync,
+    {
+        let credits: Arc<dyn VolumeCredits> = Arc::clone(scheduler) as Arc<dyn VolumeCredits>;
+        let _ = self.scheduler.set(Arc::downgrade(&credits));
     }
 
-    pub(crate) fn scheduler(&self) -> Option<Arc<Scheduler<IoJob>>> {
+    pub(crate) fn scheduler(&self) -> Option<Arc<dyn VolumeCredits>> {
         self.scheduler.get().and_then(Weak::upgrade)
     }
 

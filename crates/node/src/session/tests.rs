@@ -218,8 +218,13 @@ fn a_grant_waits_for_the_policy_and_its_completion_is_charged_to_its_volume() {
         reads: ReadRouter::new(ReadRouting::Primary),
     });
     let runner = Arc::new(IoRunner(Arc::clone(&io)));
-    let scheduler =
-        Scheduler::start(&crate::config::QosConfig::default(), io.clock, runner, None).unwrap();
+    let scheduler = Scheduler::start(
+        &crate::scheduler::config::QosConfig::default(),
+        io.clock,
+        runner,
+        None,
+    )
+    .unwrap();
     let qos = crate::repair::rebuild_qos(64 << 20);
     let handle = scheduler.add_volume(crate::repair::REBUILD_SCHEDULER_KEY, &qos);
     let desc = IoDesc {

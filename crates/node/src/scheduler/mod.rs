@@ -50,6 +50,8 @@
 //! for, so a throttled volume fills its own connection's budget and its reader stops reading
 //! the socket; nothing here grows without a bound.
 
+pub mod config;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
@@ -61,9 +63,9 @@ use headroom_qos::{
 };
 
 use crate::clock::Clock;
-use crate::config::{DispatchMode, QosConfig};
 use crate::global_pool::{self, WorkerUse};
 use crate::sync::{lock, read, write};
+use config::{DispatchMode, QosConfig};
 
 /// Most syncs one request is charged for (a FLUSH of a pool with more dirty devices pays for
 /// this many: the bound keeps one charge within what a policy window can absorb).
@@ -290,6 +292,28 @@ pub enum SchedulerError {
     NoPolicy,
     #[error("starting the wake-up thread: {0}")]
     Thread(std::io::Error),
+}
+
+/// What the promise audit (`metrics::audit`) asks a scheduler, whatever job type it runs: the
+/// metrics sit below the request path and must not name its job type.
+pub trait VolumeCredits: Send + Sync {
+    /// The volume's handle, if it is registered.
+    fn volume_handle(&self, key: u64) -> Option<Arc<VolumeHandle>>;
+    /// Its credit balances ([`Scheduler::credits`]).
+    fn volume_credits(&self, handle: &VolumeHandle) -> (Option<u64>, Option<u64>);
+}
+
+impl<J: Send + 'static> VolumeCredits for Scheduler<J>
+where
+    Scheduler<J>: Send + Sync,
+{
+    fn volume_handle(&self, key: u64) -> Option<Arc<VolumeHandle>> {
+        self.handle(key)
+    }
+
+    fn volume_credits(&self, handle: &VolumeHandle) -> (Option<u64>, Option<u64>) {
+        self.credits(handle)
+    }
 }
 
 impl<J: Send + 'static> Scheduler<J> {
@@ -1198,7 +1222,7 @@ mod tests {
     use headroom_qos::{CostVector, NodeCapacity, PolicyKind};
     use std::time::{Duration, Instant};
 
-    use crate::config::PolicyChoice;
+    use super::config::PolicyChoice;
 
     /// Keeps what the wake-up thread releases, for the test to run.
     #[derive(Default)]

@@ -29,8 +29,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::{MetricsRegistry, OpStats, VolumeOp, VolumeStats};
-use crate::api::ApiState;
+use super::ApiState;
+use crate::metrics::{MetricsRegistry, OpStats, VolumeOp, VolumeStats};
 use crate::scheduler::Scheduler;
 use crate::session::IoJob;
 use crate::sync::lock;
@@ -104,7 +104,7 @@ struct VolumeSample {
     phase_bytes: [u64; 3],
     baseline_iops: u64,
     baseline_bytes_per_s: u64,
-    audit: super::AuditView,
+    audit: crate::metrics::AuditView,
 }
 
 impl VolumeSample {
@@ -134,7 +134,11 @@ impl VolumeSample {
 }
 
 /// An audit counter: name, help, and how to read it.
-type AuditSeries = (&'static str, &'static str, fn(&super::AuditView) -> u64);
+type AuditSeries = (
+    &'static str,
+    &'static str,
+    fn(&crate::metrics::AuditView) -> u64,
+);
 
 /// A rate as a gauge value (0: none).
 fn finite_rate(rate: u64) -> u64 {
@@ -162,7 +166,7 @@ impl Scrape {
             sample.baseline_iops = finite_rate(qos.baseline.iops);
             sample.baseline_bytes_per_s = finite_rate(qos.baseline.bytes_per_s);
         } else {
-            let qos = stats.audit.qos();
+            let qos = stats.audited_qos();
             sample.baseline_iops = finite_rate(qos.baseline.iops);
             sample.baseline_bytes_per_s = finite_rate(qos.baseline.bytes_per_s);
         }
@@ -180,10 +184,7 @@ impl Scrape {
             .iter()
             .map(|stats| {
                 let ops: u64 = stats.ops().iter().map(|o| o.ops).sum();
-                let before = stats
-                    .scraped_ops
-                    .swap(ops, std::sync::atomic::Ordering::Relaxed);
-                (ops.saturating_sub(before), stats.last_active_s(), stats)
+                (stats.ops_since_scrape(ops), stats.last_active_s(), stats)
             })
             .collect();
         ranked.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
