@@ -548,7 +548,15 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
             tokio::task::block_in_place(|| node.create_volume(&sample_name, size_bytes, spec))
                 .with_context(|| format!("creating the sample volume {sample_name}"))?;
         }
-        print_demo_help(&name, &capped, size_bytes, node.nbd_addr, node.api_addr);
+        let client = DemoClient::new(&token_origin, api_token.expose());
+        print_demo_help(
+            &name,
+            &capped,
+            size_bytes,
+            node.nbd_addr,
+            node.api_addr,
+            &client,
+        );
     }
     // Handlers first: a script that sends SIGTERM as soon as it reads the line below must
     // get a clean stop, not the default action.
@@ -617,23 +625,92 @@ fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
 /// The sample QoS volume's class: 5,000 IOPS for about 12 s, then 1,000.
 const DEMO_QOS_CLASS: &str = "qemu:iops-total=1000,iops-total-max=5000,iops-total-max-length=10";
 
-fn print_demo_help(name: &str, capped: &str, size_bytes: u64, nbd: SocketAddr, api: SocketAddr) {
+/// How the demo's printed `headroom` commands reach this server from another terminal: this
+/// very binary by its absolute path (`cargo run` puts none on the PATH), and the token the
+/// server uses, by its file where there is one.
+struct DemoClient {
+    /// The start of every printed `headroom` command line.
+    prefix: String,
+    /// The flags after its arguments.
+    suffix: String,
+}
+
+impl DemoClient {
+    fn new(origin: &token::Origin, ephemeral_token: &str) -> DemoClient {
+        let exe = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.to_str().map(shell_word))
+            .unwrap_or_else(|| "headroom".to_string());
+        let (env, suffix) = match origin {
+            token::Origin::TokenFile(path) | token::Origin::CreatedTokenFile(path) => {
+                let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+                let file = path.to_str().map(shell_word).unwrap_or_default();
+                (String::new(), format!(" --token-file {file}"))
+            }
+            // Printed to stderr already: nowhere else to find it.
+            token::Origin::Ephemeral => {
+                (format!("HEADROOM_TOKEN={ephemeral_token} "), String::new())
+            }
+            // The operator's own setting: the same variable in the other terminal.
+            token::Origin::Environment | token::Origin::ConfigFile => {
+                (String::new(), String::new())
+            }
+        };
+        DemoClient {
+            prefix: format!("{env}{exe}"),
+            suffix,
+        }
+    }
+}
+
+/// `word` as one shell word (quoted when it holds anything but `[A-Za-z0-9/._+=:-]`).
+fn shell_word(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._+-=:".contains(c))
+    {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// The demo's banner: what it serves and commands to try, each of which works as printed on a
+/// machine with the Debian packages the first line names (`cli.rs` runs every one).
+fn print_demo_help(
+    name: &str,
+    capped: &str,
+    size_bytes: u64,
+    nbd: SocketAddr,
+    api: SocketAddr,
+    client: &DemoClient,
+) {
     let uri = format!("nbd://{nbd}/{name}");
     let capped_uri = format!("nbd://{nbd}/{capped}");
+    let headroom = |args: &str| {
+        format!(
+            "HEADROOM_API=http://{api} {} {args}{}",
+            client.prefix, client.suffix
+        )
+    };
     say(&format!(
         "\nHeadroom is serving volume {name:?} ({size}, no QoS limit) at {uri}\n\
          and {capped:?} ({size}, QoS class {DEMO_QOS_CLASS}) at {capped_uri}\n\n\
-         Try, from another terminal:\n  \
+         Try, from another terminal (the clients are Debian's packages; as root:\n\
+         apt-get install -y libnbd-bin qemu-utils fio):\n  \
          nbdinfo {uri}\n  \
          qemu-img info {uri}\n  \
-         qemu-img convert -n -O raw some-image.raw {uri}\n  \
+         qemu-img create -f qcow2 /tmp/headroom-demo.qcow2 64M && qemu-img convert -n -O raw /tmp/headroom-demo.qcow2 {uri}\n  \
          fio --name=demo --ioengine=nbd --uri={uri} --rw=randrw --bs=4k --iodepth=32 --size=256M --runtime=10 --time_based\n\n\
          QoS at work: the same load on {capped:?} bursts at 5,000 IOPS for about 12 s, then runs at 1,000:\n  \
          fio --name=qos --ioengine=nbd --uri={capped_uri} --rw=randread --bs=4k --iodepth=32 --size=256M --runtime=20 --time_based --status-interval=1\n  \
-         HEADROOM_API=http://{api} headroom volume show {capped}     # credits and I/Os per phase\n  \
-         HEADROOM_API=http://{api} headroom volume list\n\n\
+         {show}     # credits and I/Os per phase\n  \
+         {list}\n\n\
          Stop with Ctrl-C (data is flushed and credit balances saved first).\n\n",
         size = format_size(size_bytes),
+        show = headroom(&format!("volume show {capped}")),
+        list = headroom("volume list"),
     ));
 }
 

@@ -266,6 +266,42 @@ fn demo_serves_a_sample_volume_and_stops_on_sigint() {
     assert_eq!(view["qos_class"]["ceiling"]["iops"], 5000, "{view}");
     assert_eq!(view["credits"]["iops"], 50_000, "{view}");
 
+    // Every command the banner suggests works as printed, from another directory (another
+    // terminal), fio's only with a 1 s run instead of 10 and 20.
+    let commands = suggested_commands(&banner);
+    assert!(commands.len() >= 7, "{commands:#?}\n{banner}");
+    assert!(
+        commands.iter().any(|c| c.contains(" volume show demo-qos")),
+        "{commands:#?}"
+    );
+    let tools = ["nbdinfo", "qemu-img", "fio"];
+    if tools.iter().all(|t| common::have_tool(t)) {
+        let elsewhere = tempfile::tempdir().unwrap();
+        for command in &commands {
+            let run = command
+                .replace("--runtime=10 ", "--runtime=1 ")
+                .replace("--runtime=20 ", "--runtime=1 ");
+            let out = Command::new("sh")
+                .args(["-c", &run])
+                .current_dir(elsewhere.path())
+                .env_remove("HEADROOM_TOKEN")
+                .env_remove("HEADROOM_API")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "the demo suggests `{command}`, which fails: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if command.contains(" volume show ") {
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(text.contains("demo-qos"), "{text}");
+            }
+        }
+        println!("ran the demo's {} suggested commands", commands.len());
+    }
+
     let status = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
@@ -273,6 +309,18 @@ fn demo_serves_a_sample_volume_and_stops_on_sigint() {
     assert!(status.success());
     let exit = child.wait().unwrap();
     assert!(exit.success(), "demo exited with {exit} after SIGINT");
+}
+
+/// The command lines of the demo's banner: its indented lines after "Try", without their
+/// trailing comments.
+fn suggested_commands(banner: &str) -> Vec<String> {
+    banner
+        .lines()
+        .skip_while(|line| !line.starts_with("Try"))
+        .filter_map(|line| line.strip_prefix("  "))
+        .map(|line| line.split("  #").next().unwrap_or(line).trim().to_string())
+        .filter(|line| !line.is_empty())
+        .collect()
 }
 
 /// The cell of a right-aligned column: the last word of `row` ending where `header` ends in
