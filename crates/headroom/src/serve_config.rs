@@ -31,6 +31,8 @@ use headroom_node::config::{DispatchMode, PolicyChoice, QosConfig};
 use headroom_node::config::{LimitRule, LimitsError};
 use headroom_node::emulated::{EmulatedDeviceSpec, EmulatedError};
 use headroom_node::metrics::{MAX_MAX_VOLUME_SERIES, MetricsConfig};
+use headroom_node::scheduler::config as qos_setting;
+use headroom_node::setting;
 use headroom_node::{Limits, NodeConfig, StoreBackend, TlsConfig};
 use headroom_qos::model::{CpuModel, DeviceModel, IoCostModel, LinearCpu, VopCurve};
 use headroom_qos::routing::ReadRouting;
@@ -49,10 +51,6 @@ pub const DEFAULT_DATA_DIR: &str = "./headroom-data";
 pub const DEFAULT_DEVICES: u32 = 2;
 /// Capacity of each device file in a new data directory by default (sparse).
 pub const DEFAULT_DEVICE_SIZE: u64 = 64 << 30;
-/// Most scheduler workers.
-pub const MAX_WORKERS: usize = 64;
-/// Most I/O worker threads.
-pub const MAX_IO_THREADS: usize = 256;
 /// Smallest request-size limit: the block size we advertise as preferred.
 const MIN_REQUEST_BYTES: u64 = headroom_nbd::PREFERRED_BLOCK_BYTES as u64;
 /// Largest request-size limit the NBD layer accepts.
@@ -908,14 +906,8 @@ impl ConfigFile {
     /// Checks every value that can be checked on its own.
     pub fn check(&self) -> Result<(), Invalid> {
         let sv = &self.server;
-        if let Some(n) = sv.io_threads
-            && n > MAX_IO_THREADS
-        {
-            return Err(Invalid::new(
-                "server.io_threads",
-                n,
-                format!("must be between 0 (inline) and {MAX_IO_THREADS}"),
-            ));
+        if let Some(n) = sv.io_threads {
+            setting::check_io_threads(n).map_err(setting_invalid)?;
         }
         if let Some(size) = sv.inline_max_bytes
             && u32::try_from(size.0).is_err()
@@ -926,30 +918,12 @@ impl ConfigFile {
                 "must be less than 4GiB",
             ));
         }
-        if let Some(us) = sv.coalesce_us
-            && us > headroom_node::config::MAX_COALESCE_US
-        {
-            return Err(Invalid::new(
-                "server.coalesce_us",
-                us,
-                format!(
-                    "must be between 0 (off) and {}",
-                    headroom_node::config::MAX_COALESCE_US
-                ),
-            ));
+        if let Some(us) = sv.coalesce_us {
+            setting::check_coalesce_us(us).map_err(setting_invalid)?;
         }
 
-        if let Some(n) = sv.net_threads
-            && n > headroom_node::net_threads::MAX_NET_THREADS
-        {
-            return Err(Invalid::new(
-                "server.net_threads",
-                n,
-                format!(
-                    "must be between 0 (connections on the shared runtime) and {}",
-                    headroom_node::net_threads::MAX_NET_THREADS
-                ),
-            ));
+        if let Some(n) = sv.net_threads {
+            setting::check_net_threads(n).map_err(setting_invalid)?;
         }
 
         let st = &self.storage;
@@ -1188,23 +1162,11 @@ impl ConfigFile {
         }
 
         let q = &self.qos;
-        if let Some(n) = q.workers
-            && !(1..=MAX_WORKERS).contains(&n)
-        {
-            return Err(Invalid::new(
-                "qos.workers",
-                n,
-                format!("must be between 1 and {MAX_WORKERS}"),
-            ));
+        if let Some(n) = q.workers {
+            qos_setting::check_workers(n).map_err(setting_invalid)?;
         }
-        if let Some(n) = q.burst_in_flight
-            && n > 65_536
-        {
-            return Err(Invalid::new(
-                "qos.burst_in_flight",
-                n,
-                "must be at most 65536 requests (0 turns the burst gate off)",
-            ));
+        if let Some(n) = q.burst_in_flight {
+            qos_setting::check_burst_in_flight(n).map_err(setting_invalid)?;
         }
         if let Some(0) = q.credit_save_period_ms {
             return Err(Invalid::new(
@@ -1731,6 +1693,11 @@ fn limits(li: &LimitsSection) -> Result<Limits, Invalid> {
     };
     limits.validate().map_err(limits_invalid)?;
     Ok(limits)
+}
+
+/// A node setting's error, as the node words it (the key is the file's).
+fn setting_invalid(err: setting::InvalidSetting) -> Invalid {
+    Invalid::new(err.key, err.value, err.allowed)
 }
 
 /// A node limits error in this file's words: sizes with units.

@@ -9,7 +9,17 @@ use std::path::PathBuf;
 use crate::emulated::EmulatedDeviceSpec;
 pub use crate::limits::*;
 pub use crate::scheduler::config::{DispatchMode, PolicyChoice, QosConfig};
+pub use crate::setting::{InvalidSetting, MAX_COALESCE_US};
 pub use crate::tls_config::TlsConfig;
+
+/// A configuration `Node::start` refuses.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Limits(#[from] LimitsError),
+    #[error(transparent)]
+    Setting(#[from] InvalidSetting),
+}
 
 /// Where volume data and metadata are kept.
 #[derive(Clone, Debug)]
@@ -134,10 +144,24 @@ pub struct NodeConfig {
 /// at the same CPU per I/O as 20-30 µs; longer waits lose IOPS (docs/results.md, "Data path
 /// speed").
 pub const DEFAULT_COALESCE_US: u64 = 10;
-/// Longest coalescing wait accepted: beyond it the wait is latency, not batching.
-pub const MAX_COALESCE_US: u64 = 1000;
 
 impl NodeConfig {
+    /// Runs the rule of every node-owned setting (`setting`, `Limits::validate`,
+    /// `QosConfig::validate`): `Node::start` calls it, so a configuration built anywhere is
+    /// checked before anything starts.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.limits.validate()?;
+        crate::setting::check_io_threads(self.io_threads)?;
+        if let Some(us) = self.coalesce_us {
+            crate::setting::check_coalesce_us(us)?;
+        }
+        if let Some(n) = self.net_threads {
+            crate::setting::check_net_threads(n)?;
+        }
+        self.qos.validate()?;
+        Ok(())
+    }
+
     /// The coalescing wait in force (see `coalesce_us`). Off by default on device files: on
     /// files (measured on tmpfs, where it could help most) the batches it made bought no CPU
     /// per I/O and cost 12-17 % of the IOPS, each request being a `pread` that holds the
@@ -247,5 +271,36 @@ mod tests {
         assert_eq!(files.effective_coalesce_us(), 0);
         files.coalesce_us = Some(7);
         assert_eq!(files.effective_coalesce_us(), 7);
+    }
+
+    #[test]
+    fn a_configuration_built_in_code_is_checked_as_a_file_would_be() {
+        let good = NodeConfig::new(StoreBackend::Memory {
+            capacity_bytes: 1 << 30,
+        });
+        assert_eq!(good.validate(), Ok(()));
+        let key_of = |change: fn(&mut NodeConfig)| {
+            let mut config = good.clone();
+            change(&mut config);
+            match config.validate() {
+                Err(ConfigError::Setting(e)) => e.key,
+                Err(ConfigError::Limits(e)) => e.key,
+                Ok(()) => "accepted",
+            }
+        };
+        assert_eq!(key_of(|c| c.io_threads = 257), "server.io_threads");
+        assert_eq!(key_of(|c| c.coalesce_us = Some(1001)), "server.coalesce_us");
+        assert_eq!(key_of(|c| c.net_threads = Some(257)), "server.net_threads");
+        assert_eq!(key_of(|c| c.qos.workers = 0), "qos.workers");
+        assert_eq!(key_of(|c| c.qos.workers = 65), "qos.workers");
+        assert_eq!(
+            key_of(|c| c.qos.burst_in_flight = Some(65_537)),
+            "qos.burst_in_flight"
+        );
+        assert_eq!(key_of(|c| c.limits.max_connections = 0), "max_connections");
+        // The edges of each range are allowed.
+        assert_eq!(key_of(|c| c.io_threads = 256), "accepted");
+        assert_eq!(key_of(|c| c.qos.workers = 64), "accepted");
+        assert_eq!(key_of(|c| c.coalesce_us = Some(1000)), "accepted");
     }
 }

@@ -30,6 +30,7 @@ pub mod scheduler;
 pub mod scrub;
 pub mod server;
 pub mod session;
+pub mod setting;
 mod sync;
 pub mod timeline;
 #[cfg(feature = "tls")]

@@ -15,7 +15,7 @@ use crate::admission::{Admitted, Connections};
 use crate::budget::Budget;
 use crate::buffers::BufferPool;
 use crate::clock::Clock;
-use crate::config::{Limits, LimitsError, NodeConfig, StoreBackend};
+use crate::config::{Limits, NodeConfig, StoreBackend};
 use crate::emulated::EmulatedDevice;
 use crate::exec::Lanes;
 use crate::scheduler::{Scheduler, SchedulerError};
@@ -28,8 +28,8 @@ use crate::volume_qos::{CreditRecord, SAVE_MARGIN_PERIODS};
 /// Failures while starting or stopping a node.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    #[error("invalid limits: {0}")]
-    Limits(#[from] LimitsError),
+    #[error("invalid configuration: {0}")]
+    Config(#[from] crate::config::ConfigError),
     #[error("opening the store: {0}")]
     Store(#[from] StoreError),
     #[error("binding {addr}: {source}")]
@@ -93,7 +93,7 @@ pub struct RunningNode {
 impl Node {
     /// Opens the store and starts both listeners.
     pub async fn start(config: NodeConfig) -> Result<RunningNode, NodeError> {
-        config.limits.validate()?;
+        config.validate()?;
         // Credentials first: a typo in a key file must not leave a half-started node.
         let tls = match &config.tls {
             None => None,

@@ -49,7 +49,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "scheduling and execution",
-        &["scheduler", "exec", "emulated", "net_threads"],
+        &["scheduler", "exec", "emulated", "net_threads", "setting"],
     ),
     (
         "leaves: no reference to another module of the node",

@@ -5,6 +5,8 @@
 use headroom_qos::{CostModel, CostVector, NS_PER_S, NodeCapacity, PolicyKind, PolicyParams};
 use serde::{Deserialize, Serialize};
 
+use crate::setting::{InvalidSetting, count};
+
 /// Which scheduler runs the I/O, or none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -148,5 +150,45 @@ impl QosConfig {
             u64::MAX,
             u64::MAX,
         ))
+    }
+}
+
+/// Most scheduler workers a configuration may ask for.
+pub const MAX_WORKERS: usize = 64;
+/// Most burst requests in flight per device the burst gate may allow.
+pub const MAX_BURST_IN_FLIGHT: u32 = 65_536;
+
+/// `qos.workers`: 1 to [`MAX_WORKERS`].
+pub fn check_workers(n: usize) -> Result<(), InvalidSetting> {
+    if !(1..=MAX_WORKERS).contains(&n) {
+        return Err(InvalidSetting::new(
+            "qos.workers",
+            count(n),
+            format!("must be between 1 and {MAX_WORKERS}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `qos.burst_in_flight`: at most [`MAX_BURST_IN_FLIGHT`] (0 turns the gate off).
+pub fn check_burst_in_flight(n: u32) -> Result<(), InvalidSetting> {
+    if n > MAX_BURST_IN_FLIGHT {
+        return Err(InvalidSetting::new(
+            "qos.burst_in_flight",
+            u64::from(n),
+            format!("must be at most {MAX_BURST_IN_FLIGHT} requests (0 turns the burst gate off)"),
+        ));
+    }
+    Ok(())
+}
+
+impl QosConfig {
+    /// Runs the rules of the scheduler's own settings.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        check_workers(self.workers)?;
+        if let Some(n) = self.burst_in_flight {
+            check_burst_in_flight(n)?;
+        }
+        Ok(())
     }
 }
