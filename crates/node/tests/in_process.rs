@@ -91,3 +91,61 @@ async fn a_configuration_out_of_range_is_refused_before_anything_listens() {
     };
     assert!(err.to_string().contains("server.io_threads"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_volume_is_offered_read_only_and_refuses_writes_with_eperm() {
+    let node = common::start(common::config()).await;
+    let options = headroom_store::NewVolume {
+        read_only: true,
+        ..headroom_store::NewVolume::default()
+    };
+    node.store()
+        .create_volume_with("ro", 1 << 20, options)
+        .expect("the volume");
+    let mut client = common::connect(&node, "ro")
+        .await
+        .expect("the export is offered");
+    assert!(client.read_only, "the export's flags do not say read-only");
+    assert_eq!(
+        client.write(0, &[1u8; 4096]).await,
+        headroom_nbd::consts::NBD_EPERM
+    );
+    let (error, data) = client.read(0, 4096).await;
+    assert_eq!(error, 0, "reads are served");
+    assert!(
+        data.iter().all(|&b| b == 0),
+        "the refused write changed the volume"
+    );
+    client.disconnect().await;
+    node.shutdown().await.expect("a clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_volume_is_answered_to_an_anonymous_client_as_a_name_no_volume_has() {
+    let node = common::start(common::config()).await;
+    node.store().create_tenant("alice").expect("the tenant");
+    let options = headroom_store::NewVolume {
+        tenant: Some("alice".to_string()),
+        ..headroom_store::NewVolume::default()
+    };
+    node.store()
+        .create_volume_with("alices", 1 << 20, options)
+        .expect("the volume");
+    node.create_volume("public", 1 << 20, None)
+        .expect("the volume");
+    let hidden = common::connect(&node, "alices").await;
+    let unknown = common::connect(&node, "nobody-has-this").await;
+    let (Err(hidden), Err(unknown)) = (hidden, unknown) else {
+        panic!("a plaintext client was offered a tenant's volume or an unknown name");
+    };
+    // The same answer: nothing tells an outsider that the name exists.
+    assert_eq!(
+        hidden.to_string().replace("alices", "NAME"),
+        unknown.to_string().replace("nobody-has-this", "NAME")
+    );
+    let client = common::connect(&node, "public")
+        .await
+        .expect("the export is offered");
+    client.disconnect().await;
+    node.shutdown().await.expect("a clean stop");
+}
