@@ -45,7 +45,7 @@ mod signature;
 pub mod sim_disk;
 mod stats;
 mod store;
-mod sync;
+pub mod sync;
 mod telemetry;
 mod volume;
 
