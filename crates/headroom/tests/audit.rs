@@ -142,7 +142,7 @@ fn the_audit_sees_the_seconds_a_victim_was_short_as_fio_did() {
     // printed; an audit that counts nothing, or counts seconds that were not short, fails
     // all three).
     let mut runs = Vec::new();
-    let (seen, audit, short, short_seconds) = loop {
+    let (seen, audit, short, short_seconds, fio_mean, audit_mean) = loop {
         let dir = tempfile::tempdir().unwrap();
         let (seen, audit) = victim_next_to_burster(dir.path(), "wild");
         let short: Vec<u64> = seen.iter().copied().filter(|&v| v < threshold).collect();
@@ -166,7 +166,7 @@ fn the_audit_sees_the_seconds_a_victim_was_short_as_fio_did() {
             && short_seconds <= fio_short + 2
             && (audit_mean - fio_mean).abs() <= fio_mean * 0.15
         {
-            break (seen, audit, short, short_seconds);
+            break (seen, audit, short, short_seconds, fio_mean, audit_mean);
         }
         runs.push(format!(
             "audit: {short_seconds} short seconds, {audit_mean:.0} I/Os short in each; fio: {} \
@@ -175,9 +175,6 @@ fn the_audit_sees_the_seconds_a_victim_was_short_as_fio_did() {
         ));
         assert!(runs.len() < 3, "in three runs:\n{}", runs.join("\n"));
     };
-    let fio_mean =
-        short.iter().map(|&v| BASELINE_IOPS - v).sum::<u64>() as f64 / short.len() as f64;
-    let audit_mean = field(&audit, "shortfall_ops") as f64 / short_seconds as f64;
     eprintln!(
         "wild next to a burster: audit {short_seconds} short seconds, {audit_mean:.0} I/Os short \
          per short second; fio {} seconds under 95 % of the baseline, {fio_mean:.0} short per \

@@ -74,19 +74,14 @@ impl Client {
     ) -> (u32, Vec<u8>) {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
-        let mut out = Vec::new();
-        headroom_nbd::encode_request_header(
-            &mut out,
-            &RequestHeader {
-                flags,
-                command,
-                cookie,
-                offset,
-                length,
-            },
-        );
-        out.extend_from_slice(payload);
-        self.stream.write_all(&out).await.expect("request sent");
+        let header = RequestHeader {
+            flags,
+            command,
+            cookie,
+            offset,
+            length,
+        };
+        self.send(&header, payload).await;
         let mut header = [0u8; SIMPLE_REPLY_HEADER_LEN];
         self.stream
             .read_exact(&mut header)
@@ -102,6 +97,14 @@ impl Client {
         (reply.error, data)
     }
 
+    /// Sends one request header and the payload after it, in one write.
+    async fn send(&mut self, header: &RequestHeader, payload: &[u8]) {
+        let mut out = Vec::new();
+        headroom_nbd::encode_request_header(&mut out, header);
+        out.extend_from_slice(payload);
+        self.stream.write_all(&out).await.expect("request sent");
+    }
+
     /// Writes `data` at `offset`; the reply's error value.
     pub async fn write(&mut self, offset: u64, data: &[u8]) -> u32 {
         let length = u32::try_from(data.len()).unwrap();
@@ -115,18 +118,14 @@ impl Client {
 
     /// Ends transmission cleanly (`NBD_CMD_DISC`), then waits for the server to close.
     pub async fn disconnect(mut self) {
-        let mut out = Vec::new();
-        headroom_nbd::encode_request_header(
-            &mut out,
-            &RequestHeader {
-                flags: 0,
-                command: NBD_CMD_DISC,
-                cookie: 0,
-                offset: 0,
-                length: 0,
-            },
-        );
-        self.stream.write_all(&out).await.expect("DISC sent");
+        let header = RequestHeader {
+            flags: 0,
+            command: NBD_CMD_DISC,
+            cookie: 0,
+            offset: 0,
+            length: 0,
+        };
+        self.send(&header, &[]).await;
         let mut rest = Vec::new();
         let _ = self.stream.read_to_end(&mut rest).await;
         assert!(rest.is_empty(), "bytes after DISC: {rest:?}");
