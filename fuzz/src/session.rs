@@ -52,7 +52,8 @@ use headroom_nbd::{
     encode_option_header, encode_request_header, encode_server_greeting, option_data_action,
 };
 use headroom_node::admission::Connections;
-use headroom_node::session::{IoRunner, IoRuntime, ReadRouter, SessionContext};
+use headroom_node::pipeline::{IoRunner, IoRuntime, Pipeline, ReadRouter};
+use headroom_node::session::SessionContext;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// A session that has not ended this long after the client closed its side hangs.
@@ -156,7 +157,7 @@ impl Harness {
             buffers: Arc::new(headroom_node::buffers::BufferPool::new(
                 limits.max_request_bytes as usize,
             )),
-            emulation: headroom_node::session::Emulation::Off,
+            emulation: headroom_node::pipeline::Emulation::Off,
             clock,
             runtime: runtime.handle().clone(),
             reads: ReadRouter::new(headroom_qos::routing::ReadRouting::Primary),
@@ -207,13 +208,15 @@ impl Harness {
         let connections = Connections::new(limits.max_connections, limits.max_connections);
         let ctx = Arc::new(SessionContext {
             store,
-            limits,
-            io,
-            scheduler: Some(scheduler),
+            pipeline: Arc::new(Pipeline {
+                limits,
+                io,
+                scheduler: Some(scheduler),
+                budget,
+                metrics,
+            }),
             tls: tls_acceptor(),
             tls_required: false,
-            budget,
-            metrics,
         });
         drop(_entered);
         Harness {

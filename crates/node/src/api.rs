@@ -54,8 +54,8 @@ use utoipa::{IntoParams, ToSchema};
 use crate::admission::{Connections, ConnectionsView};
 use crate::budget::{Budget, BudgetView};
 use crate::buffers::BufferPool;
+use crate::pipeline::IoJob;
 use crate::scheduler::Scheduler;
-use crate::session::IoJob;
 use crate::volume_qos::{CreditsView, PhasesView, QosView, StoredQos};
 
 pub use auth::{ApiToken, TokenError};

@@ -4,7 +4,7 @@
 //! Why a module of its own: the rebuild and the scrub pace alike and must not drift apart.
 //! With a QoS scheduler the task is a tenant of it: registered under a volume key of its
 //! own with a fixed rate (baseline = ceiling, no burst), and every step waits for the policy
-//! to dispatch a grant of its size (`session::Grant`), so the policy charges the step against
+//! to dispatch a grant of its size (`pipeline::Grant`), so the policy charges the step against
 //! the node's capacity like any request and a rate change is a QoS change, applied at once.
 //! Without a scheduler (`--policy off`) the task paces itself: the next step starts when the
 //! bytes done since an origin fit the rate; a rate change restarts the count.
@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use headroom_qos::{IoRate, OpKind, VolumeQos};
 
+use crate::pipeline::{Grant, IoJob, IoRuntime};
 use crate::scheduler::Ticket;
 use crate::scheduler::{IoDesc, Scheduler, VolumeHandle};
-use crate::session::{Grant, IoJob, IoRuntime};
 
 /// How long a step waits for its grant before it checks that the node still runs.
 const GRANT_WAIT: Duration = Duration::from_millis(200);

@@ -18,8 +18,8 @@ use headroom_qos::{OpKind, VolumeQos};
 use headroom_store::{RebuildStep, Store, VolumeHealth};
 
 use crate::paced::{PacedRate, fixed_rate_qos, step_desc};
+use crate::pipeline::{IoJob, IoRuntime};
 use crate::scheduler::Scheduler;
-use crate::session::{IoJob, IoRuntime};
 use crate::sync::lock;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

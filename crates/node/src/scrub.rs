@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::paced::{PacedRate, step_desc};
+use crate::pipeline::{IoJob, IoRuntime};
 use crate::scheduler::Scheduler;
-use crate::session::{IoJob, IoRuntime};
 use crate::sync::lock;
 
 /// The scrub's volume key in the scheduler (the rebuild has `u64::MAX`; store ids count up

@@ -18,10 +18,9 @@ use crate::clock::Clock;
 use crate::config::{Limits, NodeConfig, StoreBackend};
 use crate::emulated::EmulatedDevice;
 use crate::exec::Lanes;
+use crate::pipeline::{Emulation, IoJob, IoRunner, IoRuntime, Pipeline};
 use crate::scheduler::{Scheduler, SchedulerError};
-use crate::session::{
-    Emulation, IoJob, IoRunner, IoRuntime, SessionContext, SessionError, serve_connection,
-};
+use crate::session::{SessionContext, SessionError, serve_connection};
 use crate::sync::lock;
 use crate::volume_qos::{CreditRecord, SAVE_MARGIN_PERIODS};
 
@@ -82,6 +81,8 @@ pub struct RunningNode {
     /// Stops the NBD accept loop alone (`stop_nbd`; `shutdown` stops everything).
     nbd_stop: watch::Sender<bool>,
     connections: Arc<Connections>,
+    /// The request path every transport's clients use (`memory_transport` attaches to it).
+    pipeline: Arc<Pipeline>,
     tasks: Vec<JoinHandle<()>>,
     saver: Option<CreditSaver>,
     arbitration: Option<crate::arbitration::Arbitration>,
@@ -187,7 +188,7 @@ impl Node {
             emulation,
             clock,
             runtime: tokio::runtime::Handle::current(),
-            reads: crate::session::ReadRouter::new(config.read_routing),
+            reads: crate::pipeline::ReadRouter::new(config.read_routing),
         });
         let metrics = crate::metrics::MetricsRegistry::new(config.metrics, clock);
         let scheduler = match config.qos.policy.kind() {
@@ -285,17 +286,20 @@ impl Node {
             limits.max_connections_per_ip,
             limits.ipv6_prefix_len,
         );
-        let ctx = Arc::new(SessionContext {
-            store: Arc::clone(&store),
+        let pipeline = Arc::new(Pipeline {
             limits: config.limits.clone(),
             io: Arc::clone(&io),
             scheduler: scheduler.clone(),
-            tls,
-            tls_required: config.tls.as_ref().is_some_and(|tls| tls.required),
             budget: Arc::clone(&budget),
             metrics: Arc::clone(&metrics),
         });
-        let buffers = Arc::clone(&ctx.io.buffers);
+        let ctx = Arc::new(SessionContext {
+            store: Arc::clone(&store),
+            pipeline: Arc::clone(&pipeline),
+            tls,
+            tls_required: config.tls.as_ref().is_some_and(|tls| tls.required),
+        });
+        let buffers = Arc::clone(&io.buffers);
         let net_threads = match config.effective_net_threads() {
             0 => None,
             n => Some(crate::net_threads::NetThreads::start(n).map_err(NodeError::Workers)?),
@@ -378,6 +382,7 @@ impl Node {
             stop,
             nbd_stop,
             connections,
+            pipeline,
             tasks: vec![accept_task, api_task, sampler_task],
             saver,
             arbitration,
@@ -481,6 +486,24 @@ impl RunningNode {
     /// callers that drive `crate::api::router` in process: the `router` fuzz target.
     pub fn api_state(&self) -> &crate::api::ApiState {
         &self.api_state
+    }
+
+    /// Attaches an in-memory client (`crate::memory_transport`) from `peer` to `export` as
+    /// `tenant`: the pipeline's second transport, beside NBD, admitted and charged alike.
+    pub fn attach_in_memory(
+        &self,
+        peer: SocketAddr,
+        export: &str,
+        tenant: Option<&str>,
+    ) -> Result<crate::memory_transport::MemorySession, crate::memory_transport::AttachError> {
+        crate::memory_transport::attach(
+            &self.store,
+            &self.connections,
+            &self.pipeline,
+            peer,
+            export,
+            tenant,
+        )
     }
 
     /// The QoS scheduler, if a policy is on.

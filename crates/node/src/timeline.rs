@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::metrics::{MetricsRegistry, OpStats};
+use crate::pipeline::IoJob;
 use crate::scheduler::{PhaseStats, Scheduler};
-use crate::session::IoJob;
 use crate::sync::lock;
 use crate::volume_qos::{CreditsView, RateView, effective_qos};
 

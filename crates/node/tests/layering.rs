@@ -31,8 +31,12 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["repair", "scrub", "paced", "arbitration"],
     ),
     (
-        "connection: NBD negotiation, transmission and the pipeline",
-        &["session"],
+        "transports: NBD (negotiation, TLS, the reader and the reply writer) and in memory",
+        &["session", "memory_transport"],
+    ),
+    (
+        "pipeline: permits and budget, splitting, scheduling, execution, completion",
+        &["pipeline"],
     ),
     (
         "admission and accounting: connections, budgets, TLS, limits, per-volume records",

@@ -31,8 +31,8 @@ use prometheus_client::registry::{Registry, Unit};
 
 use super::ApiState;
 use crate::metrics::{MetricsRegistry, OpStats, VolumeOp, VolumeStats};
+use crate::pipeline::IoJob;
 use crate::scheduler::Scheduler;
-use crate::session::IoJob;
 use crate::sync::lock;
 
 /// The label value of the folded volumes.

@@ -240,7 +240,7 @@ impl Haggling {
                     option_number,
                     nbd::MIN_BLOCK_BYTES,
                     nbd::PREFERRED_BLOCK_BYTES,
-                    ctx.limits.max_request_bytes,
+                    ctx.pipeline.limits.max_request_bytes,
                 );
                 ack(out);
                 if option_number != consts::NBD_OPT_GO {

@@ -7,9 +7,9 @@ use headroom_nbd as nbd;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::transmit::{Reply, ReplyBody};
 use super::{ALLOCATION_CONTEXT_ID, BATCH_BYTES_MAX, BATCH_REPLIES_MAX};
 use crate::buffers::BufferPool;
+use crate::pipeline::{Reply, ReplyBody};
 
 /// Encodes replies as they complete, batching what is ready into one write.
 ///

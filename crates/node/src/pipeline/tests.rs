@@ -1,20 +1,32 @@
-//! Unit tests of the session's stages: lanes, splitting, BLOCK_STATUS walks, the executor glue.
+//! Unit tests of the pipeline's stages: lanes, splitting, BLOCK_STATUS walks, routing, the
+//! executor glue.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests panic on failure by design
 
 use super::block_status::{BLOCK_STATUS_CHARGE_BYTES, status_descriptors};
+use super::emulation::book_per_device;
+use super::intake::volume_stats;
 use super::job::{Admission, desc_of, execute, lane_of, run_job, runs_off_thread};
+use super::reply::{Permits, ReplyBody, ReplyPath, Tally};
 use super::split::{
     PieceFeeder, SPLIT_PIECES_IN_FLIGHT, SplitRequest, SplitState, cache_work, piece_bytes_of,
     pieces,
 };
-use super::transmit::{Permits, ReplyBody, ReplyPath, Tally, volume_stats};
 use super::*;
+use crate::buffers::BufferPool;
+use crate::clock::Clock;
+use crate::emulated::EmulatedDevice;
 use crate::emulated::EmulatedDeviceSpec;
 use crate::exec::Lane;
+use crate::scheduler::IoDesc;
 use crate::sync::lock;
+use headroom_nbd as nbd;
 use headroom_nbd::consts;
+use headroom_qos::OpKind;
 use headroom_qos::model::IoCostModel;
+use headroom_qos::routing::ReadRouting;
 use headroom_store::EXTENT_SIZE_BYTES as E;
+use headroom_store::{Store, Volume};
+use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 fn devices(n: usize) -> Vec<Arc<EmulatedDevice>> {

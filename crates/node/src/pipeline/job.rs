@@ -325,9 +325,10 @@ pub(super) enum Admission {
     Unscheduled(bool),
 }
 use super::block_status::{block_status, status_descriptors};
+use super::emulation::{Emulation, book_per_device};
+use super::reply::{Permits, Reply, ReplyBody, ReplyPath, Tally};
+use super::runtime::IoRuntime;
 use super::split::SplitRequest;
-use super::transmit::{Permits, Reply, ReplyBody, ReplyPath, Tally};
-use super::{Emulation, IoRuntime, book_per_device};
 use Admission::{Scheduled, Unscheduled};
 
 impl Admission {

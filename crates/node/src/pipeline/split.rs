@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use headroom_nbd as nbd;
 use headroom_store::Volume;
 
-use super::IoRuntime;
 use super::job::{Admission, Answer, ClientJob, IoJob, run_job, run_ready_in};
-use super::transmit::{Permits, Reply, ReplyBody, ReplyPath, Tally};
+use super::reply::{Permits, Reply, ReplyBody, ReplyPath, Tally};
+use super::runtime::IoRuntime;
 use crate::scheduler::{Ready, Scheduler, VolumeHandle};
 use crate::sync::lock;
 
