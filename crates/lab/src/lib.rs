@@ -12,18 +12,38 @@
 //! * [`run`]: many groups of tenants for a fixed time ([`engine`]), each tenant its own
 //!   connection, closed loop at a queue depth or open loop at a rate ([`arrival`]), with size
 //!   and read/write mixes and on/off phases ([`load`]); per-group histograms and timelines.
+//!
+//! And the orchestration of a lab run (`headroom lab run`): a scenario file of the simulator
+//! translated into a server configuration, volumes and loads ([`plan`]), the Headroom servers
+//! the run starts or targets ([`server`]) and the peers it measures beside them ([`peers`]),
+//! each row driven with the same load ([`drive`]) and reported in `sim run`'s shape
+//! ([`report`]), the whole run held by a [`Session`]. The API calls go through the caller's
+//! client ([`api`]); the servers are processes guarded by PID ([`process`]) with scratch
+//! directories of their own ([`scratch`]). Failures are [`RunError`]s.
 
+pub mod api;
 pub mod arrival;
 mod client;
 mod closed_loop;
+pub mod drive;
 pub mod engine;
+mod error;
 pub mod load;
+pub mod peers;
+pub mod plan;
+pub mod process;
 mod replies;
+pub mod report;
 mod rng;
+pub mod scratch;
+pub mod server;
+pub mod session;
 
 pub use arrival::{ArrivalKind, Arrivals};
 pub use client::{Export, LabError, NbdClient};
 pub use closed_loop::{ClosedLoopSpec, GroupResult, MAX_QUEUE_DEPTH, Target, closed_loop};
 pub use engine::{Bucket, GroupOutcome, RunOutcome, run};
+pub use error::RunError;
 pub use load::{GroupLoad, LoadMode, RunPlan, Schedule, SizeMix, TenantLoad};
 pub use rng::SplitMix64;
+pub use session::{Row, Session, SessionSpec};

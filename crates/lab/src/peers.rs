@@ -1,4 +1,4 @@
-//! `headroom lab run`, part three: the peers an operator would otherwise deploy, measured in
+//! A lab run, part three: the peers an operator would otherwise deploy, measured in
 //! the same run with the same tenants as extra rows.
 //!
 //! * `qsd-static`: one qemu-storage-daemon serving every tenant's export, each behind its own
@@ -20,16 +20,19 @@
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use headroom_lab::Target;
 use headroom_qos::VolumeQos;
 
-use crate::lab_cmd::{LabResult, Scratch, drive, group_loads, result, volume_name};
-use crate::lab_plan::{GroupPlan, Plan};
-use crate::lab_server::ChildGuard;
+use crate::Target;
+use crate::drive::{Progress, drive, group_loads, volume_name};
+use crate::error::RunError;
+use crate::plan::{GroupPlan, Plan};
+use crate::process::{ChildGuard, spawn};
+use crate::report::{LabResult, result};
+use crate::scratch::Scratch;
+
+type Result<T> = std::result::Result<T, RunError>;
 
 /// The peer rows `--policy` accepts.
 pub const PEERS: [&str; 3] = ["qsd-static", "qsd-burst", "nbdkit-rate"];
@@ -37,14 +40,18 @@ pub const PEERS: [&str; 3] = ["qsd-static", "qsd-burst", "nbdkit-rate"];
 /// How long a peer may take to accept connections.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Whether `name` is a peer row rather than a policy of Headroom's.
 pub fn is_peer(name: &str) -> bool {
     PEERS.contains(&name)
 }
 
 /// A free loopback port (bound, read, released: the peer binds it right after).
 fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(listener.local_addr()?.port())
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(RunError::io("finding a free port"))?;
+    Ok(listener
+        .local_addr()
+        .map_err(RunError::io("finding a free port"))?
+        .port())
 }
 
 /// Waits until `port` accepts a TCP connection, or the process exits, or the deadline.
@@ -55,37 +62,23 @@ fn wait_ready(guard: &mut ChildGuard, port: u16) -> Result<()> {
             return Ok(());
         }
         if let Some(status) = guard.exited() {
-            bail!(
-                "{} exited with {status}; its log:\n{}",
-                guard.name,
-                guard.log_tail()
-            );
+            return Err(RunError::PeerExited {
+                name: guard.name.clone(),
+                status,
+                log: guard.log_tail(),
+            });
         }
         if Instant::now() >= deadline {
-            bail!(
-                "{} did not listen on port {port} within {READY_TIMEOUT:?}; its log:\n{}",
-                guard.name,
-                guard.log_tail()
-            );
+            return Err(RunError::PeerNotListening {
+                name: guard.name.clone(),
+                port,
+                timeout: READY_TIMEOUT,
+                log: guard.log_tail(),
+            });
         }
         // Polling a port with a deadline: the peers print nothing when ready.
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn spawn(dir: &Path, name: &str, program: &str, args: &[String]) -> Result<ChildGuard> {
-    let log_path = dir.join(format!("{name}.log"));
-    let log = std::fs::File::create(&log_path)
-        .with_context(|| format!("creating {}", log_path.display()))?;
-    let err = log.try_clone()?;
-    let child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(log))
-        .stderr(Stdio::from(err))
-        .spawn()
-        .with_context(|| format!("starting {program} (is it installed?)"))?;
-    Ok(ChildGuard::new(child, name, log_path))
 }
 
 /// A finite, positive limit, or none.
@@ -123,34 +116,32 @@ pub fn qsd_limits(q: &VolumeQos, burst: bool, burst_len_s: u64) -> Vec<String> {
 
 /// A raw image of `bytes`, filled with pseudo-random data.
 fn make_image(path: &Path, bytes: u64, seed: u64) -> Result<()> {
-    let mut rng = headroom_lab::SplitMix64::new(seed);
+    let mut rng = crate::SplitMix64::new(seed);
     let chunk: Vec<u8> = (0..(1 << 20) / 8)
         .flat_map(|_| rng.next_u64().to_le_bytes())
         .collect();
     let mut file = std::io::BufWriter::new(
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        std::fs::File::create(path)
+            .map_err(RunError::io(format!("creating {}", path.display())))?,
     );
     let mut left = bytes;
+    let writing = || RunError::io(format!("writing {}", path.display()));
     while left > 0 {
         let n = left.min(chunk.len() as u64) as usize;
-        file.write_all(&chunk[..n])?;
+        file.write_all(&chunk[..n]).map_err(writing())?;
         left -= n as u64;
     }
-    file.flush()?;
+    file.flush().map_err(writing())?;
     Ok(())
 }
 
-pub fn run_peer(
-    plan: &Plan,
-    policy: &str,
-    seed: u64,
-    progress: Box<dyn Fn(f64) + Send + Sync>,
-) -> Result<LabResult> {
+/// One peer row: its servers started, the plan's load driven against them, stopped.
+pub fn run_peer(plan: &Plan, policy: &str, seed: u64, progress: Progress) -> Result<LabResult> {
     match policy {
         "qsd-static" => run_qsd(plan, false, seed, progress),
         "qsd-burst" => run_qsd(plan, true, seed, progress),
         "nbdkit-rate" => run_nbdkit(plan, seed, progress),
-        other => bail!("unknown peer {other}"),
+        other => Err(RunError::UnknownPeer(other.to_string())),
     }
 }
 
@@ -159,12 +150,7 @@ fn peer_bytes(g: &GroupPlan) -> u64 {
     g.region_bytes
 }
 
-fn run_qsd(
-    plan: &Plan,
-    burst: bool,
-    seed: u64,
-    progress: Box<dyn Fn(f64) + Send + Sync>,
-) -> Result<LabResult> {
+fn run_qsd(plan: &Plan, burst: bool, seed: u64, progress: Progress) -> Result<LabResult> {
     let name = if burst { "qsd-burst" } else { "qsd-static" };
     let shm = Path::new("/dev/shm");
     let scratch = if shm.is_dir() {
@@ -216,8 +202,11 @@ fn run_qsd(
         addr: format!("127.0.0.1:{port}"),
         export: volume_name("lab-", g, i),
     });
-    let run = drive(&loads, plan, progress)
-        .map_err(|e| e.context(format!("{name} log (last lines):\n{}", guard.log_tail())))?;
+    let run = drive(&loads, plan, progress).map_err(|e| RunError::WithLog {
+        name: name.to_string(),
+        log: guard.log_tail(),
+        source: Box::new(e),
+    })?;
     let pid = guard.pid();
     guard.stop();
     let mut row = result(
@@ -231,11 +220,7 @@ fn run_qsd(
     Ok(row)
 }
 
-fn run_nbdkit(
-    plan: &Plan,
-    seed: u64,
-    progress: Box<dyn Fn(f64) + Send + Sync>,
-) -> Result<LabResult> {
+fn run_nbdkit(plan: &Plan, seed: u64, progress: Progress) -> Result<LabResult> {
     let scratch = Scratch::new("nbdkit-rate")?;
     let mut guards = Vec::new();
     let mut ports: Vec<Vec<u16>> = Vec::new();

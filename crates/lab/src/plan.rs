@@ -1,4 +1,4 @@
-//! `headroom lab run`, part one: a scenario file (the simulator's format, parsed by
+//! A lab run, part one: a scenario file (the simulator's format, parsed by
 //! `headroom-sim`) translated into what a real run needs: the server's configuration (an
 //! emulated device with the scenario's cost model, the scheduler charging the same model),
 //! each group's volumes with their QoS as the API spells it, and each tenant's load.
@@ -11,14 +11,11 @@
 //! silently. A load the lab cannot generate at all (a trace, a queue deeper than a connection
 //! may hold) is an error naming the file, the key and the reason.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
-use headroom_lab::{ArrivalKind, LoadMode, Schedule, SizeMix, SplitMix64};
-use headroom_node::config::PolicyChoice as ServerPolicy;
-use headroom_qos::OpKind;
 use headroom_qos::model::{DeviceModel, VopCurve};
 use headroom_qos::{BurstKind, BurstMode, PolicyParams, QosSpec as ApiQos, VolumeQos};
+use headroom_qos::{OpKind, PolicyKind};
 use headroom_sim::costs::{CostSpec, DeviceEstimate};
 use headroom_sim::device::{DeviceSpec, IoCostProfile, Layout};
 use headroom_sim::scenario::{
@@ -29,9 +26,11 @@ use headroom_sim::workload::{Arrival, Mode, Pattern, SizeMix as SimSizeMix};
 use serde::Serialize;
 use std::time::Duration;
 
+use crate::{ArrivalKind, LoadMode, Schedule, SizeMix, SplitMix64};
+
 /// Most requests a tenant keeps in flight: the generator's bound and the server's default
 /// `limits.max_inflight_requests`.
-pub const MAX_IN_FLIGHT: u32 = headroom_lab::MAX_QUEUE_DEPTH;
+pub const MAX_IN_FLIGHT: u32 = crate::MAX_QUEUE_DEPTH;
 /// Most connections (tenants) in one run: the server's default `limits.max_connections`.
 pub const MAX_TENANTS: u64 = 256;
 /// I/O offsets stay in the first this many bytes of each volume, so written data fits in RAM
@@ -83,9 +82,33 @@ pub struct Plan {
     pub not_honoured: Vec<NotHonoured>,
 }
 
+/// A scenario the lab cannot run: the file, the key and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {key}: {reason}", file.display())]
+pub struct PlanError {
+    /// The scenario file (for messages only).
+    pub file: PathBuf,
+    /// Dotted key (`groups.victim.workload.qd`), or `cost` for the cost estimate as a whole.
+    pub key: String,
+    /// Why the lab cannot honour it.
+    pub reason: String,
+}
+
+type Result<T> = std::result::Result<T, PlanError>;
+
+impl PlanError {
+    fn new(file: &Path, key: &str, reason: impl std::fmt::Display) -> PlanError {
+        PlanError {
+            file: file.to_path_buf(),
+            key: key.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
 /// An error naming the file, the key and the reason.
 fn fail<T>(file: &Path, key: &str, reason: impl std::fmt::Display) -> Result<T> {
-    bail!("{}: {key}: {reason}", file.display())
+    Err(PlanError::new(file, key, reason))
 }
 
 /// The policy names `lab run` accepts for the live server: the server's own, and `fifo`
@@ -94,9 +117,11 @@ pub fn server_policy(name: &str) -> Option<String> {
     if name.trim().eq_ignore_ascii_case("fifo") {
         return Some("off".into());
     }
-    name.parse::<ServerPolicy>()
-        .ok()
-        .map(|_| name.trim().to_ascii_lowercase())
+    // The server's own names (its `PolicyChoice`): `off`, or a policy of `headroom-qos`.
+    if name.trim().eq_ignore_ascii_case("off") || name.parse::<PolicyKind>().is_ok() {
+        return Some(name.trim().to_ascii_lowercase());
+    }
+    None
 }
 
 /// Translates one variant. `file` is only for messages.
@@ -334,7 +359,7 @@ pub fn plan(file: &Path, variant: &str, spec: &ScenarioSpec, seed: u64) -> Resul
         let est = spec
             .cost
             .build(&n.cpu, device)
-            .map_err(|e| anyhow::anyhow!("{}: cost: {e}", file.display()))?;
+            .map_err(|e| PlanError::new(file, "cost", e))?;
         match est.device {
             DeviceModel::None => ("\"none\"".to_string(), 1_000_000_000),
             DeviceModel::Linear(m) => {
@@ -390,7 +415,7 @@ pub fn plan(file: &Path, variant: &str, spec: &ScenarioSpec, seed: u64) -> Resul
 fn sim_device_curve(file: &Path, d: &DeviceSpec, k: f64) -> Result<VopCurve> {
     let curve = d
         .curve()
-        .map_err(|e| anyhow::anyhow!("{}: node.devices.curve: {e}", file.display()))?;
+        .map_err(|e| PlanError::new(file, "node.devices.curve", e))?;
     let mut sizes: Vec<u64> = (9..=20).map(|p| 1u64 << p).collect();
     for p in d.curve.iter().flatten() {
         sizes.push((p.size_kib * 1024.0).round().max(1.0) as u64);
@@ -552,17 +577,16 @@ fn group_plan(
     let resolved = g
         .qos
         .to_volume_qos(volume_bytes)
-        .map_err(|e| anyhow::anyhow!("{}: {}: {e}", file.display(), key("qos")))?;
+        .map_err(|e| PlanError::new(file, &key("qos"), e))?;
     let (qos, limits) = api_qos(file, &key("qos"), &g.qos, volume_bytes, &resolved, note)?;
 
     let mix = SimSizeMix::from_spec(&w.sizes)
-        .map_err(|e| anyhow::anyhow!("{}: {}: {e}", file.display(), key("workload.sizes")))?;
+        .map_err(|e| PlanError::new(file, &key("workload.sizes"), e))?;
     let sizes = SizeMix::new(&mix.entries()).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: {}: {}",
-            file.display(),
-            key("workload.sizes"),
-            e.to_string().trim_start_matches("invalid load spec: ")
+        PlanError::new(
+            file,
+            &key("workload.sizes"),
+            e.to_string().trim_start_matches("invalid load spec: "),
         )
     })?;
     if u64::from(sizes.max_bytes()) > region_bytes {
@@ -747,7 +771,7 @@ fn api_qos(
     }
     let live = api
         .resolve(volume_bytes)
-        .map_err(|e| anyhow::anyhow!("{}: {key}: the API refuses this QoS: {e}", file.display()))?;
+        .map_err(|e| PlanError::new(file, key, format!("the API refuses this QoS: {e}")))?;
     let close = |a: u64, b: u64| a == b || (a.abs_diff(b) as f64) <= 0.01 * a.max(b) as f64;
     let same = close(live.baseline.iops, sim.baseline.iops)
         && close(live.baseline.bytes_per_s, sim.baseline.bytes_per_s)
