@@ -547,7 +547,8 @@ pub struct ParamsSection {
 }
 
 impl ParamsSection {
-    /// The server's defaults (`track_invariants` off) with this layer's values over them.
+    /// The server's defaults (`track_invariants` off in a release build) with this layer's
+    /// values over them.
     pub fn params(&self) -> PolicyParams {
         let d = headroom_node::config::QosConfig::server_params();
         PolicyParams {
@@ -2252,7 +2253,8 @@ mod tests {
         // Without a calibration the CPU capacity follows the workers.
         let c = resolved("[qos]\nworkers = 5\n");
         assert_eq!(c.qos.capacity, QosConfig::default_capacity(5));
-        assert!(!c.qos.params.track_invariants);
+        // Tracked in debug builds (this test's), never in release.
+        assert_eq!(c.qos.params.track_invariants, cfg!(debug_assertions));
     }
 
     #[test]
@@ -2756,8 +2758,15 @@ mod tests {
             }
         };
         let c = resolve(&config).unwrap();
-        // The values it shows as defaults are the defaults.
-        assert_eq!(c.qos.params, QosConfig::server_params());
+        // The values it shows as defaults are the defaults (a release build's: a debug build
+        // tracks the invariants unless told not to, and the example says `false`).
+        assert_eq!(
+            c.qos.params,
+            PolicyParams {
+                track_invariants: false,
+                ..QosConfig::server_params()
+            }
+        );
         assert_eq!(c.qos.workers, QosConfig::default().workers);
         assert_eq!(c.qos.capacity.per_second.cpu_ns, 2 * NS_PER_S);
         let l = Limits::default();

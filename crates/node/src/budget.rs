@@ -416,6 +416,19 @@ impl Budget {
     }
 
     fn give_back_reserved(state: &mut State, tenant: TenantId, reserve: &AtomicU64, bytes: u64) {
+        // Conservation: nothing is given back that was not taken (the saturation below keeps
+        // a release build's books sane if it ever were; a debug build stops here).
+        debug_assert!(
+            reserve.load(Ordering::Relaxed) >= bytes && state.reserved_held_bytes >= bytes,
+            "{bytes} reserved bytes given back, more than held"
+        );
+        debug_assert!(
+            state
+                .tenants
+                .get(&tenant)
+                .is_none_or(|t| t.reserved_held_bytes >= bytes),
+            "{bytes} reserved bytes given back, more than the tenant held"
+        );
         let left = reserve.load(Ordering::Relaxed).saturating_sub(bytes);
         reserve.store(left, Ordering::Relaxed);
         state.reserved_held_bytes = state.reserved_held_bytes.saturating_sub(bytes);
@@ -425,6 +438,14 @@ impl Budget {
     }
 
     fn give_back_shared(state: &mut State, tenant: TenantId, bytes: u64) {
+        debug_assert!(
+            state.held_bytes >= bytes
+                && state
+                    .tenants
+                    .get(&tenant)
+                    .is_none_or(|t| t.held_bytes >= bytes),
+            "{bytes} shared bytes given back, more than held"
+        );
         state.held_bytes = state.held_bytes.saturating_sub(bytes);
         if let Some(entry) = state.tenants.get_mut(&tenant) {
             entry.held_bytes = entry.held_bytes.saturating_sub(bytes);

@@ -558,6 +558,10 @@ impl RunningNode {
             store.flush_all().map_err(NodeError::Flush)?;
             if let Some(scheduler) = &scheduler {
                 save_credits(&store, scheduler, true, 0)?;
+                // Tracked in debug builds (`QosConfig::server_params`): say if it broke.
+                if let Err(violation) = scheduler.check_invariants() {
+                    tracing::error!("the scheduler broke an invariant: {violation}");
+                }
                 scheduler.stop();
             }
             // Last: nothing writes to the store after this (a RADOS store's lease).

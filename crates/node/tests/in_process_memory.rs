@@ -44,6 +44,17 @@ fn errno(outcome: Result<MemoryOutcome, RequestFailed>) -> Errno {
     outcome.expect_err("the request fails").errno
 }
 
+/// Checks the scheduler's invariants (tracked in a debug build: the tests') after a test's
+/// traffic, then shuts the node down.
+async fn finish(node: RunningNode) {
+    if let Some(scheduler) = node.scheduler() {
+        scheduler
+            .check_invariants()
+            .expect("the policies kept their invariants");
+    }
+    node.shutdown().await.unwrap();
+}
+
 /// Whether a future is still waiting after one poll (it is then dropped: cancelled).
 fn still_waits<F: std::future::Future>(future: F) -> bool {
     let mut future = pin!(future);
@@ -73,7 +84,7 @@ async fn a_write_is_read_back_through_the_pipeline_and_lands_in_the_store() {
         .unwrap();
     assert_eq!(stored, written, "the store holds what the client wrote");
     client.detach().await;
-    node.shutdown().await.unwrap();
+    finish(node).await;
 }
 
 #[tokio::test]
@@ -88,7 +99,7 @@ async fn a_never_written_range_reads_as_zeros() {
     );
     assert_eq!(read, vec![0u8; 65536]);
     client.detach().await;
-    node.shutdown().await.unwrap();
+    finish(node).await;
 }
 
 #[tokio::test]
@@ -126,7 +137,7 @@ async fn the_checker_refuses_what_nbd_refuses_with_the_same_errno() {
     let stats = node.api_state().metrics.get(id).unwrap().ops();
     assert_eq!(stats[0].ops, 2, "two reads answered");
     assert_eq!(stats[0].errors, 2, "both refused");
-    node.shutdown().await.unwrap();
+    finish(node).await;
 }
 
 #[tokio::test]
@@ -158,7 +169,7 @@ async fn a_client_sees_only_volumes_of_its_tenant() {
     let done = alice.call(MemoryRequest::flush()).await.unwrap();
     assert_eq!(done, Ok(MemoryOutcome::Done));
     alice.detach().await;
-    node.shutdown().await.unwrap();
+    finish(node).await;
 }
 
 #[tokio::test]
@@ -191,7 +202,7 @@ async fn pipelined_requests_are_all_answered_once_with_their_own_cookies() {
         assert_eq!(data(read), vec![i as u8; 4096]);
     }
     client.detach().await;
-    node.shutdown().await.unwrap();
+    finish(node).await;
 }
 
 #[tokio::test]
@@ -243,7 +254,7 @@ async fn trim_and_write_zeroes_read_back_as_zeros_and_block_status_sees_the_hole
     };
     assert_eq!(one.len(), 1, "REQ_ONE answers one extent: {one:?}");
     client.detach().await;
-    node.shutdown().await.unwrap();
+    finish(node).await;
 }
 
 #[tokio::test]
@@ -272,7 +283,7 @@ async fn a_trim_larger_than_one_backend_operation_is_split_and_answered_once() {
     let trims = node.api_state().metrics.get(id).unwrap().ops()[3];
     assert_eq!(trims.ops, 1, "counted as the one request the client sent");
     client.detach().await;
-    node.shutdown().await.unwrap();
+    finish(node).await;
 }
 
 #[tokio::test]
@@ -313,7 +324,7 @@ async fn a_client_that_takes_no_reply_fills_its_own_budget_and_another_is_still_
         0,
         "every byte is given back once the clients are gone"
     );
-    node.shutdown().await.unwrap();
+    finish(node).await;
 }
 
 #[tokio::test]
@@ -340,7 +351,7 @@ async fn in_memory_clients_are_admitted_and_counted_like_connections() {
     for client in [b, c, again.unwrap()] {
         client.detach().await;
     }
-    node.shutdown().await.unwrap();
+    finish(node).await;
 }
 
 #[tokio::test]
@@ -378,5 +389,5 @@ async fn with_the_scheduler_on_every_request_is_dispatched_and_completed_on_its_
     );
     assert_eq!(scheduler.queued_requests(&handle), 0);
     client.detach().await;
-    node.shutdown().await.unwrap();
+    finish(node).await;
 }

@@ -238,6 +238,27 @@ impl Intake {
             sparse_read,
             arrival_ns,
         } = submission;
+        // The transport's side of the contract: what reaches the pipeline was validated,
+        // whatever the wire. (Against the size it saw: a live shrink may since have moved the
+        // end, which the store answers as out of range; no volume is ever larger than this.)
+        assert!(
+            request.offset.saturating_add(u64::from(request.length))
+                <= headroom_store::MAX_VOLUME_SIZE_BYTES,
+            "request at {}+{} past any volume's end",
+            request.offset,
+            request.length,
+        );
+        assert!(
+            !matches!(request.command, nbd::Command::Read | nbd::Command::Write)
+                || request.length <= self.pipeline.limits.max_request_bytes,
+            "a {}-byte payload, larger than the node's maximum request",
+            request.length
+        );
+        assert_eq!(
+            write_payload.as_ref().map(|p| p.as_slice().len()),
+            matches!(request.command, nbd::Command::Write).then_some(request.length as usize),
+            "a WRITE carries its whole payload, nothing else carries one"
+        );
         let Some(tally) = Tally::of(&request, arrival_ns) else {
             debug_assert!(false, "NBD_CMD_DISC is not submitted");
             return;

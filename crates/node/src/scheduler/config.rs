@@ -86,7 +86,7 @@ impl std::str::FromStr for DispatchMode {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QosConfig {
     pub policy: PolicyChoice,
-    /// Tunables of the policies (`track_invariants` is off on the server).
+    /// Tunables of the policies (`track_invariants` is on in debug builds only).
     pub params: PolicyParams,
     /// What the whole node can do per second; each worker gets `1/workers` of it.
     pub capacity: NodeCapacity,
@@ -126,13 +126,15 @@ impl Default for QosConfig {
 }
 
 impl QosConfig {
-    /// The policy parameters a server runs with: the library's defaults, without invariant
-    /// tracking (verification, not scheduling), and with a 1 ms node pacer depth so that a
-    /// wake-up that comes tens of µs late does not lose capacity
+    /// The policy parameters a server runs with: the library's defaults, with invariant
+    /// tracking (verification, not scheduling: no decision reads it) in debug builds only, so
+    /// every debug server and in-process test is checked as the simulator is and a release
+    /// build pays nothing (`Scheduler::check_invariants`), and with a 1 ms node pacer depth so
+    /// that a wake-up that comes tens of µs late does not lose capacity
     /// (`PolicyParams::pacer_depth_ns`).
     pub fn server_params() -> PolicyParams {
         PolicyParams {
-            track_invariants: false,
+            track_invariants: cfg!(debug_assertions),
             pacer_depth_ns: 1_000_000,
             ..PolicyParams::default()
         }

@@ -51,6 +51,7 @@
 //! the socket; nothing here grows without a bound.
 
 pub mod config;
+mod invariants;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
