@@ -1,0 +1,164 @@
+//! Submission: which worker a request goes to, what it is charged, and everything the
+//! policy lets run once it is queued (the drain that turns the policy's decisions into
+//! [`Ready`] jobs and arms the wake-up for the rest).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use headroom_qos::model::is_sequential;
+use headroom_qos::{Decision, IoRequest, OpKind, Phase};
+
+use super::config::DispatchMode;
+use super::gate::GateSlot;
+use super::ticket::Ticket;
+use super::volume::VolumeHandle;
+use super::worker::{Pending, WorkerState};
+use super::{IoDesc, MAX_CHARGED_SYNCS, Ready, Scheduler};
+use crate::sync::lock;
+
+impl<J: Send + 'static> Scheduler<J> {
+    /// Picks the worker for one request of `handle`.
+    pub(super) fn pick_worker(&self, handle: &VolumeHandle) -> usize {
+        let n = self.workers.len();
+        if n == 1 {
+            return 0;
+        }
+        if handle.pinned.load(Ordering::Relaxed) {
+            return handle.home_worker;
+        }
+        match self.dispatch {
+            DispatchMode::OneToN => handle.spray.fetch_add(1, Ordering::Relaxed) % n,
+            DispatchMode::OneToOne => handle.home_worker,
+            DispatchMode::Stealing => {
+                let home = handle.home_worker;
+                if self.workers[home].queued.load(Ordering::Relaxed) == 0 {
+                    return home;
+                }
+                (0..n)
+                    .map(|k| (home + k) % n)
+                    .find(|&w| self.workers[w].queued.load(Ordering::Relaxed) == 0)
+                    .unwrap_or(home)
+            }
+        }
+    }
+
+    /// Queues a request and appends whatever the policy lets run now to `ready` (usually the
+    /// request itself, when its volume and the node have room).
+    pub fn submit(
+        &self,
+        handle: &Arc<VolumeHandle>,
+        io: IoDesc,
+        job: J,
+        ready: &mut Vec<Ready<J>>,
+    ) {
+        let w = self.pick_worker(handle);
+        let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
+        let previous_end = handle.last_end_bytes.swap(end, Ordering::Relaxed);
+        let sequential = is_sequential(previous_end, io.offset_bytes);
+        let mut state = lock(&self.workers[w].state);
+        let now = self.clock.now_ns();
+        let id = state.next_request_id;
+        state.next_request_id = id.wrapping_add(1);
+        let mut cost = state.cost_model.estimate(io.op, io.len_bytes, sequential);
+        if io.syncs > 0 {
+            // A FUA request's sync covers its own write; a FLUSH's each cover a device.
+            let sync_len = if io.op == OpKind::Flush {
+                0
+            } else {
+                io.len_bytes
+            };
+            let sync = state.cost_model.estimate_sync(sync_len);
+            for _ in 0..io.syncs.min(MAX_CHARGED_SYNCS) {
+                cost = cost.saturating_add(sync);
+            }
+        }
+        state.pending.insert(
+            id,
+            Pending {
+                job,
+                volume: Arc::clone(handle),
+                sequential,
+                own_drain: true,
+            },
+        );
+        state.policy.enqueue(
+            now,
+            IoRequest {
+                id,
+                volume: handle.id,
+                op: io.op,
+                offset_bytes: io.offset_bytes,
+                len_bytes: io.len_bytes,
+                cost,
+                arrival_ns: now,
+            },
+        );
+        let first = ready.len();
+        self.drain(w, &mut state, now, ready);
+        // The request is now either dispatched (in `ready`) or held back by the policy.
+        if let Some(p) = state.pending.get_mut(&id) {
+            p.own_drain = false;
+        }
+        drop(state);
+        self.gate.admit(ready, first);
+        self.maybe_rebalance(now, ready);
+    }
+
+    /// Asks the policy for everything that may run now; arms the wake-up for the rest.
+    pub(super) fn drain(
+        &self,
+        w: usize,
+        state: &mut WorkerState<J>,
+        now: u64,
+        ready: &mut Vec<Ready<J>>,
+    ) {
+        loop {
+            match state.policy.next(now) {
+                Decision::Dispatch(request, phase) => {
+                    state.used = state.used.saturating_add(request.cost);
+                    state.dispatched_total = state.dispatched_total.saturating_add(request.cost);
+                    if phase == Phase::Baseline {
+                        state.used_baseline = state.used_baseline.saturating_add(request.cost);
+                        state.baseline_total = state.baseline_total.saturating_add(request.cost);
+                    }
+                    let Some(p) = state.pending.remove(&request.id) else {
+                        // The policy dispatched a request we do not hold: nothing to run.
+                        tracing::error!("policy dispatched unknown request {}", request.id);
+                        continue;
+                    };
+                    ready.push(Ready {
+                        job: p.job,
+                        ticket: Ticket {
+                            worker: w,
+                            request,
+                            phase,
+                            sequential: p.sequential,
+                            dispatched_ns: now,
+                            held: !p.own_drain,
+                            gate_slot: GateSlot::Outside,
+                            gate_burst: false,
+                            orphan: false,
+                            volume: p.volume,
+                        },
+                    });
+                }
+                Decision::WaitUntil(at_ns) => {
+                    state.held_back = true;
+                    state.held_back_total += 1;
+                    if at_ns != state.armed_ns {
+                        state.armed_ns = at_ns;
+                        self.wakeups.arm(w, at_ns);
+                    }
+                    break;
+                }
+                Decision::Idle => {
+                    state.armed_ns = u64::MAX;
+                    break;
+                }
+            }
+        }
+        self.workers[w]
+            .queued
+            .store(state.policy.queued_requests(), Ordering::Relaxed);
+    }
+}
