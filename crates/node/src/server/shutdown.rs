@@ -1,0 +1,62 @@
+//! Stopping a node: NBD alone (the API keeps answering), or everything, in an order that
+//! makes every acknowledged write durable and saves the exact credit balances before the
+//! store's lease is released.
+
+use std::sync::Arc;
+
+use headroom_store::StoreError;
+
+use super::credits::save_credits;
+use super::{NodeError, RunningNode};
+
+impl RunningNode {
+    /// Stops serving NBD and nothing else: the listener closes (new connections are
+    /// refused) and every open connection is closed; the management API keeps answering
+    /// (`/readyz` says why the node is not ready).
+    pub fn stop_nbd(&self) {
+        let _ = self.nbd_stop.send(true);
+        let closed = self.connections.close_all();
+        tracing::info!(
+            closed,
+            "stopped serving NBD: listener and connections closed"
+        );
+    }
+
+    /// Stops accepting, then makes every acknowledged write durable and saves the exact
+    /// credit balances.
+    pub async fn shutdown(self) -> Result<(), NodeError> {
+        // Receivers may already be gone if a task ended; that is fine.
+        let _ = self.stop.send(true);
+        let _ = self.nbd_stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        if let Some(saver) = self.saver {
+            saver.stop();
+        }
+        if let Some(arbitration) = self.arbitration {
+            // Releases the arbiter lock: another node takes the role at its next epoch.
+            tokio::task::spawn_blocking(move || arbitration.stop())
+                .await
+                .map_err(|err| NodeError::Flush(StoreError::Io(std::io::Error::other(err))))?;
+        }
+        let store = Arc::clone(&self.store);
+        let scheduler = self.scheduler.clone();
+        tokio::task::spawn_blocking(move || {
+            store.flush_all().map_err(NodeError::Flush)?;
+            if let Some(scheduler) = &scheduler {
+                save_credits(&store, scheduler, true, 0)?;
+                // Tracked in debug builds (`QosConfig::server_params`): say if it broke.
+                if let Err(violation) = scheduler.check_invariants() {
+                    tracing::error!("the scheduler broke an invariant: {violation}");
+                }
+                scheduler.stop();
+            }
+            // Last: nothing writes to the store after this (a RADOS store's lease).
+            store.release_lease();
+            Ok(())
+        })
+        .await
+        .map_err(|err| NodeError::Flush(StoreError::Io(std::io::Error::other(err))))?
+    }
+}
