@@ -191,67 +191,13 @@ impl Haggling {
         option: nbd::ClientOption,
         out: &mut Vec<u8>,
     ) -> Result<Step, SessionError> {
-        let unknown = |out: &mut Vec<u8>, name: &str| {
-            let message = format!("no export named {name:?}");
-            nbd::encode_option_error(out, option_number, consts::NBD_REP_ERR_UNKNOWN, &message);
-            Step::Continue
-        };
-        let ack = |out: &mut Vec<u8>| {
-            nbd::encode_option_reply(out, option_number, consts::NBD_REP_ACK, &[]);
-        };
         if let Some(step) = self.refuse_without_tls(ctx, option_number, &option, out) {
             return step;
         }
         match option {
-            nbd::ClientOption::ExportName(name) => {
-                // The spec leaves no way to refuse EXPORT_NAME but closing.
-                let Some(volume) = self.visible_export(ctx, &name) else {
-                    return Err(SessionError::UnknownExport(name));
-                };
-                let flags = transmission_flags(&volume, self.structured);
-                nbd::encode_export_name_reply(out, volume.size_bytes(), flags, self.no_zeroes);
-                let allocation_context = self.structured && self.selected_for(&name);
-                Ok(Step::Transmit(Negotiated {
-                    volume,
-                    structured: self.structured,
-                    allocation_context,
-                }))
-            }
+            nbd::ClientOption::ExportName(name) => self.export_name(ctx, name, out),
             nbd::ClientOption::Info(request) | nbd::ClientOption::Go(request) => {
-                let Some(volume) = self.visible_export(ctx, &request.export_name) else {
-                    return Ok(unknown(out, &request.export_name));
-                };
-                let flags = transmission_flags(&volume, self.structured);
-                nbd::encode_info_export(out, option_number, volume.size_bytes(), flags);
-                for info in &request.info_types {
-                    match *info {
-                        consts::NBD_INFO_NAME => {
-                            nbd::encode_info_name(out, option_number, volume.name());
-                        }
-                        consts::NBD_INFO_DESCRIPTION => {
-                            nbd::encode_info_description(out, option_number, &describe(&volume));
-                        }
-                        _ => {}
-                    }
-                }
-                // Always sent: clients that did not ask still benefit from knowing our limit.
-                nbd::encode_info_block_size(
-                    out,
-                    option_number,
-                    nbd::MIN_BLOCK_BYTES,
-                    nbd::PREFERRED_BLOCK_BYTES,
-                    ctx.pipeline.limits.max_request_bytes,
-                );
-                ack(out);
-                if option_number != consts::NBD_OPT_GO {
-                    return Ok(Step::Continue);
-                }
-                let allocation_context = self.structured && self.selected_for(&request.export_name);
-                Ok(Step::Transmit(Negotiated {
-                    volume,
-                    structured: self.structured,
-                    allocation_context,
-                }))
+                Ok(self.info_or_go(ctx, option_number, request, out))
             }
             nbd::ClientOption::List => {
                 // Only the volumes this session could open (`visible_export`).
@@ -264,11 +210,11 @@ impl Haggling {
                     let description = format!("{} bytes", info.size_bytes);
                     nbd::encode_rep_server(out, option_number, &info.name, &description);
                 }
-                ack(out);
+                ack(out, option_number);
                 Ok(Step::Continue)
             }
             nbd::ClientOption::Abort => {
-                ack(out);
+                ack(out, option_number);
                 Ok(Step::End)
             }
             nbd::ClientOption::StructuredReply => {
@@ -281,39 +227,13 @@ impl Haggling {
                     );
                 } else {
                     self.structured = true;
-                    ack(out);
+                    ack(out, option_number);
                 }
                 Ok(Step::Continue)
             }
             nbd::ClientOption::ListMetaContext(request)
             | nbd::ClientOption::SetMetaContext(request) => {
-                let is_set = option_number == consts::NBD_OPT_SET_META_CONTEXT;
-                if !self.structured {
-                    nbd::encode_option_error(
-                        out,
-                        option_number,
-                        consts::NBD_REP_ERR_INVALID,
-                        "negotiate structured replies first",
-                    );
-                    return Ok(Step::Continue);
-                }
-                if self.visible_export(ctx, &request.export_name).is_none() {
-                    return Ok(unknown(out, &request.export_name));
-                }
-                let matches = nbd::allocation_context_matches(&request.queries, is_set);
-                if matches {
-                    nbd::encode_rep_meta_context(
-                        out,
-                        option_number,
-                        ALLOCATION_CONTEXT_ID,
-                        ALLOCATION_CONTEXT_NAME,
-                    );
-                }
-                ack(out);
-                if is_set {
-                    self.meta_selection = Some((request.export_name, matches));
-                }
-                Ok(Step::Continue)
+                Ok(self.meta_context(ctx, option_number, request, out))
             }
             nbd::ClientOption::StartTls => Ok(self.start_tls(ctx, option_number, out)),
             nbd::ClientOption::ExtendedHeaders => {
@@ -327,6 +247,107 @@ impl Haggling {
                 Ok(Step::Continue)
             }
         }
+    }
+
+    /// `NBD_OPT_EXPORT_NAME`: the spec leaves no way to refuse it but closing.
+    fn export_name(
+        &self,
+        ctx: &SessionContext,
+        name: String,
+        out: &mut Vec<u8>,
+    ) -> Result<Step, SessionError> {
+        let Some(volume) = self.visible_export(ctx, &name) else {
+            return Err(SessionError::UnknownExport(name));
+        };
+        let flags = transmission_flags(&volume, self.structured);
+        nbd::encode_export_name_reply(out, volume.size_bytes(), flags, self.no_zeroes);
+        let allocation_context = self.structured && self.selected_for(&name);
+        Ok(Step::Transmit(Negotiated {
+            volume,
+            structured: self.structured,
+            allocation_context,
+        }))
+    }
+
+    /// `NBD_OPT_INFO` and `NBD_OPT_GO`: the export's information; GO then transmits.
+    fn info_or_go(
+        &self,
+        ctx: &SessionContext,
+        option_number: u32,
+        request: nbd::InfoRequest,
+        out: &mut Vec<u8>,
+    ) -> Step {
+        let Some(volume) = self.visible_export(ctx, &request.export_name) else {
+            return unknown(out, option_number, &request.export_name);
+        };
+        let flags = transmission_flags(&volume, self.structured);
+        nbd::encode_info_export(out, option_number, volume.size_bytes(), flags);
+        for info in &request.info_types {
+            match *info {
+                consts::NBD_INFO_NAME => {
+                    nbd::encode_info_name(out, option_number, volume.name());
+                }
+                consts::NBD_INFO_DESCRIPTION => {
+                    nbd::encode_info_description(out, option_number, &describe(&volume));
+                }
+                _ => {}
+            }
+        }
+        // Always sent: clients that did not ask still benefit from knowing our limit.
+        nbd::encode_info_block_size(
+            out,
+            option_number,
+            nbd::MIN_BLOCK_BYTES,
+            nbd::PREFERRED_BLOCK_BYTES,
+            ctx.pipeline.limits.max_request_bytes,
+        );
+        ack(out, option_number);
+        if option_number != consts::NBD_OPT_GO {
+            return Step::Continue;
+        }
+        let allocation_context = self.structured && self.selected_for(&request.export_name);
+        Step::Transmit(Negotiated {
+            volume,
+            structured: self.structured,
+            allocation_context,
+        })
+    }
+
+    /// `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT` (`base:allocation` only).
+    fn meta_context(
+        &mut self,
+        ctx: &SessionContext,
+        option_number: u32,
+        request: nbd::MetaContextRequest,
+        out: &mut Vec<u8>,
+    ) -> Step {
+        let is_set = option_number == consts::NBD_OPT_SET_META_CONTEXT;
+        if !self.structured {
+            nbd::encode_option_error(
+                out,
+                option_number,
+                consts::NBD_REP_ERR_INVALID,
+                "negotiate structured replies first",
+            );
+            return Step::Continue;
+        }
+        if self.visible_export(ctx, &request.export_name).is_none() {
+            return unknown(out, option_number, &request.export_name);
+        }
+        let matches = nbd::allocation_context_matches(&request.queries, is_set);
+        if matches {
+            nbd::encode_rep_meta_context(
+                out,
+                option_number,
+                ALLOCATION_CONTEXT_ID,
+                ALLOCATION_CONTEXT_NAME,
+            );
+        }
+        ack(out, option_number);
+        if is_set {
+            self.meta_selection = Some((request.export_name, matches));
+        }
+        Step::Continue
     }
 
     /// The answer to `NBD_OPT_STARTTLS` (spec, "TLS support").
@@ -385,4 +406,15 @@ pub(super) async fn discard<R: tokio::io::AsyncRead + Unpin>(
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
     Ok(())
+}
+/// `NBD_REP_ACK` to option `option_number`.
+fn ack(out: &mut Vec<u8>, option_number: u32) {
+    nbd::encode_option_reply(out, option_number, consts::NBD_REP_ACK, &[]);
+}
+
+/// The answer for a name this session cannot see (missing, or another tenant's: alike).
+fn unknown(out: &mut Vec<u8>, option_number: u32, name: &str) -> Step {
+    let message = format!("no export named {name:?}");
+    nbd::encode_option_error(out, option_number, consts::NBD_REP_ERR_UNKNOWN, &message);
+    Step::Continue
 }
