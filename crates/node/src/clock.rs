@@ -4,13 +4,42 @@
 //! clock the server passes in. Every part of the node that talks to the scheduler (sessions,
 //! the pacing timer, the emulated device's completion thread) reads the same `Clock`, so their
 //! times compare.
+//!
+//! A clock can also be driven by hand ([`Clock::manual`]): a node started with one
+//! (`Node::start_with_clock`) sees time move only when its test says so, so what the policies
+//! decide from time (a rate's tokens, a credit's refill, a window's end) is exactly what the
+//! test set up, on a loaded machine too. Only the node's view of time is manual: socket
+//! timeouts and deadlines stay on the runtime's real timers.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// A monotonic clock with a fixed origin.
+/// A monotonic clock with a fixed origin, or a manual one.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
     origin: Instant,
+    /// Set for a manual clock: the time is what it holds.
+    manual: Option<&'static ManualTime>,
+}
+
+/// The time of a manual clock, moved forward by [`ManualTime::advance`].
+#[derive(Debug, Default)]
+pub struct ManualTime {
+    now_ns: AtomicU64,
+}
+
+impl ManualTime {
+    /// The manual clock's time, ns.
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns.load(Ordering::Acquire)
+    }
+
+    /// Moves the time forward by `ns` (never back: a monotonic clock). The node's timed
+    /// waits (the scheduler's wake-up thread, the emulated device) wake within the real time
+    /// they were waiting for, and then see the new time.
+    pub fn advance(&self, ns: u64) {
+        self.now_ns.fetch_add(ns, Ordering::AcqRel);
+    }
 }
 
 impl Default for Clock {
@@ -24,17 +53,40 @@ impl Clock {
     pub fn new() -> Self {
         Clock {
             origin: Instant::now(),
+            manual: None,
         }
     }
 
-    /// Nanoseconds since the origin (saturates after 584 years).
-    pub fn now_ns(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    /// A clock at `start_ns` that moves only when the returned handle advances it. Its time
+    /// lives as long as the process (a few bytes, leaked: the clock is `Copy` and shared by
+    /// every part of a node, and tests start few of them).
+    pub fn manual(start_ns: u64) -> (Clock, &'static ManualTime) {
+        let time: &'static ManualTime = Box::leak(Box::new(ManualTime {
+            now_ns: AtomicU64::new(start_ns),
+        }));
+        let clock = Clock {
+            origin: Instant::now(),
+            manual: Some(time),
+        };
+        (clock, time)
     }
 
-    /// The instant at `ns` on this clock.
+    /// Nanoseconds since the origin (saturates after 584 years).
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        match self.manual {
+            None => u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            Some(time) => time.now_ns(),
+        }
+    }
+
+    /// The instant at `ns` on this clock (a manual clock: as far from now as `ns` is from its
+    /// time).
     pub fn instant_at(&self, ns: u64) -> Instant {
-        self.origin + Duration::from_nanos(ns)
+        match self.manual {
+            None => self.origin + Duration::from_nanos(ns),
+            Some(time) => Instant::now() + Duration::from_nanos(ns.saturating_sub(time.now_ns())),
+        }
     }
 
     /// Time from now until `ns` (zero if it has passed).
@@ -68,5 +120,20 @@ mod tests {
         let at = clock.instant_at(a + 1_000_000);
         assert!(at > clock.instant_at(a));
         assert_eq!(clock.until(0), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_manual_clock_moves_only_when_advanced() {
+        let (clock, time) = Clock::manual(5);
+        assert_eq!(clock.now_ns(), 5);
+        assert_eq!(clock.now_ns(), 5, "no time passes by itself");
+        assert_eq!(clock.until(1_005), Duration::from_nanos(1_000));
+        time.advance(1_000);
+        assert_eq!((clock.now_ns(), time.now_ns()), (1_005, 1_005));
+        assert_eq!(clock.until(1_005), Duration::ZERO);
+        // Copies share the time.
+        let copy = clock;
+        time.advance(1);
+        assert_eq!(copy.now_ns(), 1_006);
     }
 }

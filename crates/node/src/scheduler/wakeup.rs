@@ -120,6 +120,20 @@ impl<J: Send + 'static> Scheduler<J> {
         }
     }
 
+    /// Wakes, on the calling thread, every worker whose timer is due by the clock's time now:
+    /// what the wake-up thread does when a deadline passes, for a clock whose time a test
+    /// moves by hand (`Clock::manual`), so that when this returns the policies have decided
+    /// everything that was due.
+    pub fn wake_due(self: &Arc<Self>) {
+        let now = self.clock.now_ns();
+        for w in 0..self.workers.len() {
+            let armed_ns = lock(&self.workers[w].state).armed_ns;
+            if armed_ns <= now {
+                self.wake(w);
+            }
+        }
+    }
+
     /// Runs jobs released outside a submission (QoS change, removal).
     pub(super) fn run_elsewhere(&self, ready: Vec<Ready<J>>) {
         if ready.is_empty() {

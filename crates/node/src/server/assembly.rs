@@ -63,13 +63,16 @@ impl Credentials {
 }
 
 /// The I/O runtime: executor lanes, the emulated devices, buffers, the read router.
-pub(super) fn start_io(config: &NodeConfig, store: &Store) -> Result<Arc<IoRuntime>, NodeError> {
+pub(super) fn start_io(
+    config: &NodeConfig,
+    store: &Store,
+    clock: Clock,
+) -> Result<Arc<IoRuntime>, NodeError> {
     let lanes = if config.io_threads == 0 {
         None
     } else {
         Some(Lanes::start(config.io_threads).map_err(NodeError::Workers)?)
     };
-    let clock = Clock::new();
     let curve = config.emulated_curve.clone();
     let start_device = |spec| {
         EmulatedDevice::start_with_curve(spec, curve.clone(), clock)

@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admission::Connections;
+use crate::clock::Clock;
 use crate::config::NodeConfig;
 use crate::pipeline::{IoJob, Pipeline};
 use crate::scheduler::{Scheduler, SchedulerError};
@@ -103,11 +104,20 @@ pub struct RunningNode {
 impl Node {
     /// Opens the store and starts both listeners.
     pub async fn start(config: NodeConfig) -> Result<RunningNode, NodeError> {
+        Node::start_with_clock(config, Clock::new()).await
+    }
+
+    /// [`Node::start`] on `clock`: a manual one (`Clock::manual`) lets a test decide when the
+    /// node's time moves.
+    pub async fn start_with_clock(
+        config: NodeConfig,
+        clock: Clock,
+    ) -> Result<RunningNode, NodeError> {
         config.validate()?;
         // Credentials first: a typo in a key file must not leave a half-started node.
         let credentials = assembly::Credentials::load(&config)?;
         let store = store::open_store(&config).await?;
-        let io = assembly::start_io(&config, &store)?;
+        let io = assembly::start_io(&config, &store, clock)?;
         let metrics = crate::metrics::MetricsRegistry::new(config.metrics, io.clock);
         let scheduler = assembly::start_scheduler(&config, &store, &io, &metrics)?;
         // Before any I/O: replace the exact balances of a clean shutdown by running ones, so
