@@ -18,7 +18,6 @@ pub mod coalesce;
 pub mod config;
 pub mod emulated;
 pub mod exec;
-pub mod global_pool;
 pub mod handshake_limit;
 pub mod limits;
 pub mod memory_transport;

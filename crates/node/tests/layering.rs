@@ -61,7 +61,6 @@ const LAYERS: &[(&str, &[&str])] = &[
             "sync",
             "clock",
             "address_group",
-            "global_pool",
             "buffers",
             "coalesce",
             "tls_config",

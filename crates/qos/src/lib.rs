@@ -24,6 +24,7 @@ pub mod cost;
 pub mod cpu;
 mod engine;
 pub mod error;
+pub mod global_pool;
 pub mod limiter;
 pub mod model;
 mod policies;

@@ -101,7 +101,7 @@ pub struct QosConfig {
     /// baseline requests), no gate without an emulated device; `Some(0)`: no gate.
     pub burst_in_flight: Option<u32>,
     /// Moves capacity between workers every policy window by what they used
-    /// (`node::global_pool`); `false`: each worker keeps `1/workers` of the node.
+    /// (`headroom_qos::global_pool`); `false`: each worker keeps `1/workers` of the node.
     pub global_pool: bool,
 }
 

@@ -10,8 +10,8 @@ use headroom_qos::{CostVector, NodeCapacity};
 use super::config::QosConfig;
 use super::{Ready, Scheduler};
 use crate::clock::Clock;
-use crate::global_pool::{self, WorkerUse};
 use crate::sync::lock;
+use headroom_qos::global_pool::{self, WorkerUse};
 
 /// The node's capacity and when it was last split between the workers.
 pub(super) struct GlobalPool {
@@ -35,7 +35,7 @@ impl GlobalPool {
 
 impl<J: Send + 'static> Scheduler<J> {
     /// Moves capacity between the workers if a rebalancing period has passed
-    /// (`node::global_pool`); appends what the new shares let run to `ready`. Runs on whichever
+    /// (`headroom_qos::global_pool`); appends what the new shares let run to `ready`. Runs on whichever
     /// thread submits or completes a request first after the period: an idle node does no work.
     pub(super) fn maybe_rebalance(&self, now: u64, ready: &mut Vec<Ready<J>>) {
         let Some(pool) = &self.pool else {

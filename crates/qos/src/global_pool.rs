@@ -23,12 +23,13 @@
 //! up to the node's capacity in that dimension, so the workers together never schedule more
 //! than the node has. An unlimited dimension stays unlimited on every worker.
 //!
-//! This module is the arithmetic only; the scheduler measures the use and applies the shares
-//! with `Policy::set_capacity`.
+//! This module is the arithmetic only, pure like the rest of this crate (so the simulator can
+//! run it too); the node's scheduler measures the use and applies the shares with
+//! `Policy::set_capacity`.
 
-use headroom_qos::CostVector;
-use headroom_qos::arbitration::proportional;
-use headroom_qos::cost::{DIMENSIONS, mul_div_floor};
+use crate::CostVector;
+use crate::arbitration::proportional;
+use crate::cost::{DIMENSIONS, mul_div_floor};
 
 /// Part of the node kept as idle floors, over all workers together (permille).
 pub const IDLE_FLOOR_PERMILLE: u64 = 50;
