@@ -273,7 +273,7 @@ fn a_client_that_leaves_mid_request_leaves_no_request_outstanding_in_the_audit()
     let mut client = Client::open(server.nbd, "v");
     client.read(1, 0, 4096).expect("read");
     // A WRITE header whose payload never comes: the session ends without answering it.
-    client.send_request(0, common::raw::CMD_WRITE, 2, 0, 4096);
+    client.send_request(0, headroom_nbd::consts::NBD_CMD_WRITE, 2, 0, 4096);
     drop(client);
     // A request left outstanding would make every later second look like a stalled node
     // (short by the whole baseline). Wait until a few seconds have been judged.

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use common::Server;
 use common::raw::*;
+use headroom_nbd::consts::*;
+use headroom_nbd::encode_option_header;
 
 const VOLUME_BYTES: u64 = 16 << 20;
 
@@ -74,12 +76,10 @@ fn handshake_garbage_closes_only_that_connection() {
     let mut stream = connect(server.nbd);
     greet(&mut stream);
     let mut header = Vec::new();
-    header.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    header.extend_from_slice(&OPT_GO.to_be_bytes());
-    header.extend_from_slice(&u32::MAX.to_be_bytes());
+    encode_option_header(&mut header, NBD_OPT_GO, u32::MAX);
     stream.write_all(&header).unwrap();
     let reply = read_option_reply(&mut stream);
-    assert_eq!(reply.reply_type, REP_ERR_TOO_BIG);
+    assert_eq!(reply.reply_type, NBD_REP_ERR_TOO_BIG);
     assert!(closed_by_server(&mut stream));
     still_serves(&server);
 }
@@ -92,10 +92,10 @@ fn unknown_option_then_go_on_the_same_connection() {
     send_option(&mut stream, 0x00ab_cdef, b"whatever");
     let reply = read_option_reply(&mut stream);
     assert_eq!(reply.option, 0x00ab_cdef);
-    assert_eq!(reply.reply_type, REP_ERR_UNSUP);
+    assert_eq!(reply.reply_type, NBD_REP_ERR_UNSUP);
 
     // GO for a missing export is refused with ERR_UNKNOWN, and the haggling goes on.
-    assert_eq!(go(&mut stream, "missing"), Err(REP_ERR_UNKNOWN));
+    assert_eq!(go(&mut stream, "missing"), Err(NBD_REP_ERR_UNKNOWN));
     let (size, _flags) = go(&mut stream, "vol").expect("GO after refusals");
     assert_eq!(size, VOLUME_BYTES);
     let mut client = Client {
@@ -113,7 +113,7 @@ fn export_name_for_a_missing_export_closes() {
     let (_dir, server) = server();
     let mut stream = connect(server.nbd);
     greet(&mut stream);
-    send_option(&mut stream, OPT_EXPORT_NAME, b"missing");
+    send_option(&mut stream, NBD_OPT_EXPORT_NAME, b"missing");
     assert!(closed_by_server(&mut stream));
     still_serves(&server);
 }
@@ -124,22 +124,25 @@ fn invalid_requests_get_the_spec_errno_and_the_connection_survives() {
     let mut client = Client::open(server.nbd, "vol");
 
     // Read past the end: EINVAL.
-    assert_eq!(client.read(1, VOLUME_BYTES - 512, 4096), Err(EINVAL));
+    assert_eq!(client.read(1, VOLUME_BYTES - 512, 4096), Err(NBD_EINVAL));
     // Write past the end: ENOSPC (payload consumed, connection in sync).
-    assert_eq!(client.write(2, VOLUME_BYTES - 512, &[1u8; 4096], 0), ENOSPC);
+    assert_eq!(
+        client.write(2, VOLUME_BYTES - 512, &[1u8; 4096], 0),
+        NBD_ENOSPC
+    );
     // offset + length overflows 64 bits.
-    assert_eq!(client.read(3, u64::MAX - 100, 4096), Err(EINVAL));
-    assert_eq!(client.write(4, u64::MAX - 100, &[1u8; 4096], 0), EINVAL);
+    assert_eq!(client.read(3, u64::MAX - 100, 4096), Err(NBD_EINVAL));
+    assert_eq!(client.write(4, u64::MAX - 100, &[1u8; 4096], 0), NBD_EINVAL);
     // Unknown command.
     client.send_request(0, 99, 5, 0, 0);
     let reply = client.read_simple_reply();
-    assert_eq!((reply.cookie, reply.error), (5, EINVAL));
+    assert_eq!((reply.cookie, reply.error), (5, NBD_EINVAL));
     // Unknown flag on a READ.
-    client.send_request(0x4000, CMD_READ, 6, 0, 4096);
+    client.send_request(0x4000, NBD_CMD_READ, 6, 0, 4096);
     let reply = client.read_simple_reply();
-    assert_eq!((reply.cookie, reply.error), (6, EINVAL));
+    assert_eq!((reply.cookie, reply.error), (6, NBD_EINVAL));
     // A 256 MiB read is over the advertised 32 MiB maximum.
-    assert_eq!(client.read(7, 0, 256 << 20), Err(EINVAL));
+    assert_eq!(client.read(7, 0, 256 << 20), Err(NBD_EINVAL));
     // And the same connection still works.
     assert_eq!(client.write(8, 0, &[9u8; 4096], 0), 0);
     assert_eq!(client.read(9, 0, 4096).unwrap(), vec![9u8; 4096]);
@@ -152,7 +155,7 @@ fn oversized_write_then_hang_up() {
     let (_dir, server) = server();
     let mut client = Client::open(server.nbd, "vol");
     // Announce a 4 GiB - 1 payload, send a little, and vanish.
-    client.send_request(0, CMD_WRITE, 1, 0, u32::MAX);
+    client.send_request(0, NBD_CMD_WRITE, 1, 0, u32::MAX);
     client.stream.write_all(&[0xeeu8; 65536]).unwrap();
     drop(client);
     still_serves(&server);
@@ -166,7 +169,7 @@ fn oversized_write_then_hang_up() {
 fn write_cut_off_mid_payload_is_not_applied() {
     let (_dir, server) = server();
     let mut client = Client::open(server.nbd, "vol");
-    client.send_request(0, CMD_WRITE, 1, 1 << 20, 65536);
+    client.send_request(0, NBD_CMD_WRITE, 1, 1 << 20, 65536);
     client.stream.write_all(&[0x77u8; 1000]).unwrap();
     drop(client);
     still_serves(&server);
@@ -202,12 +205,14 @@ fn pipelined_reads_whose_replies_are_never_read_stay_bounded() {
         .unwrap();
     let mut requests = Vec::with_capacity(20_000 * 28);
     for cookie in 0..20_000u64 {
-        requests.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        requests.extend_from_slice(&0u16.to_be_bytes());
-        requests.extend_from_slice(&CMD_READ.to_be_bytes());
-        requests.extend_from_slice(&cookie.to_be_bytes());
-        requests.extend_from_slice(&((cookie % 4096) * 4096).to_be_bytes());
-        requests.extend_from_slice(&(64u32 << 10).to_be_bytes());
+        push_request(
+            &mut requests,
+            0,
+            NBD_CMD_READ,
+            cookie,
+            (cookie % 4096) * 4096,
+            64u32 << 10,
+        );
     }
     // The server stops reading once its per-connection budget is held by unsent replies, so
     // this write may time out part-way; either way we never read a reply.

@@ -20,12 +20,12 @@ use std::time::{Duration, Instant};
 
 use common::raw::Client;
 use common::{Server, have_tool, random_file, run_ok, text};
+use headroom_nbd::consts::NBD_EIO;
 use headroom_store::{Store, StoreConfig};
 use serde_json::Value;
 
 const VOLUME_BYTES: u64 = 8 << 20;
 const BLOCK: u64 = 4096;
-const EIO: u32 = 5;
 
 /// A file-backed server with three devices whose scrub runs only when asked.
 fn start(dir: &Path) -> Server {
@@ -242,7 +242,7 @@ fn flipped_bits_are_found_by_scrub_repaired_from_a_copy_or_answered_with_eio() {
                 );
             }
             Err(code) => {
-                assert_eq!(code, EIO, "block {block}");
+                assert_eq!(code, NBD_EIO, "block {block}");
                 eio.insert(block);
             }
         }

@@ -4,33 +4,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{BIN, Server, have_tool, run_ok, start_fails};
+use common::{BIN, Server, api_get, have_tool, run_ok, start_fails};
 
 fn write(path: &Path, text: &str) -> PathBuf {
     std::fs::write(path, text).expect("write config");
     path.to_path_buf()
-}
-
-/// `GET path` on the server's API; the body.
-fn api_get(server: &Server, path: &str) -> serde_json::Value {
-    let addr = server.api.strip_prefix("http://").expect("http URL");
-    let mut stream = TcpStream::connect(addr).expect("connect to the API");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {}\r\nConnection: close\r\n\r\n",
-        common::bearer()
-    )
-    .expect("send request");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read response");
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{response}");
-    serde_json::from_str(body).unwrap_or_else(|err| panic!("{err}: {body}"))
 }
 
 fn volume_policy(server: &Server) -> String {

@@ -46,7 +46,7 @@ use common::Server;
 use crash::{BLOCK, Conn, Found, Patterns, Rng};
 use headroom_nbd::consts::{
     NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, NBD_CMD_FLUSH, NBD_CMD_TRIM, NBD_CMD_WRITE,
-    NBD_CMD_WRITE_ZEROES,
+    NBD_CMD_WRITE_ZEROES, NBD_EIO,
 };
 use serde_json::{Value, json};
 
@@ -268,8 +268,6 @@ struct Harness {
 
 /// Most devices the harness grows the pool to (device files of 1 GiB, sparse).
 const MAX_DEVICES: u64 = 10;
-/// The errno of a FLUSH or FUA request whose data sits on a failed device.
-const EIO: u32 = 5;
 
 struct Api {
     base: String,
@@ -571,7 +569,7 @@ impl Harness {
         // With a device failed, a 1-replica volume holding an extent there cannot promise
         // durability any more: its FLUSH and FUA requests get EIO, and what they covered
         // stays acknowledged, not durable.
-        let refused = error == EIO
+        let refused = error == NBD_EIO
             && (op.kind == Kind::Flush || op.fua)
             && self.failed_device.is_some()
             && !(self.replicated && vol.uid % 2 == 1);

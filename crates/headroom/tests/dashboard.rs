@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, TEST_TOKEN, have_tool, text};
+use common::{Server, TEST_TOKEN, api_get, have_tool, text};
 use serde_json::{Value, json};
 
 /// fio's fixed rate on the unlimited volume.
@@ -39,12 +39,6 @@ fn get_with(url: &str, token: &str) -> (u16, Value) {
     let status = response.status().as_u16();
     let text = response.body_mut().read_to_string().unwrap_or_default();
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
-fn api_get(server: &Server, path: &str) -> Value {
-    let (status, body) = get_with(&format!("{}{path}", server.api), TEST_TOKEN);
-    assert_eq!(status, 200, "GET {path}: {body}");
-    body
 }
 
 /// Completed I/Os of a volume since start, from its per-phase counters.

@@ -7,8 +7,9 @@ mod common;
 
 use std::process::Command;
 
-use common::raw::{CMD_FLAG_FUA, Client};
+use common::raw::Client;
 use common::{Server, have_tool, run_ok, text};
+use headroom_nbd::consts::NBD_CMD_FLAG_FUA;
 use serde_json::Value;
 
 /// Deterministic block content for (seed, block index).
@@ -96,7 +97,7 @@ fn flushed_blocks_survive_kill_9() {
     // One FUA write is durable on its own, without the flush.
     let fua_offset = 250 << 20;
     assert_eq!(
-        other.write(999, fua_offset, &pattern(2, 0, BLOCK), CMD_FLAG_FUA),
+        other.write(999, fua_offset, &pattern(2, 0, BLOCK), NBD_CMD_FLAG_FUA),
         0
     );
     assert_eq!(writer.flush(1000), 0);
@@ -164,7 +165,7 @@ fn explicit_devices_back_the_pool_and_keep_data_across_restarts() {
         errors.push(filler.write(i, i << 21, &[1u8; 512], 0));
     }
     assert!(errors[..14].iter().all(|&e| e == 0), "{errors:?}");
-    assert_eq!(errors[14], common::raw::ENOSPC);
+    assert_eq!(errors[14], headroom_nbd::consts::NBD_ENOSPC);
     filler.disconnect();
     server.stop();
     for device in &devices {

@@ -7,17 +7,15 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::raw::{CMD_FLAG_FUA, Client, EIO, ENOSPC};
-use common::{Server, have_tool, text};
-use serde_json::Value;
+use common::raw::Client;
+use common::{Server, api_get, have_tool, text};
+use headroom_nbd::consts::{NBD_CMD_FLAG_FUA, NBD_EIO, NBD_ENOSPC};
 
 const BLOCK: usize = 4096;
 
@@ -43,22 +41,6 @@ fn start(dir: &Path, name: &str, faults: &str, args: &[&str]) -> Server {
         server.log()
     );
     server
-}
-
-/// `GET path` on the server's API.
-fn api_get(server: &Server, path: &str) -> Value {
-    let addr = server.api.strip_prefix("http://").expect("http URL");
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
-        common::TEST_TOKEN
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (_, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"))
 }
 
 /// The server's log without ANSI colour codes (the log colours even into a file).
@@ -124,7 +106,7 @@ fn read_all(client: &mut Client, count: u64, expected: impl Fn(u64) -> Vec<u8>) 
         match client.read(i, i * BLOCK as u64, BLOCK as u32) {
             Ok(data) => assert!(data == expected(i), "block {i} differs"),
             Err(errno) => {
-                assert_eq!(errno, EIO, "block {i}");
+                assert_eq!(errno, NBD_EIO, "block {i}");
                 failed.push(i);
             }
         }
@@ -251,11 +233,11 @@ enospc_after_bytes = "1MiB"
     let (mut eio, mut enospc) = (0, 0);
     for version in [1u8, 2] {
         for i in 0..blocks {
-            let fua = if i % 5 == 0 { CMD_FLAG_FUA } else { 0 };
+            let fua = if i % 5 == 0 { NBD_CMD_FLAG_FUA } else { 0 };
             match faulty.write(i, i * BLOCK as u64, &block(1, i, version), fua) {
                 0 => holds[i as usize] = version,
-                EIO => eio += 1,
-                ENOSPC => enospc += 1,
+                NBD_EIO => eio += 1,
+                NBD_ENOSPC => enospc += 1,
                 other => panic!("write {i}: errno {other}"),
             }
             assert_eq!(
@@ -279,7 +261,7 @@ enospc_after_bytes = "1MiB"
     let mut small = Client::open(server.nbd, "small");
     for i in 0..300u64 {
         let e = small.write(i, i * BLOCK as u64, &block(3, i, 1), 0);
-        assert_eq!(e, if i < 256 { 0 } else { ENOSPC }, "write {i}");
+        assert_eq!(e, if i < 256 { 0 } else { NBD_ENOSPC }, "write {i}");
     }
     assert!(
         read_all(&mut small, 300, |i| if i < 256 {
@@ -343,12 +325,12 @@ eio_sync_permille = 1000
 "#;
     let mut server = start(dir.path(), "volume-sync", config, &["--memory", "64MiB"]);
     let (mut a, mut b) = two_volumes_on_two_devices(&server);
-    assert_eq!(a.flush(3), EIO);
-    assert_eq!(a.write(4, 4096, &block(1, 1, 1), CMD_FLAG_FUA), EIO);
+    assert_eq!(a.flush(3), NBD_EIO);
+    assert_eq!(a.write(4, 4096, &block(1, 1, 1), NBD_CMD_FLAG_FUA), NBD_EIO);
     // The FUA write's data was written before its sync failed; the session goes on.
     assert_eq!(a.read(5, 4096, BLOCK as u32).unwrap(), block(1, 1, 1));
     assert_eq!(b.flush(6), 0);
-    assert_eq!(b.write(7, 4096, &block(2, 1, 1), CMD_FLAG_FUA), 0);
+    assert_eq!(b.write(7, 4096, &block(2, 1, 1), NBD_CMD_FLAG_FUA), 0);
     assert_healthy(&mut server);
     assert!(plain_log(&server).contains("op=\"flush\""));
     server.stop();
@@ -363,11 +345,15 @@ eio_sync_permille = 1000
 "#;
     let mut server = start(dir.path(), "device-sync", config, &["--memory", "64MiB"]);
     let (mut a, mut b) = two_volumes_on_two_devices(&server);
-    assert_eq!(a.flush(3), EIO);
-    assert_eq!(a.flush(4), EIO, "sticky: nothing new written, still EIO");
+    assert_eq!(a.flush(3), NBD_EIO);
+    assert_eq!(
+        a.flush(4),
+        NBD_EIO,
+        "sticky: nothing new written, still EIO"
+    );
     assert_eq!(a.read(5, 0, BLOCK as u32).unwrap(), block(1, 0, 1));
     assert_eq!(b.flush(6), 0);
-    assert_eq!(b.write(7, 4096, &block(2, 1, 1), CMD_FLAG_FUA), 0);
+    assert_eq!(b.write(7, 4096, &block(2, 1, 1), NBD_CMD_FLAG_FUA), 0);
     let pool = api_get(&server, "/v1/pool");
     assert_eq!(pool["devices"][0]["failed"], true, "{pool}");
     assert!(pool["devices"][1].get("failed").is_none(), "{pool}");
@@ -581,7 +567,7 @@ disappear_after_ops = 3000
             a.flush(i),
         ];
         if errors.iter().any(|&e| e != 0) {
-            assert!(errors.iter().all(|&e| e == 0 || e == EIO), "{errors:?}");
+            assert!(errors.iter().all(|&e| e == 0 || e == NBD_EIO), "{errors:?}");
             break i;
         }
         i += 1;
@@ -589,21 +575,21 @@ disappear_after_ops = 3000
     // ... then every request on it gets EIO.
     for j in 0..100u64 {
         let offset = (j % 256) * BLOCK as u64;
-        assert_eq!(a.write(j, offset, &block(1, j, 3), 0), EIO);
-        assert_eq!(a.read(j, offset, BLOCK as u32), Err(EIO));
-        assert_eq!(a.flush(j), EIO);
-        assert_eq!(c.read(j, 2 * extent + offset, BLOCK as u32), Err(EIO));
+        assert_eq!(a.write(j, offset, &block(1, j, 3), 0), NBD_EIO);
+        assert_eq!(a.read(j, offset, BLOCK as u32), Err(NBD_EIO));
+        assert_eq!(a.flush(j), NBD_EIO);
+        assert_eq!(c.read(j, 2 * extent + offset, BLOCK as u32), Err(NBD_EIO));
     }
     // c's extents on device 1 still read and write; its FLUSH fails (data on device 0).
     assert_eq!(c.read(7, extent, BLOCK as u32).unwrap(), block(3, 1, 1));
     assert_eq!(c.write(8, 3 * extent, &block(3, 3, 2), 0), 0);
     assert_eq!(c.read(9, 3 * extent, BLOCK as u32).unwrap(), block(3, 3, 2));
-    assert_eq!(c.flush(10), EIO);
+    assert_eq!(c.flush(10), NBD_EIO);
     // A new volume gets its extents on device 1 and full service.
     server.create_volume("d", "8MiB");
     let mut d = Client::open(server.nbd, "d");
     for i in 0..4u64 {
-        assert_eq!(d.write(i, i * extent, &block(4, i, 1), CMD_FLAG_FUA), 0);
+        assert_eq!(d.write(i, i * extent, &block(4, i, 1), NBD_CMD_FLAG_FUA), 0);
     }
     assert_eq!(d.flush(5), 0);
     assert!(read_all(&mut d, 1, |i| block(4, i, 1)).is_empty());

@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::openmetrics::{Sample, parse};
-use common::raw::{CMD_TRIM, Client, ENOSPC};
+use common::raw::Client;
 use common::{Server, TEST_TOKEN, agent, have_tool, run_ok, text};
+use headroom_nbd::consts::{NBD_CMD_TRIM, NBD_ENOSPC};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -175,7 +176,7 @@ fn readyz(server: &Server) -> (u16, String) {
 
 /// Trims `[offset, offset + len)` of the export in pieces of at most 1 GiB; the errno.
 fn trim(c: &mut Client, offset: u64, len: u64) -> u32 {
-    c.send_request(0, CMD_TRIM, 77, offset, len as u32);
+    c.send_request(0, NBD_CMD_TRIM, 77, offset, len as u32);
     c.read_simple_reply().error
 }
 
@@ -221,7 +222,7 @@ fn a_full_filesystem_degrades_the_pool_and_recovers_when_space_is_freed() {
     loop {
         let i = written / MIB;
         let e = a.write(100 + i, written, &chunk(1, i, 1), 0);
-        if e == ENOSPC {
+        if e == NBD_ENOSPC {
             break;
         }
         assert_eq!(e, 0, "write of MiB {i} of a: errno {e}");
@@ -254,14 +255,14 @@ fn a_full_filesystem_degrades_the_pool_and_recovers_when_space_is_freed() {
     // A new extent cannot be had: ENOSPC, again and again, and the device is not failed.
     for k in 0..20u64 {
         let off = written.next_multiple_of(2 * MIB) + k * 2 * MIB;
-        assert_eq!(a.write(4, off, &[5u8; 4096], 0), ENOSPC);
+        assert_eq!(a.write(4, off, &[5u8; 4096], 0), NBD_ENOSPC);
     }
     assert_eq!(a.flush(5), 0, "a's FLUSH on the full disk");
     flushed = written;
 
     // C needs new extents: ENOSPC on NBD, and qemu-io says so.
     let mut c = Client::open(server.nbd, "c");
-    assert_eq!(c.write(20, 0, &[6u8; 4096], 0), ENOSPC);
+    assert_eq!(c.write(20, 0, &[6u8; 4096], 0), NBD_ENOSPC);
     let out = Command::new("qemu-io")
         .args(["-f", "raw", &server.uri("c"), "-c", "write -P 0x33 0 64k"])
         .output()
@@ -357,7 +358,7 @@ fn a_full_filesystem_degrades_the_pool_and_recovers_when_space_is_freed() {
     let mut c = Client::open(server.nbd, "c");
     assert_eq!(
         c.flush(60),
-        common::raw::EIO,
+        headroom_nbd::consts::NBD_EIO,
         "c has data on the failed device"
     );
     let out = server.cli(&["device", "restore", "0", "--json"]);

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use common::raw::*;
 use common::{Server, have_tool, text};
+use headroom_nbd::consts::*;
+use headroom_nbd::encode_option_header;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -123,13 +125,8 @@ fn hog(addr: SocketAddr, export: &str, reads: u64, len: u32) -> TcpStream {
     let client = Client::open(addr, export);
     let mut requests = Vec::with_capacity(usize::try_from(reads).unwrap() * 28);
     for cookie in 0..reads {
-        requests.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        requests.extend_from_slice(&0u16.to_be_bytes());
-        requests.extend_from_slice(&CMD_READ.to_be_bytes());
-        requests.extend_from_slice(&cookie.to_be_bytes());
         let offset = (cookie % 2) * u64::from(len);
-        requests.extend_from_slice(&offset.to_be_bytes());
-        requests.extend_from_slice(&len.to_be_bytes());
+        push_request(&mut requests, 0, NBD_CMD_READ, cookie, offset, len);
     }
     let mut writer = client.stream.try_clone().unwrap();
     std::thread::spawn(move || {
@@ -220,10 +217,12 @@ fn idle_and_half_negotiated_sockets_do_not_lock_out_new_clients() {
         match i % 3 {
             0 => {}
             1 => {
-                let _ = stream.write_all(&3u32.to_be_bytes());
+                let _ = stream
+                    .write_all(&(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES).to_be_bytes());
             }
             _ => {
-                let _ = stream.write_all(&3u32.to_be_bytes());
+                let _ = stream
+                    .write_all(&(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES).to_be_bytes());
                 let _ = stream.write_all(&IHAVEOPT.to_be_bytes());
             }
         }
@@ -320,9 +319,7 @@ fn stalled_negotiations_end_at_the_handshake_deadline() {
     greet(&mut haggling);
     let data = go_payload("vol");
     let mut header = Vec::new();
-    header.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    header.extend_from_slice(&OPT_GO.to_be_bytes());
-    header.extend_from_slice(&u32::try_from(data.len()).unwrap().to_be_bytes());
+    encode_option_header(&mut header, NBD_OPT_GO, u32::try_from(data.len()).unwrap());
     header.extend_from_slice(&data[..data.len() / 2]);
     haggling.write_all(&header).unwrap();
     for (name, mut stream) in [
@@ -365,12 +362,14 @@ fn thousands_of_requests_in_flight_stop_at_the_request_cap_and_all_get_answers()
         std::thread::spawn(move || {
             let mut requests = Vec::with_capacity(28 * 20_000);
             for cookie in 0..REQUESTS {
-                requests.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-                requests.extend_from_slice(&0u16.to_be_bytes());
-                requests.extend_from_slice(&CMD_READ.to_be_bytes());
-                requests.extend_from_slice(&cookie.to_be_bytes());
-                requests.extend_from_slice(&((cookie % 4096) * 4096).to_be_bytes());
-                requests.extend_from_slice(&4096u32.to_be_bytes());
+                push_request(
+                    &mut requests,
+                    0,
+                    NBD_CMD_READ,
+                    cookie,
+                    (cookie % 4096) * 4096,
+                    4096,
+                );
             }
             stream.write_all(&requests).unwrap();
         })
@@ -505,7 +504,7 @@ fn memory_stays_within_the_node_budget_when_clients_never_read() {
 fn timed_read(client: &mut Client, cookie: u64, limit: Duration) -> std::io::Result<Duration> {
     client.stream.set_read_timeout(Some(limit))?;
     let asked = Instant::now();
-    client.send_request(0, CMD_READ, cookie, 0, 4096);
+    client.send_request(0, NBD_CMD_READ, cookie, 0, 4096);
     let mut header = [0u8; 16];
     client.stream.read_exact(&mut header)?;
     let mut payload = vec![0u8; 4096];
@@ -608,15 +607,18 @@ fn block_status_requests_in_flight_hold_their_replies_bytes() {
     server.create_volume("vol", "64MiB");
     let mut stream = connect(server.nbd);
     greet(&mut stream);
-    send_option(&mut stream, OPT_STRUCTURED_REPLY, &[]);
-    assert_eq!(read_option_reply(&mut stream).reply_type, REP_ACK);
+    send_option(&mut stream, NBD_OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(read_option_reply(&mut stream).reply_type, NBD_REP_ACK);
     send_option(
         &mut stream,
-        OPT_SET_META_CONTEXT,
+        NBD_OPT_SET_META_CONTEXT,
         &meta_payload("vol", &["base:allocation"]),
     );
-    assert_eq!(read_option_reply(&mut stream).reply_type, REP_META_CONTEXT);
-    assert_eq!(read_option_reply(&mut stream).reply_type, REP_ACK);
+    assert_eq!(
+        read_option_reply(&mut stream).reply_type,
+        NBD_REP_META_CONTEXT
+    );
+    assert_eq!(read_option_reply(&mut stream).reply_type, NBD_REP_ACK);
     go(&mut stream, "vol").unwrap();
     // 8 READs of 4 MiB fill the socket buffers (their replies are never read), so the 100
     // BLOCK_STATUS replies behind them wait in the server with their charges. The READs go
@@ -633,18 +635,12 @@ fn block_status_requests_in_flight_hold_their_replies_bytes() {
             statuses_at = requests.len();
         }
         // DF: the READs of never-written data are answered with their zeros, not a hole.
-        const DF: u16 = 1 << 2;
         let (flags, command, length) = if cookie < READS {
-            (DF, CMD_READ, 4u32 << 20)
+            (NBD_CMD_FLAG_DF, NBD_CMD_READ, 4u32 << 20)
         } else {
-            (0, CMD_BLOCK_STATUS, 64 << 20)
+            (0, NBD_CMD_BLOCK_STATUS, 64 << 20)
         };
-        requests.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        requests.extend_from_slice(&flags.to_be_bytes());
-        requests.extend_from_slice(&command.to_be_bytes());
-        requests.extend_from_slice(&cookie.to_be_bytes());
-        requests.extend_from_slice(&0u64.to_be_bytes());
-        requests.extend_from_slice(&length.to_be_bytes());
+        push_request(&mut requests, flags, command, cookie, 0, length);
     }
     stream.write_all(&requests[..statuses_at]).unwrap();
     stream
@@ -747,7 +743,7 @@ fn a_client_that_stops_reading_or_sending_is_cut_off_after_the_stall_timeout() {
 
     // A WRITE whose payload stops coming: the session ends, and its 1 MiB comes back.
     let mut writer = Client::open(server.nbd, "vol");
-    writer.send_request(0, CMD_WRITE, 9, 0, 1 << 20);
+    writer.send_request(0, NBD_CMD_WRITE, 9, 0, 1 << 20);
     writer.stream.write_all(&[0xabu8; 1000]).unwrap();
     assert!(closed_within(&mut writer.stream, Duration::from_secs(10)));
     wait_for(

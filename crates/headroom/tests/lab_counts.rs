@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{Server, bearer, openmetrics};
+use common::{Server, openmetrics};
 use headroom_lab::{ClosedLoopSpec, LabError, Target, closed_loop};
 
 /// The value of `name{volume="VOLUME",op="OP"}` in an OpenMetrics exposition.
@@ -21,17 +21,6 @@ fn volume_series(body: &str, name: &str, volume: &str, op: &str) -> u64 {
         &[("volume", volume), ("op", op)],
     )
     .unwrap_or_else(|| panic!("no {name}{{volume={volume},op={op}}} in\n{body}")) as u64
-}
-
-fn scrape(server: &Server) -> String {
-    common::agent()
-        .get(format!("{}/metrics", server.api))
-        .header("Authorization", bearer())
-        .call()
-        .expect("GET /metrics")
-        .body_mut()
-        .read_to_string()
-        .expect("metrics body")
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -84,7 +73,7 @@ fn a_closed_loop_group_counts_exactly_what_the_server_counted() {
     assert_eq!(result.bytes_written, result.ios_written * 4096);
     assert!(result.cpu_ns > 0, "no CPU time measured");
 
-    let body = scrape(&server);
+    let body = common::metrics_text(&server.api);
     let get = |name: &str, op: &str| volume_series(&body, name, "lab", op);
     assert_eq!(get("headroom_volume_ops_total", "read"), result.ios_read);
     assert_eq!(

@@ -13,11 +13,11 @@ mod common;
 
 use common::Server;
 use common::raw::*;
+use headroom_nbd::consts::*;
 
 const MIB: u64 = 1 << 20;
 /// The volume: four times the maximum block size.
 const VOLUME_BYTES: u64 = 128 * MIB;
-const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 
 /// Deterministic, nonzero bytes for absolute volume offset `offset`.
 fn pattern_byte(offset: u64) -> u8 {
@@ -94,7 +94,7 @@ fn write_zeroes_and_trim_of_64_mib_affect_exactly_their_range() {
         // Unaligned on both ends, crossing piece and extent boundaries.
         let punch = (5 * MIB + 4096 + 512, 64 * MIB as u32);
         assert_eq!(
-            request(&mut client, CMD_WRITE_ZEROES, 0, 1, punch.0, punch.1),
+            request(&mut client, NBD_CMD_WRITE_ZEROES, 0, 1, punch.0, punch.1),
             0,
             "{name}: 64 MiB WRITE_ZEROES"
         );
@@ -106,8 +106,8 @@ fn write_zeroes_and_trim_of_64_mib_affect_exactly_their_range() {
         assert_eq!(
             request(
                 &mut client,
-                CMD_WRITE_ZEROES,
-                CMD_FLAG_NO_HOLE | CMD_FLAG_FUA,
+                NBD_CMD_WRITE_ZEROES,
+                NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FUA,
                 2,
                 written.0,
                 written.1
@@ -121,7 +121,7 @@ fn write_zeroes_and_trim_of_64_mib_affect_exactly_their_range() {
         fill(&mut client);
         let trimmed = (40 * MIB - 4096, 64 * MIB as u32);
         assert_eq!(
-            request(&mut client, CMD_TRIM, 0, 3, trimmed.0, trimmed.1),
+            request(&mut client, NBD_CMD_TRIM, 0, 3, trimmed.0, trimmed.1),
             0,
             "{name}: 64 MiB TRIM"
         );
@@ -129,7 +129,7 @@ fn write_zeroes_and_trim_of_64_mib_affect_exactly_their_range() {
 
         // CACHE of 64 MiB is accepted and changes nothing.
         assert_eq!(
-            request(&mut client, CMD_CACHE, 0, 4, MIB, 64 * MIB as u32),
+            request(&mut client, NBD_CMD_CACHE, 0, 4, MIB, 64 * MIB as u32),
             0
         );
         check(&mut client, &[(trimmed.0, u64::from(trimmed.1))], name);
@@ -148,7 +148,14 @@ fn whole_volume_zeroing_and_trimming_free_everything() {
 
         fill(&mut client);
         assert_eq!(
-            request(&mut client, CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 1, 0, whole),
+            request(
+                &mut client,
+                NBD_CMD_WRITE_ZEROES,
+                NBD_CMD_FLAG_NO_HOLE,
+                1,
+                0,
+                whole
+            ),
             0,
             "{name}: whole-volume WRITE_ZEROES with NO_HOLE"
         );
@@ -156,7 +163,14 @@ fn whole_volume_zeroing_and_trimming_free_everything() {
 
         fill(&mut client);
         assert_eq!(
-            request(&mut client, CMD_WRITE_ZEROES, CMD_FLAG_FUA, 2, 0, whole),
+            request(
+                &mut client,
+                NBD_CMD_WRITE_ZEROES,
+                NBD_CMD_FLAG_FUA,
+                2,
+                0,
+                whole
+            ),
             0,
             "{name}: whole-volume WRITE_ZEROES"
         );
@@ -169,7 +183,7 @@ fn whole_volume_zeroing_and_trimming_free_everything() {
 
         fill(&mut client);
         assert_eq!(
-            request(&mut client, CMD_TRIM, 0, 3, 0, whole),
+            request(&mut client, NBD_CMD_TRIM, 0, 3, 0, whole),
             0,
             "{name}: whole-volume TRIM"
         );
@@ -196,19 +210,25 @@ fn large_requests_past_the_end_get_the_spec_errno_and_change_nothing() {
         // "SHOULD return NBD_ENOSPC if it receives a write zeroes request including one or
         // more sectors beyond the size of the device"; TRIM (and CACHE, like READ): EINVAL.
         let cases = [
-            (CMD_WRITE_ZEROES, 0, 512, whole, ENOSPC),
+            (NBD_CMD_WRITE_ZEROES, 0, 512, whole, NBD_ENOSPC),
             (
-                CMD_WRITE_ZEROES,
-                CMD_FLAG_NO_HOLE,
+                NBD_CMD_WRITE_ZEROES,
+                NBD_CMD_FLAG_NO_HOLE,
                 64 * MIB,
                 64 * MIB as u32 + 1,
-                ENOSPC,
+                NBD_ENOSPC,
             ),
-            (CMD_WRITE_ZEROES, 0, 0, u32::MAX, ENOSPC),
-            (CMD_TRIM, 0, 512, whole, EINVAL),
-            (CMD_TRIM, 0, 0, u32::MAX, EINVAL),
-            (CMD_CACHE, 0, 512, whole, EINVAL),
-            (CMD_WRITE_ZEROES, 0, u64::MAX - MIB, 64 * MIB as u32, EINVAL),
+            (NBD_CMD_WRITE_ZEROES, 0, 0, u32::MAX, NBD_ENOSPC),
+            (NBD_CMD_TRIM, 0, 512, whole, NBD_EINVAL),
+            (NBD_CMD_TRIM, 0, 0, u32::MAX, NBD_EINVAL),
+            (NBD_CMD_CACHE, 0, 512, whole, NBD_EINVAL),
+            (
+                NBD_CMD_WRITE_ZEROES,
+                0,
+                u64::MAX - MIB,
+                64 * MIB as u32,
+                NBD_EINVAL,
+            ),
         ];
         for (cookie, &(command, flags, offset, len, errno)) in cases.iter().enumerate() {
             assert_eq!(
@@ -219,7 +239,7 @@ fn large_requests_past_the_end_get_the_spec_errno_and_change_nothing() {
         }
         check(&mut client, &[], name);
         // READ and WRITE stay bounded by the maximum block size.
-        assert_eq!(client.read(50, 0, 64 * MIB as u32), Err(EINVAL));
+        assert_eq!(client.read(50, 0, 64 * MIB as u32), Err(NBD_EINVAL));
         client.disconnect();
         server.stop();
     }

@@ -7,17 +7,9 @@
 
 mod common;
 
-use common::Server;
 use common::raw::Client;
+use common::{Server, api_get};
 use serde_json::Value;
-
-fn get(server: &Server, path: &str) -> Value {
-    let mut response = ureq::get(format!("{}{path}", server.api))
-        .header("authorization", common::bearer())
-        .call()
-        .unwrap_or_else(|err| panic!("GET {path}: {err}"));
-    response.body_mut().read_json().unwrap()
-}
 
 #[test]
 fn the_node_reports_its_version_policy_capacity_and_calibration() {
@@ -26,7 +18,7 @@ fn the_node_reports_its_version_policy_capacity_and_calibration() {
     server.create_tenant("acme");
     server.create_volume_with("a", "64MiB", &["--tenant", "acme"]);
     server.create_volume("b", "64MiB");
-    let node = get(&server, "/v1/node");
+    let node = api_get(&server, "/v1/node");
     assert_eq!(node["version"], env!("CARGO_PKG_VERSION"), "{node}");
     assert_eq!(node["policy"], "burst", "{node}");
     let workers = node["workers"].as_u64().unwrap();
@@ -47,7 +39,7 @@ fn the_node_reports_its_version_policy_capacity_and_calibration() {
     assert_eq!(node["api_listen"], server.api.trim_start_matches("http://"));
     assert!(node["uptime_s"].as_u64().unwrap() < 600, "{node}");
     // Cross-node arbitration is off without --rados-arbitration: said so, nothing else.
-    let arbitration = get(&server, "/v1/arbitration");
+    let arbitration = api_get(&server, "/v1/arbitration");
     assert_eq!(arbitration["enabled"], false, "{arbitration}");
     assert_eq!(arbitration["is_arbiter"], false, "{arbitration}");
     assert_eq!(arbitration["nodes"], serde_json::json!([]), "{arbitration}");
@@ -69,7 +61,7 @@ fn the_node_reports_its_version_policy_capacity_and_calibration() {
             "credit",
         ],
     );
-    let node = get(&server, "/v1/node");
+    let node = api_get(&server, "/v1/node");
     assert_eq!(
         (node["policy"].as_str(), node["workers"].as_u64()),
         (Some("credit"), Some(3)),
@@ -92,7 +84,7 @@ fn devices_show_path_capacity_and_what_is_allocated_on_them() {
         &dir.path().join("data"),
         &["--devices", "2", "--device-size", "1GiB"],
     );
-    let devices = get(&server, "/v1/devices");
+    let devices = api_get(&server, "/v1/devices");
     let devices = devices.as_array().unwrap();
     assert_eq!(devices.len(), 2, "{devices:?}");
     for (i, d) in devices.iter().enumerate() {
@@ -115,14 +107,14 @@ fn devices_show_path_capacity_and_what_is_allocated_on_them() {
     }
     assert_eq!(client.flush(99), 0);
     client.disconnect();
-    let devices = get(&server, "/v1/devices");
+    let devices = api_get(&server, "/v1/devices");
     let allocated: u64 = devices
         .as_array()
         .unwrap()
         .iter()
         .map(|d| d["allocated_bytes"].as_u64().unwrap())
         .sum();
-    let volume = get(&server, "/v1/volumes/v");
+    let volume = api_get(&server, "/v1/volumes/v");
     assert!(allocated > 0, "{devices}");
     assert_eq!(
         allocated,
@@ -138,25 +130,15 @@ fn devices_show_path_capacity_and_what_is_allocated_on_them() {
         devices
     };
     assert_eq!(
-        without_telemetry(get(&server, "/v1/pool")["devices"].clone()),
+        without_telemetry(api_get(&server, "/v1/pool")["devices"].clone()),
         without_telemetry(devices)
     );
     server.stop();
 }
 
-fn scrape(server: &Server) -> String {
-    ureq::get(format!("{}/metrics", server.api))
-        .header("authorization", common::bearer())
-        .call()
-        .expect("GET /metrics")
-        .body_mut()
-        .read_to_string()
-        .expect("metrics body")
-}
-
 /// Sum of `headroom_device_bytes{op}` over the devices.
 fn device_bytes(server: &Server, op: &str) -> f64 {
-    common::openmetrics::parse(&scrape(server))
+    common::openmetrics::parse(&common::metrics_text(&server.api))
         .iter()
         .filter(|s| {
             s.name == "headroom_device_bytes_total"
@@ -174,7 +156,7 @@ fn device_telemetry_shows_what_each_device_is_doing_now() {
         &["--devices", "2", "--device-size", "1GiB"],
     );
     // Before any I/O: no rates, no latency, version 0 (or no telemetry yet at all).
-    for d in get(&server, "/v1/devices").as_array().unwrap() {
+    for d in api_get(&server, "/v1/devices").as_array().unwrap() {
         let version = d["telemetry"]["version"].as_u64().unwrap_or(0);
         assert_eq!(version, 0, "{d}");
     }
@@ -197,7 +179,7 @@ fn device_telemetry_shows_what_each_device_is_doing_now() {
     // The sampler takes them into the telemetry at its next interval (1 s): poll for it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let devices = loop {
-        let devices = get(&server, "/v1/devices");
+        let devices = api_get(&server, "/v1/devices");
         let seen = devices
             .as_array()
             .unwrap()
@@ -241,7 +223,7 @@ fn device_telemetry_shows_what_each_device_is_doing_now() {
         "{table}"
     );
     // And /metrics has the smoothed gauges for the busy devices.
-    let text = scrape(&server);
+    let text = common::metrics_text(&server.api);
     assert!(
         text.contains("headroom_device_telemetry_iops{"),
         "no telemetry gauges in {text}"
@@ -261,7 +243,7 @@ fn the_overcommit_ratio_refuses_volumes_past_it_with_507_and_the_numbers() {
         &["--memory", "1GiB", "--config", config.to_str().unwrap()],
     );
     server.create_volume("a", "1GiB");
-    let pool = get(&server, "/v1/pool");
+    let pool = api_get(&server, "/v1/pool");
     assert_eq!(pool["overcommit_ratio"], 1.5, "{pool}");
     assert_eq!(pool["provisioned_bytes"], 1u64 << 30, "{pool}");
     let capacity = pool["capacity_bytes"].as_u64().unwrap();
@@ -299,7 +281,7 @@ fn the_overcommit_ratio_refuses_volumes_past_it_with_507_and_the_numbers() {
     assert!(out.status.success(), "{}", common::text(&out));
     server.create_volume("c", "256MiB");
     assert_eq!(
-        get(&server, "/v1/pool")["provisioned_bytes"],
+        api_get(&server, "/v1/pool")["provisioned_bytes"],
         3u64 << 29,
         "a, b and c: 1.5 GiB"
     );
@@ -342,7 +324,7 @@ fn a_device_added_to_the_running_pool_takes_writes_at_once_and_stays_after_a_res
         assert_eq!(client.write(i, i * E, &block(i), 0), 0, "write {i}");
     }
     assert_eq!(client.flush(99), 0);
-    let devices = get(&server, "/v1/devices");
+    let devices = api_get(&server, "/v1/devices");
     assert_eq!(devices.as_array().unwrap().len(), 2, "{devices}");
     assert_eq!(
         devices[1]["allocated_bytes"].as_u64(),
@@ -374,7 +356,7 @@ fn a_device_added_to_the_running_pool_takes_writes_at_once_and_stays_after_a_res
     // After a restart with the same flags (one device), the pool has both and the data is
     // where it was written.
     let server = Server::start_with(&data, &["--devices", "1", "--device-size", "10MiB"]);
-    assert_eq!(get(&server, "/v1/devices").as_array().unwrap().len(), 2);
+    assert_eq!(api_get(&server, "/v1/devices").as_array().unwrap().len(), 2);
     let mut client = Client::open(server.nbd, "v");
     for i in 0..8u64 {
         assert_eq!(client.read(i, i * E, 4096).unwrap(), block(i), "extent {i}");
@@ -398,7 +380,7 @@ fn a_device_added_to_the_running_pool_takes_writes_at_once_and_stays_after_a_res
 fn the_rebuild_rate_is_set_live_and_out_of_range_rates_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_memory(&dir.path().join("mem"), "256MiB");
-    let rebuild = get(&server, "/v1/rebuild");
+    let rebuild = api_get(&server, "/v1/rebuild");
     assert_eq!(rebuild["rate_bytes_per_s"], 64u64 << 20, "{rebuild}");
     assert_eq!(rebuild["extents_remaining"], 0, "{rebuild}");
     let agent = common::agent();
@@ -427,12 +409,18 @@ fn the_rebuild_rate_is_set_live_and_out_of_range_rates_are_refused() {
         let error: Value = response.body_mut().read_json().unwrap();
         assert_eq!(error["kind"], kind, "{body}: {error}");
     }
-    assert_eq!(get(&server, "/v1/rebuild")["rate_bytes_per_s"], 64u64 << 20);
+    assert_eq!(
+        api_get(&server, "/v1/rebuild")["rate_bytes_per_s"],
+        64u64 << 20
+    );
     let mut response = put(serde_json::json!({"rate_bytes_per_s": 1u64 << 20}));
     assert_eq!(response.status().as_u16(), 200);
     let view: Value = response.body_mut().read_json().unwrap();
     assert_eq!(view["rate_bytes_per_s"], 1u64 << 20, "{view}");
-    assert_eq!(get(&server, "/v1/rebuild")["rate_bytes_per_s"], 1u64 << 20);
+    assert_eq!(
+        api_get(&server, "/v1/rebuild")["rate_bytes_per_s"],
+        1u64 << 20
+    );
     // A volume never written has nothing to scrub; an unknown one is 404.
     server.create_volume("one", "16MiB");
     let scrub = |name: &str| {

@@ -15,35 +15,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::raw::Client;
-use common::{Server, have_tool, run_ok};
+use common::{Server, api_get, api_patch, api_post, have_tool, run_ok};
 use headroom_qos::{Preset, PreviewRequest, preview};
 use serde_json::{Value, json};
 
 const QEMU_CLASS: &str = "qemu:iops-total=1000,iops-total-max=5000,iops-total-max-length=10";
-
-fn api_post(server: &Server, path: &str, body: Value) -> Value {
-    let mut response = ureq::post(format!("{}{path}", server.api))
-        .header("authorization", common::bearer())
-        .send_json(&body)
-        .unwrap_or_else(|err| panic!("POST {path} {body}: {err}"));
-    response.body_mut().read_json().expect("JSON answer")
-}
-
-fn api_patch(server: &Server, path: &str, body: Value) -> Value {
-    let mut response = ureq::patch(format!("{}{path}", server.api))
-        .header("authorization", common::bearer())
-        .send_json(&body)
-        .unwrap_or_else(|err| panic!("PATCH {path} {body}: {err}"));
-    response.body_mut().read_json().expect("JSON answer")
-}
-
-fn api_get(server: &Server, path: &str) -> Value {
-    let mut response = ureq::get(format!("{}{path}", server.api))
-        .header("authorization", common::bearer())
-        .call()
-        .unwrap_or_else(|err| panic!("GET {path}: {err}"));
-    response.body_mut().read_json().expect("JSON answer")
-}
 
 fn create(server: &Server, name: &str, size_bytes: u64, qos: Value) -> Value {
     api_post(
@@ -344,7 +320,7 @@ fn deleting_a_volume_answers_the_requests_its_policy_still_holds() {
     );
     let mut client = Client::open(server.nbd, "doomed");
     for cookie in 0..40u64 {
-        client.send_request(0, common::raw::CMD_FLUSH, cookie, 0, 0);
+        client.send_request(0, headroom_nbd::consts::NBD_CMD_FLUSH, cookie, 0, 0);
     }
     // Wait (polling, up to a deadline) until the server has read them and holds most.
     let queued_now = || {

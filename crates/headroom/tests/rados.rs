@@ -439,7 +439,8 @@ fn replies_until_closed(client: &mut common::raw::Client) -> Vec<(u64, u32)> {
 ///   pool.
 #[test]
 fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
-    use common::raw::{CMD_FLUSH, CMD_WRITE, Client};
+    use common::raw::Client;
+    use headroom_nbd::consts::{NBD_CMD_FLUSH, NBD_CMD_WRITE};
     use std::io::Write as _;
     use std::time::{Duration, Instant};
 
@@ -553,9 +554,9 @@ fn a_second_node_takes_over_a_dead_one_and_a_paused_one_is_fenced() {
     assert_eq!(on_c.write(4, 0, &[0xc1; 4096], 0), 0);
     assert_eq!(on_c.flush(5), 0);
     // B's late write: sent while B is paused, handled when it resumes.
-    on_b.send_request(0, CMD_WRITE, 6, 0, 4096);
+    on_b.send_request(0, NBD_CMD_WRITE, 6, 0, 4096);
     on_b.stream.write_all(&[0xb2; 4096]).unwrap();
-    on_b.send_request(0, CMD_FLUSH, 7, 0, 0);
+    on_b.send_request(0, NBD_CMD_FLUSH, 7, 0, 0);
     signal(&b, "CONT");
     let replies = replies_until_closed(&mut on_b);
     eprintln!("node B's replies after it resumed (cookie, error): {replies:?}");
@@ -645,10 +646,10 @@ impl Drop for PausedOsd {
 ///   neither lost its lease (30 s) nor gave up on the device.
 #[test]
 fn a_hung_osd_fails_requests_after_the_op_timeout() {
-    use common::raw::{CMD_WRITE, Client};
+    use common::raw::Client;
+    use headroom_nbd::consts::{NBD_CMD_WRITE, NBD_EIO};
     use std::io::Write as _;
     use std::time::{Duration, Instant};
-    const EIO: u32 = 5;
 
     let scratch = tempfile::tempdir().unwrap();
     let Some(Ceph {
@@ -684,7 +685,7 @@ fn a_hung_osd_fails_requests_after_the_op_timeout() {
 
     let paused = PausedOsd::pause(&own.dir);
     let sent = Instant::now();
-    client.send_request(0, CMD_WRITE, 2, 0, 4096);
+    client.send_request(0, NBD_CMD_WRITE, 2, 0, 4096);
     client.stream.write_all(&[0xcd; 4096]).unwrap();
     client
         .stream
@@ -694,13 +695,13 @@ fn a_hung_osd_fails_requests_after_the_op_timeout() {
     let write_s = sent.elapsed().as_secs_f64();
     assert_eq!(
         (reply.cookie, reply.error),
-        (2, EIO),
+        (2, NBD_EIO),
         "the write to a paused OSD"
     );
     let sent = Instant::now();
     assert_eq!(
         client.read(3, 0, 4096),
-        Err(EIO),
+        Err(NBD_EIO),
         "the read from a paused OSD"
     );
     let read_s = sent.elapsed().as_secs_f64();
@@ -953,7 +954,8 @@ fn readyz(server: &Server) -> (u16, Value) {
 ///   NBD connection, and A exits with status 3 after lingering (`--rados-lease-lost-linger-ms`).
 #[test]
 fn the_fenced_address_is_the_one_the_osd_recorded_and_a_lost_lease_shows_in_readyz() {
-    use common::raw::{CMD_WRITE, Client};
+    use common::raw::Client;
+    use headroom_nbd::consts::NBD_CMD_WRITE;
     use std::io::Write as _;
     use std::time::{Duration, Instant};
 
@@ -1048,7 +1050,7 @@ fn the_fenced_address_is_the_one_the_osd_recorded_and_a_lost_lease_shows_in_read
     assert_eq!(on_b.read(3, 0, 4096).unwrap(), vec![0xa1; 4096]);
 
     // A's late write, then A resumes.
-    on_a.send_request(0, CMD_WRITE, 4, 0, 4096);
+    on_a.send_request(0, NBD_CMD_WRITE, 4, 0, 4096);
     on_a.stream.write_all(&[0xa2; 4096]).unwrap();
     signal(&a, "CONT");
     let replies = replies_until_closed(&mut on_a);

@@ -12,6 +12,7 @@ use std::process::{Command, Output};
 
 use common::raw::*;
 use common::{Server, have_tool, random_file, text};
+use headroom_nbd::consts::*;
 use serde_json::Value;
 
 const FLAG_READ_ONLY: u16 = 1 << 1;
@@ -30,20 +31,20 @@ fn start() -> (tempfile::TempDir, Server) {
 fn negotiation_answers(server: &Server, export: &str) -> (Vec<OptionReplies>, bool) {
     let mut stream = connect(server.nbd);
     greet(&mut stream);
-    send_option(&mut stream, OPT_STRUCTURED_REPLY, &[]);
-    assert_eq!(read_option_reply(&mut stream).reply_type, REP_ACK);
+    send_option(&mut stream, NBD_OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(read_option_reply(&mut stream).reply_type, NBD_REP_ACK);
     let mut answers = Vec::new();
     for (option, data) in [
-        (OPT_INFO, go_payload(export)),
+        (NBD_OPT_INFO, go_payload(export)),
         (
-            OPT_LIST_META_CONTEXT,
+            NBD_OPT_LIST_META_CONTEXT,
             meta_payload(export, &["base:allocation"]),
         ),
         (
-            OPT_SET_META_CONTEXT,
+            NBD_OPT_SET_META_CONTEXT,
             meta_payload(export, &["base:allocation"]),
         ),
-        (OPT_GO, go_payload(export)),
+        (NBD_OPT_GO, go_payload(export)),
     ] {
         send_option(&mut stream, option, &data);
         answers.push(read_option_replies(&mut stream));
@@ -51,7 +52,7 @@ fn negotiation_answers(server: &Server, export: &str) -> (Vec<OptionReplies>, bo
     drop(stream);
     let mut stream = connect(server.nbd);
     greet(&mut stream);
-    send_option(&mut stream, OPT_EXPORT_NAME, export.as_bytes());
+    send_option(&mut stream, NBD_OPT_EXPORT_NAME, export.as_bytes());
     let mut byte = [0u8; 1];
     let closed = matches!(std::io::Read::read(&mut stream, &mut byte), Ok(0) | Err(_));
     (answers, closed)
@@ -99,7 +100,7 @@ fn plaintext_clients_see_only_volumes_without_a_tenant_and_others_look_missing()
     assert!(
         answers.iter().all(|replies| replies
             .last()
-            .is_some_and(|(_, reply_type, _)| *reply_type == REP_ACK)),
+            .is_some_and(|(_, reply_type, _)| *reply_type == NBD_REP_ACK)),
         "every option on the shared volume is acknowledged"
     );
     assert!(!closed, "EXPORT_NAME of the shared volume is answered");
@@ -113,7 +114,7 @@ fn plaintext_clients_see_only_volumes_without_a_tenant_and_others_look_missing()
             1,
             "one error reply, nothing about the volume"
         );
-        assert_eq!(replies[0].1, REP_ERR_UNKNOWN);
+        assert_eq!(replies[0].1, NBD_REP_ERR_UNKNOWN);
     }
     assert!(foreign.1, "EXPORT_NAME of another tenant's volume closes");
 
@@ -189,18 +190,18 @@ fn read_only_volumes_advertise_it_and_refuse_changes_with_eperm() {
         0,
         "no TRIM or WRITE_ZEROES offered on a read-only export"
     );
-    assert_eq!(ro.write(1, 0, &[0xa5; 4096], 0), EPERM, "WRITE");
+    assert_eq!(ro.write(1, 0, &[0xa5; 4096], 0), NBD_EPERM, "WRITE");
     assert_eq!(
-        ro.write(2, 4096, &[0xa5; 4096], CMD_FLAG_FUA),
-        EPERM,
+        ro.write(2, 4096, &[0xa5; 4096], NBD_CMD_FLAG_FUA),
+        NBD_EPERM,
         "FUA WRITE"
     );
-    for (cookie, command) in [(3, CMD_TRIM), (4, CMD_WRITE_ZEROES)] {
+    for (cookie, command) in [(3, NBD_CMD_TRIM), (4, NBD_CMD_WRITE_ZEROES)] {
         ro.send_request(0, command, cookie, 0, 1 << 20);
         let reply = ro.read_simple_reply();
         assert_eq!(
             (reply.cookie, reply.error),
-            (cookie, EPERM),
+            (cookie, NBD_EPERM),
             "command {command}"
         );
     }

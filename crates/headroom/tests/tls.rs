@@ -45,9 +45,7 @@ mod with_tls {
 
     use super::common::raw::*;
     use super::common::{Server, have_tool, random_file, run_ok, start_fails, text};
-
-    const REP_ERR_TLS_REQD: u32 = 0x8000_0005;
-    const OPT_STARTTLS: u32 = 5;
+    use headroom_nbd::consts::*;
 
     fn openssl(dir: &Path, args: &[&str]) {
         run_ok(Command::new("openssl").args(args).current_dir(dir));
@@ -551,29 +549,29 @@ mod with_tls {
         let mut stream = connect(server.nbd);
         greet(&mut stream);
         for (option, data) in [
-            (OPT_STRUCTURED_REPLY, Vec::new()),
-            (OPT_LIST, Vec::new()),
-            (OPT_INFO, go_payload("v")),
-            (OPT_GO, go_payload("v")),
-            (OPT_GO, go_payload("missing")),
+            (NBD_OPT_STRUCTURED_REPLY, Vec::new()),
+            (NBD_OPT_LIST, Vec::new()),
+            (NBD_OPT_INFO, go_payload("v")),
+            (NBD_OPT_GO, go_payload("v")),
+            (NBD_OPT_GO, go_payload("missing")),
         ] {
             send_option(&mut stream, option, &data);
             let reply = read_option_reply(&mut stream);
             assert_eq!(
                 (reply.option, reply.reply_type),
-                (option, REP_ERR_TLS_REQD),
+                (option, NBD_REP_ERR_TLS_REQD),
                 "option {option}"
             );
         }
-        send_option(&mut stream, OPT_STARTTLS, &[]);
+        send_option(&mut stream, NBD_OPT_STARTTLS, &[]);
         let reply = read_option_reply(&mut stream);
-        assert_eq!(reply.reply_type, REP_ACK, "STARTTLS is acknowledged");
+        assert_eq!(reply.reply_type, NBD_REP_ACK, "STARTTLS is acknowledged");
         drop(stream);
 
         // EXPORT_NAME cannot be refused with an error: the server closes.
         let mut stream = connect(server.nbd);
         greet(&mut stream);
-        send_option(&mut stream, OPT_EXPORT_NAME, b"v");
+        send_option(&mut stream, NBD_OPT_EXPORT_NAME, b"v");
         let mut byte = [0u8; 1];
         let closed = matches!(std::io::Read::read(&mut stream, &mut byte), Ok(0) | Err(_));
         assert!(closed, "EXPORT_NAME before TLS must close the connection");

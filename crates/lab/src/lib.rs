@@ -19,7 +19,8 @@
 //! each row driven with the same load ([`drive`]) and reported in `sim run`'s shape
 //! ([`report`]), the whole run held by a [`Session`]. The API calls go through the caller's
 //! client ([`api`]); the servers are processes guarded by PID ([`process`]) with scratch
-//! directories of their own ([`scratch`]). Failures are [`RunError`]s.
+//! directories of their own ([`scratch`]), their counters read from `GET /metrics`
+//! ([`openmetrics`]). Failures are [`RunError`]s.
 
 pub mod api;
 pub mod arrival;
@@ -29,6 +30,7 @@ pub mod drive;
 pub mod engine;
 mod error;
 pub mod load;
+pub mod openmetrics;
 pub mod peers;
 pub mod plan;
 pub mod process;

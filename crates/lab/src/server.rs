@@ -138,29 +138,19 @@ fn create_volume(
 /// `GET /metrics`.
 pub fn volume_ops(metrics: &str) -> HashMap<String, (u64, u64)> {
     let mut out: HashMap<String, (u64, u64)> = HashMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("headroom_volume_ops_total{") else {
+    // A line the parser does not understand is skipped: the counts are of the lines it does.
+    for sample in crate::openmetrics::samples(metrics).filter_map(Result::ok) {
+        if sample.name != "headroom_volume_ops_total" {
+            continue;
+        }
+        let (Some(volume), Some(op)) = (sample.labels.get("volume"), sample.labels.get("op"))
+        else {
             continue;
         };
-        let Some((labels, value)) = rest.split_once('}') else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels.split(',').find_map(|kv| {
-                let (k, v) = kv.split_once('=')?;
-                (k.trim() == name).then(|| v.trim().trim_matches('"').to_string())
-            })
-        };
-        let (Some(volume), Some(op)) = (label("volume"), label("op")) else {
-            continue;
-        };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let entry = out.entry(volume).or_default();
+        let entry = out.entry(volume.clone()).or_default();
         match op.as_str() {
-            "read" => entry.0 += value as u64,
-            "write" => entry.1 += value as u64,
+            "read" => entry.0 += sample.value as u64,
+            "write" => entry.1 += sample.value as u64,
             _ => {}
         }
     }

@@ -1,6 +1,7 @@
 //! Shared harness for the end-to-end tests: starts the real `headroom` binary on free loopback
 //! ports, learns its addresses from the line it prints, drives it with real clients, and stops
-//! it by PID (SIGTERM for a clean stop, SIGKILL to simulate a crash).
+//! it by PID (SIGTERM for a clean stop, SIGKILL to simulate a crash). The one HTTP client of
+//! the tests' API calls is here too ([`api_get`], [`api_post`], [`api_patch`], [`agent`]).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod openmetrics;
@@ -30,6 +31,46 @@ pub fn agent() -> ureq::Agent {
         .timeout_global(Some(std::time::Duration::from_secs(60)))
         .build()
         .into()
+}
+
+/// The JSON answer of a 2xx response to a request on the server's API; panics with the
+/// status and body otherwise (tests that read error statuses use [`agent`] themselves).
+fn api_answer(
+    what: &str,
+    answer: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+) -> serde_json::Value {
+    let mut response = answer.unwrap_or_else(|err| panic!("{what}: {err}"));
+    let status = response.status();
+    let body = response.body_mut().read_to_string().unwrap_or_default();
+    assert!(status.is_success(), "{what}: {status} {body}");
+    serde_json::from_str(&body).unwrap_or_else(|err| panic!("{what}: {err}: {body}"))
+}
+
+/// `GET path` on the server's API with the test token: the JSON body of its 2xx answer.
+pub fn api_get(server: &Server, path: &str) -> serde_json::Value {
+    let answer = agent()
+        .get(format!("{}{path}", server.api))
+        .header("authorization", bearer())
+        .call();
+    api_answer(&format!("GET {path}"), answer)
+}
+
+/// `POST path` with the JSON `body` and the test token: the JSON body of its 2xx answer.
+pub fn api_post(server: &Server, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let answer = agent()
+        .post(format!("{}{path}", server.api))
+        .header("authorization", bearer())
+        .send_json(&body);
+    api_answer(&format!("POST {path} {body}"), answer)
+}
+
+/// `PATCH path` with the JSON `body` and the test token: the JSON body of its 2xx answer.
+pub fn api_patch(server: &Server, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let answer = agent()
+        .patch(format!("{}{path}", server.api))
+        .header("authorization", bearer())
+        .send_json(&body);
+    api_answer(&format!("PATCH {path} {body}"), answer)
 }
 
 /// Writes a test's measured numbers to the process's standard error directly, past the test

@@ -1,53 +1,30 @@
-//! A deliberately small, hand-rolled NBD client for tests that must control every byte:
-//! durability checks that need to know exactly when a FLUSH was acknowledged, and the
-//! bad-input suite that sends what no real client would.
+//! Byte-level NBD access for tests that must control every byte: durability checks that need
+//! to know exactly when a FLUSH was acknowledged, the negotiation and bad-input suites that
+//! send options and requests no real client would (malformed, half-sent, out of order).
+//!
+//! Nothing here re-declares the protocol: constants are `headroom_nbd::consts`, and every
+//! header is framed with `headroom-nbd`'s encoders and decoders. The ordinary handshake
+//! ([`Client::open`], [`open_stream`]) is the lab's client (`headroom_lab::NbdClient`), so
+//! the tests and the load generator enter transmission the same way.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
-pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
-pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
-pub const REQUEST_MAGIC: u32 = 0x2560_9513;
-pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
-pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
-
-pub const OPT_EXPORT_NAME: u32 = 1;
-pub const OPT_ABORT: u32 = 2;
-pub const OPT_LIST: u32 = 3;
-pub const OPT_INFO: u32 = 6;
-pub const OPT_GO: u32 = 7;
-pub const OPT_STRUCTURED_REPLY: u32 = 8;
-pub const OPT_LIST_META_CONTEXT: u32 = 9;
-pub const OPT_SET_META_CONTEXT: u32 = 10;
-
-pub const REP_ACK: u32 = 1;
-pub const REP_SERVER: u32 = 2;
-pub const REP_INFO: u32 = 3;
-pub const REP_META_CONTEXT: u32 = 4;
-pub const REP_ERR_UNSUP: u32 = 0x8000_0001;
-pub const REP_ERR_INVALID: u32 = 0x8000_0003;
-pub const REP_ERR_UNKNOWN: u32 = 0x8000_0006;
-pub const REP_ERR_TOO_BIG: u32 = 0x8000_0009;
-
-pub const CMD_READ: u16 = 0;
-pub const CMD_WRITE: u16 = 1;
-pub const CMD_DISC: u16 = 2;
-pub const CMD_FLUSH: u16 = 3;
-pub const CMD_TRIM: u16 = 4;
-pub const CMD_CACHE: u16 = 5;
-pub const CMD_WRITE_ZEROES: u16 = 6;
-pub const CMD_BLOCK_STATUS: u16 = 7;
-pub const CMD_FLAG_FUA: u16 = 1;
-
-pub const EPERM: u32 = 1;
-pub const EIO: u32 = 5;
-pub const EINVAL: u32 = 22;
-pub const ENOSPC: u32 = 28;
-pub const EOVERFLOW: u32 = 75;
-pub const ENOTSUP: u32 = 95;
+use headroom_lab::{Export, LabError, NbdClient};
+use headroom_nbd::consts::{
+    IHAVEOPT, NBD_CMD_DISC, NBD_CMD_FLUSH, NBD_CMD_READ, NBD_CMD_WRITE, NBD_FLAG_C_FIXED_NEWSTYLE,
+    NBD_FLAG_C_NO_ZEROES, NBD_INFO_EXPORT, NBD_OPT_GO, NBD_OPT_LIST, NBD_REP_ACK,
+    NBD_REP_FLAG_ERROR, NBD_REP_INFO, NBD_REP_SERVER, NBDMAGIC, OPTION_HEADER_LEN,
+    OPTION_REPLY_HEADER_LEN, SERVER_GREETING_LEN, SIMPLE_REPLY_HEADER_LEN,
+    STRUCTURED_REPLY_HEADER_LEN,
+};
+use headroom_nbd::{
+    ClientOption, InfoRequest, MetaContextRequest, RequestHeader, decode_option_reply_header,
+    decode_simple_reply_header, decode_structured_chunk_header, encode_client_option,
+    encode_option_header, encode_request_header,
+};
 
 pub struct OptionReply {
     pub option: u32,
@@ -58,6 +35,29 @@ pub struct OptionReply {
 pub struct SimpleReply {
     pub error: u32,
     pub cookie: u64,
+}
+
+/// One structured reply chunk: its header's fields and its payload.
+pub struct Chunk {
+    pub flags: u16,
+    pub chunk_type: u16,
+    pub cookie: u64,
+    pub payload: Vec<u8>,
+}
+
+/// Reads one structured reply chunk (header and payload).
+pub fn read_chunk(stream: &mut TcpStream) -> Chunk {
+    let mut header = [0u8; STRUCTURED_REPLY_HEADER_LEN];
+    stream.read_exact(&mut header).expect("chunk header");
+    let header = decode_structured_chunk_header(&header).expect("structured reply magic");
+    let mut payload = vec![0u8; header.length as usize];
+    stream.read_exact(&mut payload).expect("chunk payload");
+    Chunk {
+        flags: header.flags,
+        chunk_type: header.chunk_type,
+        cookie: header.cookie,
+        payload,
+    }
 }
 
 pub struct Client {
@@ -75,9 +75,45 @@ pub fn connect(addr: SocketAddr) -> TcpStream {
     stream
 }
 
+/// The lab's handshake (fixed newstyle, `NBD_OPT_GO` for `export`) on a blocking socket with
+/// `read_timeout` (which also bounds the handshake): the socket at the start of transmission
+/// and what GO told. Errors are the lab's, for callers that expect the server to go away (the
+/// crash harness).
+pub fn open_stream(
+    addr: SocketAddr,
+    export: &str,
+    read_timeout: Duration,
+) -> Result<(TcpStream, Export), LabError> {
+    let io = |context| move |source| LabError::Io { context, source };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(io("starting a runtime for the handshake"))?;
+    let addr = addr.to_string();
+    let handshake = NbdClient::connect(&addr, export);
+    let client = runtime
+        .block_on(async { tokio::time::timeout(read_timeout, handshake).await })
+        .map_err(|elapsed| LabError::Io {
+            context: "the handshake",
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, elapsed),
+        })??;
+    let export = client.export();
+    let stream = {
+        // into_std must run inside the runtime that registered the socket.
+        let _entered = runtime.enter();
+        client.into_stream().into_std().map_err(io("into_std"))?
+    };
+    stream.set_nonblocking(false).map_err(io("blocking mode"))?;
+    stream
+        .set_read_timeout(Some(read_timeout))
+        .map_err(io("read timeout"))?;
+    Ok((stream, export))
+}
+
 /// Reads the server greeting and sends client flags (FIXED_NEWSTYLE | NO_ZEROES).
 pub fn greet(stream: &mut TcpStream) {
-    let mut greeting = [0u8; 18];
+    let mut greeting = [0u8; SERVER_GREETING_LEN];
     stream.read_exact(&mut greeting).expect("greeting");
     assert_eq!(
         u64::from_be_bytes(greeting[0..8].try_into().unwrap()),
@@ -87,57 +123,54 @@ pub fn greet(stream: &mut TcpStream) {
         u64::from_be_bytes(greeting[8..16].try_into().unwrap()),
         IHAVEOPT
     );
-    stream.write_all(&3u32.to_be_bytes()).expect("client flags");
+    let flags = NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES;
+    stream
+        .write_all(&flags.to_be_bytes())
+        .expect("client flags");
 }
 
+/// Sends option `option` with `data` as its payload, whatever the payload holds.
 pub fn send_option(stream: &mut TcpStream, option: u32, data: &[u8]) {
-    let mut buf = Vec::with_capacity(16 + data.len());
-    buf.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    buf.extend_from_slice(&option.to_be_bytes());
-    buf.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    let mut buf = Vec::with_capacity(OPTION_HEADER_LEN + data.len());
+    encode_option_header(&mut buf, option, data.len() as u32);
     buf.extend_from_slice(data);
     stream.write_all(&buf).expect("send option");
 }
 
 pub fn read_option_reply(stream: &mut TcpStream) -> OptionReply {
-    let mut header = [0u8; 20];
+    let mut header = [0u8; OPTION_REPLY_HEADER_LEN];
     stream.read_exact(&mut header).expect("option reply header");
-    assert_eq!(
-        u64::from_be_bytes(header[0..8].try_into().unwrap()),
-        OPT_REPLY_MAGIC
-    );
-    let option = u32::from_be_bytes(header[8..12].try_into().unwrap());
-    let reply_type = u32::from_be_bytes(header[12..16].try_into().unwrap());
-    let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
-    let mut data = vec![0u8; len];
+    let header = decode_option_reply_header(&header).expect("option reply magic");
+    let mut data = vec![0u8; header.length as usize];
     stream.read_exact(&mut data).expect("option reply data");
     OptionReply {
-        option,
-        reply_type,
+        option: header.option,
+        reply_type: header.reply_type,
         data,
     }
 }
 
+/// The data of `option` as `headroom-nbd` encodes it (without the option header).
+fn option_payload(option: &ClientOption) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_client_option(&mut out, option);
+    out.split_off(OPTION_HEADER_LEN)
+}
+
 /// GO payload for `name` with no info requests.
 pub fn go_payload(name: &str) -> Vec<u8> {
-    let mut data = Vec::new();
-    data.extend_from_slice(&(name.len() as u32).to_be_bytes());
-    data.extend_from_slice(name.as_bytes());
-    data.extend_from_slice(&0u16.to_be_bytes());
-    data
+    option_payload(&ClientOption::Go(InfoRequest {
+        export_name: name.to_string(),
+        info_types: Vec::new(),
+    }))
 }
 
 /// LIST_META_CONTEXT / SET_META_CONTEXT payload for `export` with `queries`.
 pub fn meta_payload(export: &str, queries: &[&str]) -> Vec<u8> {
-    let mut data = Vec::new();
-    data.extend_from_slice(&(export.len() as u32).to_be_bytes());
-    data.extend_from_slice(export.as_bytes());
-    data.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-    for query in queries {
-        data.extend_from_slice(&(query.len() as u32).to_be_bytes());
-        data.extend_from_slice(query.as_bytes());
-    }
-    data
+    option_payload(&ClientOption::ListMetaContext(MetaContextRequest {
+        export_name: export.to_string(),
+        queries: queries.iter().map(|q| q.to_string()).collect(),
+    }))
 }
 
 /// The replies to one option as (option, reply type, data): with the magic checked, that is
@@ -149,7 +182,7 @@ pub fn read_option_replies(stream: &mut TcpStream) -> OptionReplies {
     let mut replies = Vec::new();
     loop {
         let reply = read_option_reply(stream);
-        let last = reply.reply_type == REP_ACK || reply.reply_type & 0x8000_0000 != 0;
+        let last = reply.reply_type == NBD_REP_ACK || reply.reply_type & NBD_REP_FLAG_ERROR != 0;
         replies.push((reply.option, reply.reply_type, reply.data));
         if last {
             return replies;
@@ -159,16 +192,16 @@ pub fn read_option_replies(stream: &mut TcpStream) -> OptionReplies {
 
 /// The names in an `NBD_OPT_LIST` answer (sent on `stream`), in the order given.
 pub fn list_exports(stream: &mut TcpStream) -> Vec<String> {
-    send_option(stream, OPT_LIST, &[]);
+    send_option(stream, NBD_OPT_LIST, &[]);
     let mut names = Vec::new();
     for (option, reply_type, data) in read_option_replies(stream) {
-        assert_eq!(option, OPT_LIST);
+        assert_eq!(option, NBD_OPT_LIST);
         match reply_type {
-            REP_SERVER => {
+            NBD_REP_SERVER => {
                 let len = u32::from_be_bytes(data[0..4].try_into().unwrap()) as usize;
                 names.push(String::from_utf8(data[4..4 + len].to_vec()).unwrap());
             }
-            REP_ACK => {}
+            NBD_REP_ACK => {}
             other => panic!("LIST answered {other:#x}"),
         }
     }
@@ -177,35 +210,56 @@ pub fn list_exports(stream: &mut TcpStream) -> Vec<String> {
 
 /// Sends GO and reads replies until ACK; returns (size, flags) or the error reply type.
 pub fn go(stream: &mut TcpStream, name: &str) -> Result<(u64, u16), u32> {
-    send_option(stream, OPT_GO, &go_payload(name));
+    send_option(stream, NBD_OPT_GO, &go_payload(name));
     let mut export = None;
     loop {
         let reply = read_option_reply(stream);
         match reply.reply_type {
-            REP_INFO => {
+            NBD_REP_INFO => {
                 let info_type = u16::from_be_bytes(reply.data[0..2].try_into().unwrap());
-                if info_type == 0 {
+                if info_type == NBD_INFO_EXPORT {
                     let size = u64::from_be_bytes(reply.data[2..10].try_into().unwrap());
                     let flags = u16::from_be_bytes(reply.data[10..12].try_into().unwrap());
                     export = Some((size, flags));
                 }
             }
-            REP_ACK => return Ok(export.expect("NBD_INFO_EXPORT before ACK")),
+            NBD_REP_ACK => return Ok(export.expect("NBD_INFO_EXPORT before ACK")),
             err => return Err(err),
         }
     }
 }
 
+/// Appends one request header (flags, command, cookie, offset, length), for tests that
+/// pipeline many requests in one write.
+pub fn push_request(
+    out: &mut Vec<u8>,
+    flags: u16,
+    command: u16,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+) {
+    encode_request_header(
+        out,
+        &RequestHeader {
+            flags,
+            command,
+            cookie,
+            offset,
+            length,
+        },
+    );
+}
+
 impl Client {
-    /// Full handshake with simple replies and GO.
+    /// The lab's handshake (simple replies, GO); panics when the server refuses.
     pub fn open(addr: SocketAddr, export: &str) -> Client {
-        let mut stream = connect(addr);
-        greet(&mut stream);
-        let (size_bytes, transmission_flags) = go(&mut stream, export).expect("GO succeeds");
+        let (stream, export) = open_stream(addr, export, Duration::from_secs(30))
+            .unwrap_or_else(|err| panic!("GO succeeds: {err}"));
         Client {
             stream,
-            size_bytes,
-            transmission_flags,
+            size_bytes: export.size_bytes,
+            transmission_flags: export.transmission_flags,
         }
     }
 
@@ -217,31 +271,23 @@ impl Client {
         offset: u64,
         length: u32,
     ) {
-        let mut buf = [0u8; 28];
-        buf[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        buf[4..6].copy_from_slice(&flags.to_be_bytes());
-        buf[6..8].copy_from_slice(&command.to_be_bytes());
-        buf[8..16].copy_from_slice(&cookie.to_be_bytes());
-        buf[16..24].copy_from_slice(&offset.to_be_bytes());
-        buf[24..28].copy_from_slice(&length.to_be_bytes());
+        let mut buf = Vec::with_capacity(headroom_nbd::REQUEST_HEADER_LEN);
+        push_request(&mut buf, flags, command, cookie, offset, length);
         self.stream.write_all(&buf).expect("send request");
     }
 
     pub fn read_simple_reply(&mut self) -> SimpleReply {
-        let mut header = [0u8; 16];
+        let mut header = [0u8; SIMPLE_REPLY_HEADER_LEN];
         self.stream.read_exact(&mut header).expect("reply header");
-        assert_eq!(
-            u32::from_be_bytes(header[0..4].try_into().unwrap()),
-            SIMPLE_REPLY_MAGIC
-        );
+        let reply = decode_simple_reply_header(&header).expect("simple reply magic");
         SimpleReply {
-            error: u32::from_be_bytes(header[4..8].try_into().unwrap()),
-            cookie: u64::from_be_bytes(header[8..16].try_into().unwrap()),
+            error: reply.error,
+            cookie: reply.cookie,
         }
     }
 
     pub fn write(&mut self, cookie: u64, offset: u64, data: &[u8], flags: u16) -> u32 {
-        self.send_request(flags, CMD_WRITE, cookie, offset, data.len() as u32);
+        self.send_request(flags, NBD_CMD_WRITE, cookie, offset, data.len() as u32);
         self.stream.write_all(data).expect("payload");
         let reply = self.read_simple_reply();
         assert_eq!(reply.cookie, cookie);
@@ -249,7 +295,7 @@ impl Client {
     }
 
     pub fn read(&mut self, cookie: u64, offset: u64, length: u32) -> Result<Vec<u8>, u32> {
-        self.send_request(0, CMD_READ, cookie, offset, length);
+        self.send_request(0, NBD_CMD_READ, cookie, offset, length);
         let reply = self.read_simple_reply();
         assert_eq!(reply.cookie, cookie);
         if reply.error != 0 {
@@ -261,13 +307,13 @@ impl Client {
     }
 
     pub fn flush(&mut self, cookie: u64) -> u32 {
-        self.send_request(0, CMD_FLUSH, cookie, 0, 0);
+        self.send_request(0, NBD_CMD_FLUSH, cookie, 0, 0);
         let reply = self.read_simple_reply();
         assert_eq!(reply.cookie, cookie);
         reply.error
     }
 
     pub fn disconnect(mut self) {
-        self.send_request(0, CMD_DISC, 0, 0, 0);
+        self.send_request(0, NBD_CMD_DISC, 0, 0, 0);
     }
 }

@@ -1,22 +1,20 @@
-//! Helpers of the crash-consistency harness (`crash_consistency.rs`): a small NBD client whose
+//! Helpers of the crash-consistency harness (`crash_consistency.rs`): an NBD connection whose
 //! every call returns an error instead of panicking (the server it talks to is killed with
 //! SIGKILL at random moments, so a broken connection is an expected outcome, not a test
 //! failure), a seeded RNG, and the block contents the writer stamps and the checker recognises.
+//! The connection is the tests' one client: the lab's handshake (`common::raw::open_stream`)
+//! and `headroom-nbd`'s request and reply framing, only fallible.
 #![allow(dead_code)]
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use headroom_nbd::consts::{
-    IHAVEOPT, NBD_CMD_DISC, NBD_CMD_READ, NBD_FLAG_C_FIXED_NEWSTYLE, NBD_FLAG_C_NO_ZEROES,
-    NBD_INFO_EXPORT, NBD_OPT_GO, NBD_REP_ACK, NBD_REP_INFO, NBDMAGIC, OPTION_REPLY_HEADER_LEN,
-    SIMPLE_REPLY_HEADER_LEN,
-};
-use headroom_nbd::{
-    ClientOption, InfoRequest, RequestHeader, decode_option_reply_header,
-    decode_simple_reply_header, encode_client_option, encode_request_header,
-};
+use headroom_lab::LabError;
+use headroom_nbd::consts::{NBD_CMD_DISC, NBD_CMD_READ, SIMPLE_REPLY_HEADER_LEN};
+use headroom_nbd::{RequestHeader, decode_simple_reply_header, encode_request_header};
+
+use crate::common::raw::open_stream;
 
 /// The granularity of the model: every request is aligned to it.
 pub const BLOCK: u64 = 4096;
@@ -35,71 +33,20 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Fixed-newstyle handshake with NBD_OPT_GO for `export`.
+    /// The lab's handshake (fixed newstyle, NBD_OPT_GO for `export`); a refused export is
+    /// `ErrorKind::NotFound`, a broken connection the socket's error.
     pub fn open(addr: SocketAddr, export: &str) -> io::Result<Conn> {
-        let mut stream = TcpStream::connect(addr)?;
-        stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-        stream.set_nodelay(true)?;
-        let mut greeting = [0u8; 18];
-        stream.read_exact(&mut greeting)?;
-        let mut word = [0u8; 8];
-        word.copy_from_slice(&greeting[0..8]);
-        let magic = u64::from_be_bytes(word);
-        word.copy_from_slice(&greeting[8..16]);
-        let opt = u64::from_be_bytes(word);
-        if magic != NBDMAGIC || opt != IHAVEOPT {
-            return Err(protocol(format!("bad greeting {greeting:02x?}")));
-        }
-        let client_flags = NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES;
-        stream.write_all(&client_flags.to_be_bytes())?;
-        let mut out = Vec::new();
-        encode_client_option(
-            &mut out,
-            &ClientOption::Go(InfoRequest {
-                export_name: export.to_string(),
-                info_types: Vec::new(),
-            }),
-        );
-        stream.write_all(&out)?;
-        let mut export_info = None;
-        loop {
-            let mut header = [0u8; OPTION_REPLY_HEADER_LEN];
-            stream.read_exact(&mut header)?;
-            let reply = decode_option_reply_header(&header)
-                .map_err(|e| protocol(format!("option reply: {e}")))?;
-            if reply.length > 64 << 10 {
-                return Err(protocol(format!("option reply of {} bytes", reply.length)));
-            }
-            let mut data = vec![0u8; reply.length as usize];
-            stream.read_exact(&mut data)?;
-            if reply.option != NBD_OPT_GO {
-                return Err(protocol(format!("reply to option {}", reply.option)));
-            }
-            match reply.reply_type {
-                NBD_REP_INFO if data.len() >= 12 && data[0..2] == NBD_INFO_EXPORT.to_be_bytes() => {
-                    let mut size = [0u8; 8];
-                    size.copy_from_slice(&data[2..10]);
-                    let flags = u16::from_be_bytes([data[10], data[11]]);
-                    export_info = Some((u64::from_be_bytes(size), flags));
-                }
-                NBD_REP_INFO => {}
-                NBD_REP_ACK => {
-                    let (size_bytes, transmission_flags) = export_info
-                        .ok_or_else(|| protocol("GO acknowledged without export info"))?;
-                    return Ok(Conn {
-                        stream,
-                        size_bytes,
-                        transmission_flags,
-                    });
-                }
-                other => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::NotFound,
-                        format!("export {export} refused: reply type {other:#x}"),
-                    ));
-                }
-            }
-        }
+        let (stream, export_info) =
+            open_stream(addr, export, Duration::from_secs(60)).map_err(|err| match err {
+                LabError::Io { source, .. } => source,
+                LabError::GoRefused { .. } => io::Error::new(io::ErrorKind::NotFound, err),
+                other => protocol(other.to_string()),
+            })?;
+        Ok(Conn {
+            stream,
+            size_bytes: export_info.size_bytes,
+            transmission_flags: export_info.transmission_flags,
+        })
     }
 
     /// Sends one request (and its payload for WRITE) without waiting for the reply.
