@@ -378,7 +378,10 @@ impl Allocator {
     /// Returns `phys` to the free pool.
     pub(crate) fn release(&mut self, phys: PhysExtent) {
         if let Some(free) = self.free.get_mut(phys.device as usize) {
-            free.insert(phys.index);
+            let was_taken = free.insert(phys.index);
+            // Freed twice is handed out twice later: two volumes on one extent. A release
+            // build keeps the one free entry; a debug build stops at the second release.
+            debug_assert!(was_taken, "extent {phys:?} released while already free");
         }
     }
 
