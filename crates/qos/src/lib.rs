@@ -20,6 +20,7 @@
 
 pub mod arbitration;
 pub mod bucket;
+pub mod burst_gate;
 pub mod cost;
 pub mod cpu;
 mod engine;

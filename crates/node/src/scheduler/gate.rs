@@ -1,27 +1,20 @@
 //! The burst gate: bounds the burst work in flight so that baseline requests always find a
-//! device channel (the scheduler's module doc, "The burst gate", says why and how).
+//! device channel (the scheduler's module doc, "The burst gate", says why and how). The rules
+//! are `headroom_qos::burst_gate`'s, pure so the simulator can run them too; this file keeps
+//! the waiting queues, the per-volume counts and the lock.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use headroom_qos::Phase;
+pub(super) use headroom_qos::burst_gate::GateSlot;
+use headroom_qos::burst_gate::{GateCounts, gate_limit};
 
 use super::Ready;
 use super::config::QosConfig;
 use super::ticket::Ticket;
 use crate::sync::lock;
-
-/// How the burst gate counts a request in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum GateSlot {
-    /// Not counted (no gate, an orphan, or not yet admitted).
-    Outside,
-    /// A baseline request of a volume that is not bursting.
-    Protected,
-    /// A burst request, or a baseline request of a bursting volume.
-    Bursting,
-}
 
 /// Bounds the burst work in flight (module doc).
 pub(super) struct BurstGate<J> {
@@ -33,8 +26,7 @@ pub(super) struct BurstGate<J> {
 }
 
 pub(super) struct GateState<J> {
-    pub(super) protected: usize,
-    pub(super) bursting: usize,
+    pub(super) counts: GateCounts,
     /// Baseline requests of bursting volumes, released before any burst request.
     pub(super) waiting_baseline: VecDeque<Ready<J>>,
     /// Burst requests, in dispatch order.
@@ -45,15 +37,11 @@ impl<J> GateState<J> {
     /// Whether one more `Bursting` request may start: burst work keeps one of the device's
     /// `limit + 1` channels for baseline work, and never makes the device queue.
     fn bursting_fits(&self, limit: usize) -> bool {
-        self.bursting < limit && self.bursting + self.protected <= limit
+        self.counts.bursting_fits(limit)
     }
 
     fn start(&mut self, mut item: Ready<J>, slot: GateSlot, ready: &mut Vec<Ready<J>>) {
-        match slot {
-            GateSlot::Protected => self.protected += 1,
-            GateSlot::Bursting => self.bursting += 1,
-            GateSlot::Outside => {}
-        }
+        self.counts.start(slot);
         item.ticket.gate_slot = slot;
         ready.push(item);
     }
@@ -63,18 +51,12 @@ impl<J> BurstGate<J> {
     pub(super) fn new(config: &QosConfig, device_parallelism: Option<u32>) -> Self {
         // Wild is the reference without isolation: it never gates.
         let isolates = config.policy.kind() != Some(headroom_qos::PolicyKind::Wild);
-        let limit = match config
-            .burst_in_flight
-            .or_else(|| device_parallelism.map(|p| p.saturating_sub(1).max(1)))
-        {
-            Some(n) if n > 0 && isolates => n as usize,
-            _ => usize::MAX,
-        };
+        let limit =
+            gate_limit(config.burst_in_flight, device_parallelism, isolates).unwrap_or(usize::MAX);
         BurstGate {
             limit,
             state: Mutex::new(GateState {
-                protected: 0,
-                bursting: 0,
+                counts: GateCounts::default(),
                 waiting_baseline: VecDeque::new(),
                 waiting: VecDeque::new(),
             }),
@@ -93,8 +75,9 @@ impl<J> BurstGate<J> {
         for mut item in dispatched {
             let volume = &item.ticket.volume;
             let burst = item.ticket.phase != Phase::Baseline;
-            if !burst && volume.gate_burst_requests.load(Ordering::Relaxed) == 0 {
-                gate.start(item, GateSlot::Protected, ready);
+            let slot = GateSlot::of(burst, volume.gate_burst_requests.load(Ordering::Relaxed));
+            if slot == GateSlot::Protected {
+                gate.start(item, slot, ready);
                 continue;
             }
             volume.gate_burst_requests.fetch_add(1, Ordering::Relaxed);
@@ -120,11 +103,7 @@ impl<J> BurstGate<J> {
             return;
         }
         let mut gate = lock(&self.state);
-        match ticket.gate_slot {
-            GateSlot::Protected => gate.protected = gate.protected.saturating_sub(1),
-            GateSlot::Bursting => gate.bursting = gate.bursting.saturating_sub(1),
-            GateSlot::Outside => {}
-        }
+        gate.counts.finish(ticket.gate_slot);
         if ticket.gate_burst {
             let count = &ticket.volume.gate_burst_requests;
             count.store(
@@ -256,7 +235,7 @@ mod tests {
             let item = dispatched_in(&burster, Phase::Baseline, job);
             held.push(admit_one(&gate, item).expect("not bursting: no wait"));
         }
-        assert_eq!(lock(&gate.state).protected, 3);
+        assert_eq!(lock(&gate.state).counts.protected, 3);
     }
 
     #[test]
@@ -311,6 +290,6 @@ mod tests {
         assert_eq!(released.iter().map(|r| r.job).collect::<Vec<_>>(), vec![4]);
         gate.release(&v2.ticket, &mut Vec::new());
         let state = lock(&gate.state);
-        assert_eq!((state.bursting, state.protected), (2, 0));
+        assert_eq!((state.counts.bursting, state.counts.protected), (2, 0));
     }
 }
