@@ -111,7 +111,10 @@ fn a_qemu_throttle_class_gives_qemus_timeline_on_never_written_data() {
             .iter()
             .filter_map(|&s| expected.get(s))
             .any(|&e| e.abs_diff(want) > want / 10);
-        if near_change {
+        // The first second holds fio's connection set-up and start: on a loaded machine (the
+        // suite runs this binary's tests in parallel) it may be short by a third; not the
+        // throttle's doing.
+        if near_change || second == 0 {
             continue;
         }
         compared += 1;
