@@ -8,6 +8,8 @@
 //! `headroom_nbd`'s encoders and decoders, for tests of the protocol's corners.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // each test file uses a part
 
+pub mod router;
+
 use headroom_lab::{LabError, NbdClient};
 use headroom_nbd::RequestHeader;
 use headroom_nbd::consts::{NBD_CMD_DISC, NBD_CMD_READ, NBD_CMD_WRITE, SIMPLE_REPLY_HEADER_LEN};
