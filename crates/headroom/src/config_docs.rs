@@ -13,7 +13,20 @@ use crate::serve_config::ConfigFile;
 const REFERENCE: &str = include_str!("../../../docs/configuration.md");
 const OPERATIONS: &str = include_str!("../../../docs/operations.md");
 const DEPLOY_SAMPLE: &str = include_str!("../../../deploy/headroom.toml");
-const SOURCE: &str = include_str!("serve_config.rs");
+/// The configuration's sections, one file each: where the tables are declared.
+const SOURCES: &[&str] = &[
+    include_str!("serve_config/mod.rs"),
+    include_str!("serve_config/server.rs"),
+    include_str!("serve_config/storage.rs"),
+    include_str!("serve_config/emulated.rs"),
+    include_str!("serve_config/limits.rs"),
+    include_str!("serve_config/qos.rs"),
+    include_str!("serve_config/cost.rs"),
+    include_str!("serve_config/tls.rs"),
+    include_str!("serve_config/faults.rs"),
+    include_str!("serve_config/api.rs"),
+    include_str!("serve_config/metrics.rs"),
+];
 
 /// Where each configuration table of serve_config.rs sits in the file.
 const TABLE_PATHS: &[(&str, &str)] = &[
@@ -112,7 +125,7 @@ fn source_tables() -> BTreeMap<String, Vec<String>> {
     let mut deny = false;
     let mut current: Option<(String, Vec<String>)> = None;
     let mut rename: Option<String> = None;
-    for line in SOURCE.lines() {
+    for line in SOURCES.iter().flat_map(|source| source.lines()) {
         let line = line.trim();
         if let Some((name, fields)) = &mut current {
             if line == "}" {
@@ -247,4 +260,121 @@ fn a_pending_section_is_checked_once_it_exists() {
     if !has_api {
         assert!(parse_layer(&tables, "[api]\ntoken = \"0123456789abcdef\"\n").is_err());
     }
+}
+
+/// The section a flag's help heading stands for (`ConfigFile`'s `next_help_heading`s).
+const HEADING_SECTIONS: &[(&str, &str)] = &[
+    ("Server", "server"),
+    ("Storage", "storage"),
+    ("Limits", "limits"),
+    ("Scheduling", "qos"),
+    ("TLS", "tls"),
+];
+
+/// Each flag of the configuration layer as clap builds it from the sections, by the dotted
+/// key it sets: the section from its help heading, the field from its id.
+fn flags_by_key() -> BTreeMap<String, String> {
+    let command = <ConfigFile as clap::Args>::augment_args(clap::Command::new("serve"));
+    let mut flags = BTreeMap::new();
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long() else {
+            continue;
+        };
+        let heading = arg.get_help_heading().unwrap_or_else(|| {
+            panic!("--{long} has no help heading: flatten its section under one")
+        });
+        let section = HEADING_SECTIONS
+            .iter()
+            .find_map(|(h, s)| (*h == heading).then_some(*s))
+            .unwrap_or_else(|| panic!("--{long}: heading {heading:?} not in HEADING_SECTIONS"));
+        flags.insert(format!("{section}.{}", arg.get_id()), format!("--{long}"));
+    }
+    flags
+}
+
+/// The flags docs/configuration.md's **Flag** column names, by dotted key (the table's path
+/// from the heading above it, `## `[tls]``, and the row's key).
+fn documented_flags() -> BTreeMap<String, Vec<String>> {
+    let mut table = String::new();
+    let mut flags = BTreeMap::new();
+    for line in REFERENCE.lines() {
+        if line.starts_with("## ") || line.starts_with("### ") {
+            table = line
+                .split("`[")
+                .nth(1)
+                .and_then(|rest| rest.split("]`").next())
+                .unwrap_or_default()
+                .trim_matches(['[', ']'])
+                .to_string();
+            continue;
+        }
+        let cells: Vec<&str> = line.split(" | ").collect();
+        if !line.starts_with("| `") || cells.len() < 5 {
+            continue;
+        }
+        let key = cells[0].trim_start_matches("| ").trim_matches('`');
+        let named: Vec<String> = cells[3]
+            .split('`')
+            .filter_map(|word| word.split_whitespace().next())
+            .filter(|word| word.starts_with("--"))
+            .map(str::to_string)
+            .collect();
+        if !named.is_empty() {
+            flags.insert(format!("{table}.{key}"), named);
+        }
+    }
+    flags
+}
+
+#[test]
+fn every_flag_is_documented_on_the_key_it_sets() {
+    let clap_flags = flags_by_key();
+    assert!(
+        clap_flags.len() >= 30,
+        "found {} flags: {clap_flags:?}",
+        clap_flags.len()
+    );
+    let documented = documented_flags();
+    let mut wrong = Vec::new();
+    for (key, flag) in &clap_flags {
+        match documented.get(key) {
+            Some(named) if named.contains(flag) => {}
+            Some(named) => wrong.push(format!("{key}: clap has {flag}, the docs say {named:?}")),
+            None => wrong.push(format!(
+                "{key}: clap has {flag}, the docs' Flag column none"
+            )),
+        }
+    }
+    for (key, named) in &documented {
+        for flag in named {
+            if clap_flags.get(key) != Some(flag) {
+                wrong.push(format!(
+                    "{key}: the docs say {flag}, which sets no such key"
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/configuration.md's Flag column and the flags serve parses differ:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_flag_check_reads_the_flag_column() {
+    // The check above would pass vacuously if either side were empty or mis-keyed.
+    let documented = documented_flags();
+    assert_eq!(
+        documented.get("tls.certificate_tenants"),
+        Some(&vec!["--tls-cert-tenant".to_string()])
+    );
+    assert_eq!(
+        documented.get("storage.device_paths"),
+        Some(&vec!["--device".to_string()])
+    );
+    assert_eq!(
+        flags_by_key().get("server.io_threads").map(String::as_str),
+        Some("--io-threads")
+    );
 }

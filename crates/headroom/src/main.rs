@@ -32,7 +32,6 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use headroom_node::config::PolicyChoice;
 use headroom_node::{Node, StoreBackend};
 
 use crate::size::{format_size, parse_size};
@@ -101,134 +100,22 @@ enum Command {
     Check(check_cmd::CheckArgs),
 }
 
-/// Flags of `serve` and `demo`. Every one is optional: a flag given here overrides the
+/// Flags of `serve` and `demo`. Every setting is optional: a flag given here overrides the
 /// `--config` file, which overrides `DATA_DIR/calibration.toml`, which overrides the built-in
-/// defaults (shown in brackets; see serve_config.rs).
+/// defaults (shown in brackets). The settings' flags are declared on the configuration's
+/// sections (serve_config), beside their keys in the file.
 #[derive(Args, Debug, Clone)]
 struct ServeArgs {
-    /// Read settings from this TOML file (docs/operations.md, "Configuration file").
+    /// Read settings from this TOML file (docs/configuration.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Scheduling policy: off (unscheduled), wild, base, credit, burst, mclock or drr-vop
-    /// [default: burst].
-    #[arg(long, value_parser = parse_policy)]
-    policy: Option<PolicyChoice>,
-    /// Directory for device files and metadata (created if missing) [default: ./headroom-data].
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    /// NBD listen address [default: 127.0.0.1:10809].
-    #[arg(long)]
-    nbd_listen: Option<SocketAddr>,
-    /// Management API listen address [default: 127.0.0.1:10810].
-    #[arg(long)]
-    api_listen: Option<SocketAddr>,
-    /// Keep everything in RAM with this pool capacity (e.g. 4GiB) instead of the data directory.
-    #[arg(long, value_parser = parse_size)]
-    memory: Option<u64>,
-    /// Number of device files in a new data directory [default: 2].
-    #[arg(long)]
-    devices: Option<u32>,
-    /// Capacity of each device file in a new data directory (sparse), or with --rados-pool
-    /// the address space extents are allocated from [default: 64GiB].
-    #[arg(long, value_parser = parse_size)]
-    device_size: Option<u64>,
-    /// Use this existing block device or file as a pool device (repeatable; replaces the
-    /// created device files).
-    #[arg(long = "device")]
-    device_paths: Vec<PathBuf>,
-    /// Keep the extents in a Ceph RADOS pool: the cluster's ceph.conf (with --rados-pool;
-    /// needs a build with --features rados).
-    #[arg(long, value_name = "FILE")]
-    rados_conf: Option<PathBuf>,
-    /// The RADOS pool (existing) holding the extents (with --rados-conf).
-    #[arg(long, value_name = "POOL")]
-    rados_pool: Option<String>,
-    /// Connect to Ceph as this cephx user, without `client.` (its keyring named by the
-    /// ceph.conf; e.g. headroom for client.headroom) [default: admin].
-    #[arg(long, value_name = "ID")]
-    rados_id: Option<String>,
-    /// Open the existing RADOS store in this namespace (headroom-<16 hex>; e.g. another
-    /// node's, to take it over) [default: the data directory's, or a new one].
-    #[arg(long, value_name = "NS")]
-    rados_namespace: Option<String>,
-    /// The node's lease on a RADOS store lasts this long without renewal [default: 30000].
-    #[arg(long, value_name = "MS")]
-    rados_lease_ms: Option<u64>,
-    /// Wait at most this long at start for another node's lease to expire [default: no limit].
-    #[arg(long, value_name = "MS")]
-    rados_lease_wait_ms: Option<u64>,
-    /// After losing the lease, keep answering /readyz (503, naming the loss) this long, then
-    /// exit with status 3 [default: 5000].
-    #[arg(long, value_name = "MS")]
-    rados_lease_lost_linger_ms: Option<u64>,
-    /// Share the RADOS pool's capacity with the other nodes on it: report demand every
-    /// epoch, and pace this node at the share the arbiter gives it (with --rados-capacity-iops).
-    #[arg(long)]
-    rados_arbitration: bool,
-    /// The pool's capacity all nodes share, operations per second (with --rados-arbitration).
-    #[arg(long, value_name = "IOPS")]
-    rados_capacity_iops: Option<u64>,
-    /// The pool's capacity all nodes share, bytes per second (e.g. 400MiB) [default: IOPS only].
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    rados_capacity_bytes_per_s: Option<u64>,
-    /// This node's id among the nodes on the pool [default: <hostname>-<NBD port>].
-    #[arg(long, value_name = "ID")]
-    rados_node_id: Option<String>,
-    /// This node's weight in the split of what baselines leave [default: 1].
-    #[arg(long, value_name = "N")]
-    rados_weight: Option<u64>,
-    /// How often nodes report and the arbiter splits [default: 500].
-    #[arg(long, value_name = "MS")]
-    rados_arbitration_epoch_ms: Option<u64>,
-    /// Refuse to create or grow a volume when the volume sizes would sum to more than this
-    /// many times the pool capacity (a number >= 1.0) [default: no limit].
-    #[arg(long, value_name = "RATIO")]
-    overcommit_ratio: Option<f64>,
-    /// Worker threads executing block I/O (0 = inline on the network threads) [default: 2].
-    #[arg(long)]
-    io_threads: Option<usize>,
-    /// Requests moving at most this many bytes run inline on the network threads
-    /// [default: 64KiB when every device is in RAM (--memory, or device files on tmpfs), else 0].
-    #[arg(long, value_parser = parse_inline_bytes)]
-    inline_max_bytes: Option<u32>,
-    /// Microseconds a network thread about to sleep waits for more requests, to answer
-    /// several per wake-up; adaptive, 0 = off
-    /// [default: 10 with --memory or --rados-conf, 0 with device files].
-    #[arg(long)]
-    coalesce_us: Option<u64>,
-    /// Threads that own the NBD connections (each connection lives on one, reader and writer
-    /// together); 0 = connections share the async runtime's threads [default: one per CPU].
-    #[arg(long)]
-    net_threads: Option<usize>,
-    /// Maximum NBD connections at once [default: 256].
-    #[arg(long)]
-    max_connections: Option<usize>,
-    /// Maximum requests in flight per connection [default: 256].
-    #[arg(long)]
-    max_inflight_requests: Option<usize>,
-    /// Offer TLS with these pre-shared keys: `identity:hexkey` lines, as qemu's `keys.psk`
-    /// (needs a build with --features tls).
-    #[arg(long, value_name = "FILE")]
-    tls_psk_file: Option<PathBuf>,
-    /// Offer TLS with the X.509 credentials in DIR: server-cert.pem, server-key.pem, and
-    /// ca-cert.pem to require and verify client certificates (qemu's layout).
-    #[arg(long, value_name = "DIR")]
-    tls_cert_dir: Option<PathBuf>,
-    /// Refuse clients that do not start TLS (NBD_REP_ERR_TLS_REQD).
-    #[arg(long)]
-    tls_required: bool,
-    /// The tenant a client certificate acts for: CN=TENANT, split at the first `=`
-    /// (repeatable; required with ca-cert.pem; a CN holding `=` needs the configuration
-    /// file's [tls.certificate_tenants]).
-    #[arg(long, value_name = "CN=TENANT")]
-    tls_cert_tenant: Vec<String>,
-    /// Also offer TLS 1.2 suites without forward secrecy (plain PSK) and CBC suites.
-    #[arg(long)]
-    tls_legacy_ciphers: bool,
     /// Log lines on stderr as text (no colour unless stderr is a terminal) or as one JSON
     /// object per line (for journald, Loki, Elasticsearch).
     #[arg(long, value_enum, env = "HEADROOM_LOG_FORMAT", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// The command line's configuration layer.
+    #[command(flatten)]
+    settings: serve_config::ConfigFile,
 }
 
 /// `--log-format`.
@@ -250,85 +137,6 @@ Exit codes:
   4  server unreachable (is `headroom serve` running? --api or HEADROOM_API)
   5  authentication failed (the API answered 401: check HEADROOM_TOKEN)
   6  conflict (the API answered 409: name taken, tenant still has volumes)";
-
-impl ServeArgs {
-    /// The flags as the top configuration layer.
-    fn layer(&self) -> serve_config::ConfigFile {
-        use serve_config::{
-            ConfigFile, LimitsSection, QosSection, ServerSection, Size, StorageSection, TlsSection,
-        };
-        ConfigFile {
-            server: ServerSection {
-                nbd_listen: self.nbd_listen,
-                api_listen: self.api_listen,
-                io_threads: self.io_threads,
-                inline_max_bytes: self.inline_max_bytes.map(|b| Size(u64::from(b))),
-                coalesce_us: self.coalesce_us,
-                net_threads: self.net_threads,
-            },
-            storage: StorageSection {
-                data_dir: self.data_dir.clone(),
-                overcommit_ratio: self.overcommit_ratio,
-                memory: self.memory.map(Size),
-                devices: self.devices,
-                device_size: self.device_size.map(Size),
-                device_paths: (!self.device_paths.is_empty()).then(|| self.device_paths.clone()),
-                device_dirs: None,
-                block_devices: None,
-                max_device_bytes: None,
-                max_volume_bytes: None,
-                metadata_reserve: None,
-                read_routing: None,
-                rados_conf: self.rados_conf.clone(),
-                rados_pool: self.rados_pool.clone(),
-                rados_id: self.rados_id.clone(),
-                rados_namespace: self.rados_namespace.clone(),
-                rados_lease_ms: self.rados_lease_ms,
-                rados_lease_wait_ms: self.rados_lease_wait_ms,
-                rados_lease_lost_linger_ms: self.rados_lease_lost_linger_ms,
-                rados_arbitration: self.rados_arbitration.then_some(true),
-                rados_capacity_iops: self.rados_capacity_iops,
-                rados_capacity_bytes_per_s: self.rados_capacity_bytes_per_s.map(Size),
-                rados_node_id: self.rados_node_id.clone(),
-                rados_weight: self.rados_weight,
-                rados_arbitration_epoch_ms: self.rados_arbitration_epoch_ms,
-                emulated: None,
-                rebuild: None,
-                scrub: None,
-                checksums: None,
-            },
-            limits: LimitsSection {
-                max_connections: self.max_connections,
-                max_inflight_requests: self.max_inflight_requests,
-                ..LimitsSection::default()
-            },
-            qos: QosSection {
-                policy: self.policy,
-                ..QosSection::default()
-            },
-            tls: TlsSection {
-                psk_file: self.tls_psk_file.clone(),
-                cert_dir: self.tls_cert_dir.clone(),
-                required: self.tls_required.then_some(true),
-                certificate_tenants: (!self.tls_cert_tenant.is_empty()).then(|| {
-                    self.tls_cert_tenant
-                        .iter()
-                        .map(|pair| match pair.split_once('=') {
-                            Some((cn, tenant)) => (cn.to_string(), tenant.to_string()),
-                            // Refused by the check: an empty tenant id is not one.
-                            None => (pair.clone(), String::new()),
-                        })
-                        .collect()
-                }),
-                legacy_cipher_suites: self.tls_legacy_ciphers.then_some(true),
-                handshakes_per_s_per_address: None,
-            },
-            metrics: serve_config::MetricsSection::default(),
-            api: serve_config::ApiSection::default(),
-            faults: None,
-        }
-    }
-}
 
 #[derive(Args, Debug)]
 struct DemoArgs {
@@ -419,15 +227,6 @@ fn hint(code: u8) -> Option<&'static str> {
     }
 }
 
-fn parse_policy(text: &str) -> Result<PolicyChoice, String> {
-    text.parse()
-}
-
-fn parse_inline_bytes(text: &str) -> Result<u32, String> {
-    let bytes = parse_size(text).map_err(|err| err.to_string())?;
-    u32::try_from(bytes).map_err(|_| format!("{text} is larger than 4 GiB"))
-}
-
 /// Logs to stderr at `default_level` unless `HEADROOM_LOG` says otherwise (tracing filter
 /// syntax), as text or JSON lines. Colour only when stderr is a terminal and `NO_COLOR` is
 /// unset: a log file or journald gets no escape codes.
@@ -457,7 +256,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
-    let mut loaded = serve_config::load(args.layer(), args.config.as_deref())?;
+    let mut loaded = serve_config::load(args.settings, args.config.as_deref())?;
     let (api_token, token_origin) = token::server_token(&loaded.token)?;
     loaded.node.api_token = Some(api_token.clone());
     loaded.node.config_file = loaded.config_file.clone();

@@ -147,7 +147,7 @@ pub const DEFAULT_COALESCE_US: u64 = 10;
 
 impl NodeConfig {
     /// Runs the rule of every node-owned setting (`setting`, `Limits::validate`,
-    /// `QosConfig::validate`): `Node::start` calls it, so a configuration built anywhere is
+    /// `QosConfig::validate`, `ApiLimits::validate`, `MetricsConfig::validate`): `Node::start` calls it, so a configuration built anywhere is
     /// checked before anything starts.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.limits.validate()?;
@@ -159,6 +159,12 @@ impl NodeConfig {
             crate::setting::check_net_threads(n)?;
         }
         self.qos.validate()?;
+        self.api_limits.validate()?;
+        self.metrics.validate()?;
+        crate::setting::check_scrub_rate_bytes_per_s(self.scrub_rate_bytes_per_s)?;
+        crate::setting::check_scrub_interval_s(self.scrub_interval_s)?;
+        crate::setting::check_credit_save_period_ms(self.credit_save_period_ms)?;
+        crate::setting::check_metadata_reserve_bytes(self.metadata_reserve_bytes)?;
         Ok(())
     }
 
@@ -298,7 +304,41 @@ mod tests {
             "qos.burst_in_flight"
         );
         assert_eq!(key_of(|c| c.limits.max_connections = 0), "max_connections");
+        assert_eq!(
+            key_of(|c| c.api_limits.max_connections = 0),
+            "api.max_connections"
+        );
+        assert_eq!(
+            key_of(|c| c.api_limits.idle_timeout_ms = 0),
+            "api.idle_timeout_ms"
+        );
+        assert_eq!(
+            key_of(|c| c.metrics.max_volume_series = 100_001),
+            "metrics.max_volume_series"
+        );
+        assert_eq!(
+            key_of(|c| c.metrics.volume_series_idle_s = u64::MAX),
+            "metrics.volume_series_idle_s"
+        );
+        assert_eq!(
+            key_of(|c| c.scrub_rate_bytes_per_s = 0),
+            "storage.scrub.rate"
+        );
+        assert_eq!(
+            key_of(|c| c.scrub_interval_s = 366 * 24 * 3600),
+            "storage.scrub.interval_s"
+        );
+        assert_eq!(
+            key_of(|c| c.credit_save_period_ms = 0),
+            "qos.credit_save_period_ms"
+        );
+        assert_eq!(
+            key_of(|c| c.metadata_reserve_bytes = (64 << 30) + 1),
+            "storage.metadata_reserve"
+        );
         // The edges of each range are allowed.
+        assert_eq!(key_of(|c| c.scrub_interval_s = 0), "accepted");
+        assert_eq!(key_of(|c| c.metadata_reserve_bytes = 64 << 30), "accepted");
         assert_eq!(key_of(|c| c.io_threads = 256), "accepted");
         assert_eq!(key_of(|c| c.qos.workers = 64), "accepted");
         assert_eq!(key_of(|c| c.coalesce_us = Some(1000)), "accepted");

@@ -70,6 +70,61 @@ pub fn check_net_threads(n: usize) -> Result<(), InvalidSetting> {
     Ok(())
 }
 
+/// Highest background rate accepted (the scrub's, like `PUT /v1/scrub`'s): 10 GiB/s.
+pub const MAX_BACKGROUND_RATE_BYTES_PER_S: u64 = 10 << 30;
+/// Longest scrub interval accepted: a year.
+pub const MAX_SCRUB_INTERVAL_S: u64 = 365 * 24 * 3600;
+/// Largest metadata reserve: far more than any pool's metadata needs.
+pub const MAX_METADATA_RESERVE_BYTES: u64 = 64 << 30;
+
+/// `storage.scrub.rate`: 1 byte to [`MAX_BACKGROUND_RATE_BYTES_PER_S`] per second.
+pub fn check_scrub_rate_bytes_per_s(rate: u64) -> Result<(), InvalidSetting> {
+    if !(1..=MAX_BACKGROUND_RATE_BYTES_PER_S).contains(&rate) {
+        return Err(InvalidSetting::new(
+            "storage.scrub.rate",
+            rate,
+            "1 byte to 10GiB per second",
+        ));
+    }
+    Ok(())
+}
+
+/// `storage.scrub.interval_s`: 0 (only on demand) to [`MAX_SCRUB_INTERVAL_S`].
+pub fn check_scrub_interval_s(interval_s: u64) -> Result<(), InvalidSetting> {
+    if interval_s > MAX_SCRUB_INTERVAL_S {
+        return Err(InvalidSetting::new(
+            "storage.scrub.interval_s",
+            interval_s,
+            "0 (only on demand) to 31536000 (a year)",
+        ));
+    }
+    Ok(())
+}
+
+/// `qos.credit_save_period_ms`: at least 1.
+pub fn check_credit_save_period_ms(ms: u64) -> Result<(), InvalidSetting> {
+    if ms == 0 {
+        return Err(InvalidSetting::new(
+            "qos.credit_save_period_ms",
+            0,
+            "must be at least 1",
+        ));
+    }
+    Ok(())
+}
+
+/// `storage.metadata_reserve`: 0 (none) to [`MAX_METADATA_RESERVE_BYTES`].
+pub fn check_metadata_reserve_bytes(bytes: u64) -> Result<(), InvalidSetting> {
+    if bytes > MAX_METADATA_RESERVE_BYTES {
+        return Err(InvalidSetting::new(
+            "storage.metadata_reserve",
+            bytes,
+            "must be at most 64GiB (0: no reserve)",
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn count(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }

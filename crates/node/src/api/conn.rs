@@ -46,6 +46,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tower_service::Service;
 
+use crate::setting::InvalidSetting;
 use crate::sync::lock;
 
 /// The API's connection limits (`[api]` in the configuration).
@@ -70,8 +71,38 @@ pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_BODY_READ_TIMEOUT_MS: u64 = 30_000;
 /// Default of [`ApiLimits::idle_timeout_ms`].
 pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Longest API timeout accepted (`api.*_timeout_ms`): an hour.
+pub const MAX_API_TIMEOUT_MS: u64 = 3_600_000;
 /// How long a request being answered at shutdown may still take.
 pub const SHUTDOWN_GRACE_MS: u64 = 5_000;
+
+impl ApiLimits {
+    /// At least one connection; every timeout 1 ms to [`MAX_API_TIMEOUT_MS`] (the keys are
+    /// the configuration file's).
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        if self.max_connections == 0 {
+            return Err(InvalidSetting::new(
+                "api.max_connections",
+                0,
+                "must be at least 1",
+            ));
+        }
+        for (key, ms) in [
+            ("api.header_read_timeout_ms", self.header_read_timeout_ms),
+            ("api.body_read_timeout_ms", self.body_read_timeout_ms),
+            ("api.idle_timeout_ms", self.idle_timeout_ms),
+        ] {
+            if !(1..=MAX_API_TIMEOUT_MS).contains(&ms) {
+                return Err(InvalidSetting::new(
+                    key,
+                    ms,
+                    format!("must be between 1 and {MAX_API_TIMEOUT_MS} (1 h)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 impl Default for ApiLimits {
     fn default() -> Self {

@@ -47,6 +47,31 @@ pub const DEFAULT_VOLUME_SERIES_IDLE_S: u64 = 300;
 pub const DEFAULT_MAX_VOLUME_SERIES: usize = 1000;
 /// Largest `max_volume_series` a configuration may set.
 pub const MAX_MAX_VOLUME_SERIES: usize = 100_000;
+/// Longest `volume_series_idle_s`: a year; anything longer is "never idle" anyway, and it
+/// keeps the arithmetic small.
+pub const MAX_VOLUME_SERIES_IDLE_S: u64 = 366 * 24 * 3600;
+
+impl MetricsConfig {
+    /// Both values within their ranges (the keys are the configuration file's).
+    pub fn validate(&self) -> Result<(), crate::setting::InvalidSetting> {
+        use crate::setting::{InvalidSetting, count};
+        if self.volume_series_idle_s > MAX_VOLUME_SERIES_IDLE_S {
+            return Err(InvalidSetting::new(
+                "metrics.volume_series_idle_s",
+                self.volume_series_idle_s,
+                format!("must be between 0 and {MAX_VOLUME_SERIES_IDLE_S}"),
+            ));
+        }
+        if self.max_volume_series > MAX_MAX_VOLUME_SERIES {
+            return Err(InvalidSetting::new(
+                "metrics.max_volume_series",
+                count(self.max_volume_series),
+                format!("must be between 0 and {MAX_MAX_VOLUME_SERIES}"),
+            ));
+        }
+        Ok(())
+    }
+}
 
 impl Default for MetricsConfig {
     fn default() -> Self {
