@@ -19,6 +19,8 @@ pub enum ConfigError {
     Limits(#[from] LimitsError),
     #[error(transparent)]
     Setting(#[from] InvalidSetting),
+    #[error(transparent)]
+    Admission(#[from] headroom_store::InvalidPolicy),
 }
 
 /// Where volume data and metadata are kept.
@@ -56,6 +58,47 @@ pub enum StoreBackend {
         /// 503) before it exits with `headroom_store::LEASE_LOST_EXIT_STATUS`.
         lease_lost_linger_ms: u64,
     },
+}
+
+impl StoreBackend {
+    /// The rule of each of the backend's values (`setting`): sizes and counts at least 1,
+    /// RADOS names and times within range.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        use crate::setting::*;
+        match self {
+            StoreBackend::Memory { capacity_bytes } => check_memory_bytes(*capacity_bytes),
+            StoreBackend::Files {
+                device_count,
+                device_capacity_bytes,
+                device_paths,
+                ..
+            } => {
+                // Named devices replace the created files, so their count does not matter.
+                if device_paths.is_empty() {
+                    check_device_count(*device_count)?;
+                }
+                check_device_size(*device_capacity_bytes)
+            }
+            StoreBackend::Rados {
+                id,
+                pool,
+                capacity_bytes,
+                namespace,
+                lease_ms,
+                lease_lost_linger_ms,
+                ..
+            } => {
+                check_rados_pool(pool)?;
+                check_rados_id(id)?;
+                if let Some(ns) = namespace {
+                    check_rados_namespace(ns)?;
+                }
+                check_device_size(*capacity_bytes)?;
+                check_rados_lease_ms(*lease_ms)?;
+                check_rados_lease_lost_linger_ms(*lease_lost_linger_ms)
+            }
+        }
+    }
 }
 
 /// Everything `Node::start` needs.
@@ -147,9 +190,12 @@ pub const DEFAULT_COALESCE_US: u64 = 10;
 
 impl NodeConfig {
     /// Runs the rule of every node-owned setting (`setting`, `Limits::validate`,
-    /// `QosConfig::validate`, `ApiLimits::validate`, `MetricsConfig::validate`): `Node::start` calls it, so a configuration built anywhere is
+    /// `QosConfig::validate`, `ApiLimits::validate`, `MetricsConfig::validate`, `StoreBackend::validate`;
+    /// the store's `AdmissionPolicy::validate`): `Node::start` calls it, so a configuration built anywhere is
     /// checked before anything starts.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.backend.validate()?;
+        self.device_admission.validate()?;
         self.limits.validate()?;
         crate::setting::check_io_threads(self.io_threads)?;
         if let Some(us) = self.coalesce_us {
@@ -291,6 +337,7 @@ mod tests {
             match config.validate() {
                 Err(ConfigError::Setting(e)) => e.key,
                 Err(ConfigError::Limits(e)) => e.key,
+                Err(ConfigError::Admission(e)) => e.key,
                 Ok(()) => "accepted",
             }
         };
@@ -336,6 +383,47 @@ mod tests {
             key_of(|c| c.metadata_reserve_bytes = (64 << 30) + 1),
             "storage.metadata_reserve"
         );
+        assert_eq!(
+            key_of(|c| c.backend = StoreBackend::Memory { capacity_bytes: 0 }),
+            "storage.memory"
+        );
+        assert_eq!(
+            key_of(|c| c.device_admission.max_device_bytes = 1),
+            "storage.max_device_bytes"
+        );
+        assert_eq!(
+            key_of(|c| c.device_admission.device_dirs = vec![PathBuf::from("relative")]),
+            "storage.device_dirs"
+        );
+        let files = |count: u32, paths: Vec<PathBuf>| StoreBackend::Files {
+            data_dir: PathBuf::from("d"),
+            device_count: count,
+            device_capacity_bytes: 1 << 30,
+            device_paths: paths,
+        };
+        let rados = |pool: &str, lease_ms: u64| StoreBackend::Rados {
+            data_dir: PathBuf::from("d"),
+            conf: PathBuf::from("ceph.conf"),
+            id: "headroom".to_string(),
+            pool: pool.to_string(),
+            capacity_bytes: 1 << 30,
+            namespace: None,
+            lease_ms,
+            lease_wait_ms: None,
+            lease_lost_linger_ms: 0,
+        };
+        let backend_key = |backend: StoreBackend| match backend.validate() {
+            Err(e) => e.key,
+            Ok(()) => "accepted",
+        };
+        assert_eq!(backend_key(files(0, Vec::new())), "storage.devices");
+        assert_eq!(
+            backend_key(files(0, vec![PathBuf::from("/dev/x")])),
+            "accepted"
+        );
+        assert_eq!(backend_key(rados("a/b", 30_000)), "storage.rados_pool");
+        assert_eq!(backend_key(rados("pool", 99)), "storage.rados_lease_ms");
+        assert_eq!(backend_key(rados("pool", 100)), "accepted");
         // The edges of each range are allowed.
         assert_eq!(key_of(|c| c.scrub_interval_s = 0), "accepted");
         assert_eq!(key_of(|c| c.metadata_reserve_bytes = 64 << 30), "accepted");

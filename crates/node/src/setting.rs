@@ -12,15 +12,20 @@
 #[error("{key} = {value}: {allowed}")]
 pub struct InvalidSetting {
     pub key: &'static str,
-    pub value: u64,
+    /// The value as the file would write it (a string quoted).
+    pub value: String,
     pub allowed: String,
 }
 
 impl InvalidSetting {
-    pub(crate) fn new(key: &'static str, value: u64, allowed: impl Into<String>) -> InvalidSetting {
+    pub(crate) fn new(
+        key: &'static str,
+        value: impl std::fmt::Display,
+        allowed: impl Into<String>,
+    ) -> InvalidSetting {
         InvalidSetting {
             key,
-            value,
+            value: value.to_string(),
             allowed: allowed.into(),
         }
     }
@@ -120,6 +125,101 @@ pub fn check_metadata_reserve_bytes(bytes: u64) -> Result<(), InvalidSetting> {
             "storage.metadata_reserve",
             bytes,
             "must be at most 64GiB (0: no reserve)",
+        ));
+    }
+    Ok(())
+}
+
+/// Shortest and longest RADOS lease accepted, ms.
+pub const RADOS_LEASE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
+/// Longest linger after a lost lease accepted: 10 minutes.
+pub const MAX_LEASE_LOST_LINGER_MS: u64 = 600_000;
+
+/// `storage.memory`: a RAM pool of at least one byte.
+pub fn check_memory_bytes(bytes: u64) -> Result<(), InvalidSetting> {
+    if bytes == 0 {
+        return Err(InvalidSetting::new(
+            "storage.memory",
+            0,
+            "must be greater than 0",
+        ));
+    }
+    Ok(())
+}
+
+/// `storage.devices`: at least one device file.
+pub fn check_device_count(n: u32) -> Result<(), InvalidSetting> {
+    if n == 0 {
+        return Err(InvalidSetting::new(
+            "storage.devices",
+            0,
+            "must be at least 1",
+        ));
+    }
+    Ok(())
+}
+
+/// `storage.device_size`: at least one byte.
+pub fn check_device_size(bytes: u64) -> Result<(), InvalidSetting> {
+    if bytes == 0 {
+        return Err(InvalidSetting::new(
+            "storage.device_size",
+            0,
+            "must be greater than 0",
+        ));
+    }
+    Ok(())
+}
+
+/// `storage.rados_pool`: a pool name, not empty, no `/` (nor NUL).
+pub fn check_rados_pool(pool: &str) -> Result<(), InvalidSetting> {
+    if pool.is_empty() || pool.contains(['/', '\0']) {
+        return Err(InvalidSetting::new(
+            "storage.rados_pool",
+            format!("{pool:?}"),
+            "must be a pool name: not empty, no '/'",
+        ));
+    }
+    Ok(())
+}
+
+/// `storage.rados_namespace`: a namespace name, not empty, no `/` (nor NUL).
+pub fn check_rados_namespace(ns: &str) -> Result<(), InvalidSetting> {
+    if ns.is_empty() || ns.contains(['/', '\0']) {
+        return Err(InvalidSetting::new(
+            "storage.rados_namespace",
+            format!("{ns:?}"),
+            "must be a namespace name: not empty, no '/'",
+        ));
+    }
+    Ok(())
+}
+
+/// `storage.rados_id`: a cephx user the store accepts (`headroom_store::validate_rados_id`).
+pub fn check_rados_id(id: &str) -> Result<(), InvalidSetting> {
+    headroom_store::validate_rados_id(id)
+        .map_err(|why| InvalidSetting::new("storage.rados_id", format!("{id:?}"), why))
+}
+
+/// `storage.rados_lease_ms`: within [`RADOS_LEASE_MS`].
+pub fn check_rados_lease_ms(ms: u64) -> Result<(), InvalidSetting> {
+    if !RADOS_LEASE_MS.contains(&ms) {
+        return Err(InvalidSetting::new(
+            "storage.rados_lease_ms",
+            ms,
+            "must be between 100 and 3600000",
+        ));
+    }
+    Ok(())
+}
+
+/// `storage.rados_lease_lost_linger_ms`: at most [`MAX_LEASE_LOST_LINGER_MS`].
+pub fn check_rados_lease_lost_linger_ms(ms: u64) -> Result<(), InvalidSetting> {
+    if ms > MAX_LEASE_LOST_LINGER_MS {
+        return Err(InvalidSetting::new(
+            "storage.rados_lease_lost_linger_ms",
+            ms,
+            "must be at most 600000 (10 minutes)",
         ));
     }
     Ok(())

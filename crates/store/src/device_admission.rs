@@ -38,7 +38,7 @@ use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES};
+use crate::layout::{EXTENT_SIZE_BYTES, MAX_VOLUME_SIZE_BYTES, VOLUME_SIZE_ALIGN_BYTES};
 use crate::signature::{PROBE_LEN, Signature, foreign_signature};
 
 /// Default largest device `device add` takes: 64 TiB.
@@ -79,6 +79,58 @@ impl Default for AdmissionPolicy {
             max_volume_bytes: MAX_VOLUME_SIZE_BYTES,
         }
     }
+}
+
+impl AdmissionPolicy {
+    /// Each entry an absolute UTF-8 path; devices of at least two extents (one holds the
+    /// signature); volumes between the size alignment and 64 TiB. The keys are the
+    /// configuration file's.
+    pub fn validate(&self) -> Result<(), InvalidPolicy> {
+        for (key, paths) in [
+            ("storage.device_dirs", &self.device_dirs),
+            ("storage.block_devices", &self.block_devices),
+        ] {
+            for path in paths {
+                if !path.is_absolute() || path.to_str().is_none_or(|p| p.contains('\0')) {
+                    return Err(InvalidPolicy {
+                        key,
+                        value: path.display().to_string(),
+                        allowed: "each entry must be an absolute UTF-8 path".to_string(),
+                    });
+                }
+            }
+        }
+        let least_device = 2 * EXTENT_SIZE_BYTES;
+        if self.max_device_bytes < least_device {
+            return Err(InvalidPolicy {
+                key: "storage.max_device_bytes",
+                value: self.max_device_bytes.to_string(),
+                allowed: format!(
+                    "must be at least {least_device} (two extents, one for the signature)"
+                ),
+            });
+        }
+        if !(VOLUME_SIZE_ALIGN_BYTES..=MAX_VOLUME_SIZE_BYTES).contains(&self.max_volume_bytes) {
+            return Err(InvalidPolicy {
+                key: "storage.max_volume_bytes",
+                value: self.max_volume_bytes.to_string(),
+                allowed: format!(
+                    "must be between {VOLUME_SIZE_ALIGN_BYTES} and {MAX_VOLUME_SIZE_BYTES} (64 TiB)"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// An admission policy value out of range: the key as the configuration file writes it, the
+/// value, what is allowed.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("{key} = {value}: {allowed}")]
+pub struct InvalidPolicy {
+    pub key: &'static str,
+    pub value: String,
+    pub allowed: String,
 }
 
 /// Why a path was not taken.

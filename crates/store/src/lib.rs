@@ -55,6 +55,7 @@ pub use config::{
 };
 pub use device_admission::{
     AdmissionPolicy, BLOCK_EDGE_BYTES, BLOCK_SAMPLE_BYTES, BLOCK_SAMPLES, DEFAULT_MAX_DEVICE_BYTES,
+    InvalidPolicy,
 };
 pub use error::{MetadataError, StoreError};
 pub use fault::{FaultConfig, FaultConfigError, FaultRule, FaultScope, MAX_LATENCY_SPIKE_MS};

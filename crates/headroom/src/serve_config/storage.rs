@@ -148,14 +148,8 @@ impl StorageSection {
     /// Checks every value that can be checked on its own.
     pub(super) fn check(&self) -> Result<(), Invalid> {
         let st = self;
-        if let Some(size) = st.memory
-            && size.0 == 0
-        {
-            return Err(Invalid::new(
-                "storage.memory",
-                size,
-                "must be greater than 0",
-            ));
+        if let Some(size) = st.memory {
+            setting::check_memory_bytes(size.0)?;
         }
         if let (Some(size), Some(_)) = (st.metadata_reserve, st.memory) {
             return Err(Invalid::new(
@@ -179,96 +173,40 @@ impl StorageSection {
                 "must be a number of at least 1.0 (1.0: no overcommit; leave it out for no limit)",
             ));
         }
-        if let Some(0) = st.devices {
-            return Err(Invalid::new("storage.devices", 0, "must be at least 1"));
+        if let Some(n) = st.devices {
+            setting::check_device_count(n)?;
         }
-        for (key, paths) in [
-            ("storage.device_dirs", &st.device_dirs),
-            ("storage.block_devices", &st.block_devices),
-        ] {
-            for path in paths.iter().flatten() {
-                if !path.is_absolute() || path.to_str().is_none_or(|p| p.contains('\0')) {
-                    return Err(Invalid::new(
-                        key,
-                        path.display(),
-                        "each entry must be an absolute UTF-8 path",
-                    ));
-                }
+        if let Some(size) = st.device_size {
+            setting::check_device_size(size.0)?;
+        }
+        // The store's rule, on this layer's values over the defaults (which pass it); sizes
+        // shown as the file writes them.
+        self.admission().validate().map_err(|err| {
+            let size = match err.key {
+                "storage.max_device_bytes" => st.max_device_bytes,
+                "storage.max_volume_bytes" => st.max_volume_bytes,
+                _ => None,
+            };
+            Invalid {
+                key: err.key.to_string(),
+                value: size.map_or(err.value, |s| s.to_string()),
+                allowed: err.allowed,
             }
+        })?;
+        if let Some(pool) = &st.rados_pool {
+            setting::check_rados_pool(pool)?;
         }
-        let least_device = 2 * headroom_store::EXTENT_SIZE_BYTES;
-        if let Some(size) = st.max_device_bytes
-            && size.0 < least_device
-        {
-            return Err(Invalid::new(
-                "storage.max_device_bytes",
-                size,
-                format!("must be at least {least_device} (two extents, one for the signature)"),
-            ));
+        if let Some(id) = &st.rados_id {
+            setting::check_rados_id(id)?;
         }
-        if let Some(size) = st.max_volume_bytes
-            && !(headroom_store::VOLUME_SIZE_ALIGN_BYTES..=headroom_store::MAX_VOLUME_SIZE_BYTES)
-                .contains(&size.0)
-        {
-            return Err(Invalid::new(
-                "storage.max_volume_bytes",
-                size,
-                format!(
-                    "must be between {} and {} (64 TiB)",
-                    headroom_store::VOLUME_SIZE_ALIGN_BYTES,
-                    headroom_store::MAX_VOLUME_SIZE_BYTES
-                ),
-            ));
+        if let Some(ns) = &st.rados_namespace {
+            setting::check_rados_namespace(ns)?;
         }
-        if let Some(size) = st.device_size
-            && size.0 == 0
-        {
-            return Err(Invalid::new(
-                "storage.device_size",
-                size,
-                "must be greater than 0",
-            ));
+        if let Some(ms) = st.rados_lease_ms {
+            setting::check_rados_lease_ms(ms)?;
         }
-        if let Some(pool) = &st.rados_pool
-            && (pool.is_empty() || pool.contains(['/', '\0']))
-        {
-            return Err(Invalid::new(
-                "storage.rados_pool",
-                format!("{pool:?}"),
-                "must be a pool name: not empty, no '/'",
-            ));
-        }
-        if let Some(id) = &st.rados_id
-            && let Err(why) = headroom_store::validate_rados_id(id)
-        {
-            return Err(Invalid::new("storage.rados_id", format!("{id:?}"), why));
-        }
-        if let Some(ns) = &st.rados_namespace
-            && (ns.is_empty() || ns.contains(['/', '\0']))
-        {
-            return Err(Invalid::new(
-                "storage.rados_namespace",
-                format!("{ns:?}"),
-                "must be a namespace name: not empty, no '/'",
-            ));
-        }
-        if let Some(ms) = st.rados_lease_ms
-            && !(100..=3_600_000).contains(&ms)
-        {
-            return Err(Invalid::new(
-                "storage.rados_lease_ms",
-                ms,
-                "must be between 100 and 3600000",
-            ));
-        }
-        if let Some(ms) = st.rados_lease_lost_linger_ms
-            && ms > 600_000
-        {
-            return Err(Invalid::new(
-                "storage.rados_lease_lost_linger_ms",
-                ms,
-                "must be at most 600000 (10 minutes)",
-            ));
+        if let Some(ms) = st.rados_lease_lost_linger_ms {
+            setting::check_rados_lease_lost_linger_ms(ms)?;
         }
         for (key, set) in [
             ("storage.rados_id", st.rados_id.is_some()),
@@ -350,16 +288,7 @@ impl StorageSection {
             config.read_routing = routing;
         }
         config.overcommit_ratio = st.overcommit_ratio;
-        config.device_admission = headroom_store::AdmissionPolicy {
-            device_dirs: st.device_dirs.clone().unwrap_or_default(),
-            block_devices: st.block_devices.clone().unwrap_or_default(),
-            max_device_bytes: st
-                .max_device_bytes
-                .map_or(headroom_store::DEFAULT_MAX_DEVICE_BYTES, |s| s.0),
-            max_volume_bytes: st
-                .max_volume_bytes
-                .map_or(headroom_store::MAX_VOLUME_SIZE_BYTES, |s| s.0),
-        };
+        config.device_admission = self.admission();
         if let Some(errors) = st.rebuild.and_then(|r| r.fail_device_after_errors) {
             config.fail_device_after_errors = errors;
         }
@@ -373,6 +302,19 @@ impl StorageSection {
             if let Some(interval_s) = scrub.interval_s {
                 config.scrub_interval_s = interval_s;
             }
+        }
+    }
+}
+
+impl StorageSection {
+    /// What `device add` may take, this layer's values over the defaults.
+    fn admission(&self) -> headroom_store::AdmissionPolicy {
+        let d = headroom_store::AdmissionPolicy::default();
+        headroom_store::AdmissionPolicy {
+            device_dirs: self.device_dirs.clone().unwrap_or(d.device_dirs),
+            block_devices: self.block_devices.clone().unwrap_or(d.block_devices),
+            max_device_bytes: self.max_device_bytes.map_or(d.max_device_bytes, |s| s.0),
+            max_volume_bytes: self.max_volume_bytes.map_or(d.max_volume_bytes, |s| s.0),
         }
     }
 }
