@@ -19,6 +19,7 @@ pub mod check;
 mod checksum;
 #[cfg_attr(not(feature = "rados"), allow(dead_code))]
 mod cls_lock_info;
+mod commit_watch;
 mod config;
 mod device;
 mod device_admission;
@@ -49,6 +50,7 @@ pub mod sync;
 mod telemetry;
 mod volume;
 
+pub use commit_watch::{COMMIT_HUNG_AFTER_MS, CommitInProgress};
 pub use config::{
     DEFAULT_DEVICE_CAPACITY_BYTES, DEFAULT_DEVICE_COUNT, DEFAULT_LEASE_MS, DEFAULT_RADOS_ID,
     MAX_DEVICES, MAX_RADOS_ID_LEN, RADOS_SUPPORTED, RadosTarget, StoreConfig, validate_rados_id,

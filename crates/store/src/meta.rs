@@ -43,6 +43,7 @@ use std::sync::{Mutex, RwLock};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use crate::commit_watch::{CommitInProgress, CommitWatch, hung_reason};
 use crate::error::{MetadataError, StoreError};
 use crate::layout::{EXTENT_SIZE_BYTES, PhysExtent};
 use crate::meta_file::{CACHE_SIZE_BYTES, OpenFailure, copy_file, file_len, open_checked};
@@ -203,6 +204,9 @@ pub(crate) struct Meta {
     copy: Option<(Copy, PathBuf)>,
     /// Why the last metadata write failed; `None` after a success.
     last_error: Mutex<Option<String>>,
+    /// The commits in progress and since when (`commit_watch.rs`): one that hangs is named
+    /// by `health`, without I/O.
+    commits: CommitWatch,
     #[cfg(feature = "rados")]
     rados: Option<crate::rados_meta::RadosMeta>,
 }
@@ -426,6 +430,7 @@ impl Meta {
             reserve,
             copy: None,
             last_error: Mutex::new(None),
+            commits: CommitWatch::default(),
             #[cfg(feature = "rados")]
             rados: None,
         })
@@ -450,6 +455,7 @@ impl Meta {
             reserve: None,
             copy: None,
             last_error: Mutex::new(None),
+            commits: CommitWatch::default(),
             #[cfg(feature = "rados")]
             rados: None,
         })
@@ -472,6 +478,7 @@ impl Meta {
             reserve: None,
             copy: None,
             last_error: Mutex::new(None),
+            commits: CommitWatch::default(),
             #[cfg(feature = "rados")]
             rados: None,
         })
@@ -556,14 +563,25 @@ impl Meta {
 
     /// Why metadata commits may not work now; empty if they do. With `probe`, a failed last
     /// write or a released reserve is checked again first: an empty transaction is
-    /// committed (reopening a poisoned handle) and the reserve taken if there is room.
+    /// committed (reopening a poisoned handle) and the reserve taken if there is room. A
+    /// commit in progress for `COMMIT_HUNG_AFTER_MS` or more is a reason, and then nothing
+    /// is probed: the probe would wait behind it.
     pub(crate) fn health(&self, probe: bool) -> CommitHealth {
+        self.health_at(probe, std::time::Instant::now())
+    }
+
+    /// [`Meta::health`] as of `now`.
+    pub(crate) fn health_at(&self, probe: bool, now: std::time::Instant) -> CommitHealth {
+        let hung = self.commits.hung_for(now);
         let unhealthy =
             lock(&self.last_error).is_some() || self.reserve.as_ref().is_some_and(|r| !r.is_held());
-        if probe && unhealthy {
+        if probe && unhealthy && hung.is_none() {
             let _ = self.probe();
         }
         let mut reasons = Vec::new();
+        if let Some(running) = hung {
+            reasons.push(hung_reason(running));
+        }
         if let Some(e) = lock(&self.last_error).as_ref() {
             reasons.push(format!("metadata commits fail: {e}"));
         }
@@ -586,8 +604,27 @@ impl Meta {
         CommitHealth { reasons }
     }
 
+    /// Registers a commit in progress until the guard drops (`commit_watch.rs`): the store's
+    /// commit holds one over its device syncs and its transaction; this module's writes
+    /// hold their own.
+    pub(crate) fn commit_in_progress(&self) -> CommitInProgress<'_> {
+        self.commits.start()
+    }
+
+    /// Registers a commit in progress that started at `at` (tests: one hung for a chosen
+    /// time).
+    pub(crate) fn commit_in_progress_since(&self, at: std::time::Instant) -> CommitInProgress<'_> {
+        self.commits.start_at(at)
+    }
+
+    /// How long the oldest commit in progress has run, if `COMMIT_HUNG_AFTER_MS` or more.
+    pub(crate) fn commit_hung_for(&self) -> Option<std::time::Duration> {
+        self.commits.hung_for(std::time::Instant::now())
+    }
+
     /// Commits an empty transaction (through the reopen and reserve logic of a write).
     pub(crate) fn probe(&self) -> Result<(), StoreError> {
+        let _in_progress = self.commit_in_progress();
         #[cfg(feature = "rados")]
         if self.rados.is_some() {
             return Ok(());
@@ -614,6 +651,7 @@ impl Meta {
         changes: &[ExtentChange],
         ops: &[MetaOp],
     ) -> Result<(), StoreError> {
+        let _in_progress = self.commit_in_progress();
         #[cfg(feature = "rados")]
         if let Some(r) = &self.rados {
             return r.commit(changes, ops);
@@ -649,6 +687,7 @@ impl Meta {
         if states.is_empty() {
             return Ok(0);
         }
+        let _in_progress = self.commit_in_progress();
         #[cfg(feature = "rados")]
         if let Some(r) = &self.rados {
             return r.save_states(states);
@@ -1124,6 +1163,143 @@ mod tests {
         let e = errno.clone();
         let opener: Opener = Box::new(move || open_failing(&path, &e));
         (Meta::open_with(opener, reserve).unwrap(), errno)
+    }
+
+    /// Holds the next sync of a `StallingBackend` once armed: says so on `entered`, then
+    /// waits for `release` (a disk that stops answering, on cue, and answers again).
+    #[derive(Debug, Default)]
+    struct Stall {
+        armed: Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
+    }
+
+    impl Stall {
+        /// Arms the stall: the first receiver hears that a sync is held, the sender lets it go.
+        fn arm(&self) -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
+            let (entered_tx, entered) = std::sync::mpsc::channel();
+            let (release, release_rx) = std::sync::mpsc::channel();
+            *lock(&self.armed) = Some((entered_tx, release_rx));
+            (entered, release)
+        }
+    }
+
+    /// `FailingBackend` whose next sync, once its `Stall` is armed, hangs until released.
+    #[derive(Debug)]
+    struct StallingBackend {
+        inner: FailingBackend,
+        stall: std::sync::Arc<Stall>,
+    }
+
+    impl redb::StorageBackend for StallingBackend {
+        fn len(&self) -> std::io::Result<u64> {
+            self.inner.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            self.inner.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            let armed = lock(&self.stall.armed).take();
+            if let Some((entered, release)) = armed {
+                let _ = entered.send(());
+                let _ = release.recv();
+            }
+            self.inner.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.inner.write(offset, data)
+        }
+        fn close(&self) -> std::io::Result<()> {
+            self.inner.close()
+        }
+    }
+
+    /// A `Meta` on `StallingBackend` over `dir/meta.redb`: its error switch and its stall.
+    fn stalling_meta(
+        dir: &Path,
+    ) -> (
+        Meta,
+        std::sync::Arc<std::sync::atomic::AtomicI32>,
+        std::sync::Arc<Stall>,
+    ) {
+        let errno = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let stall = std::sync::Arc::new(Stall::default());
+        let path = dir.join("meta.redb");
+        let (e, s) = (errno.clone(), stall.clone());
+        let opener: Opener = Box::new(move || {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)?;
+            redb::Builder::new()
+                .create_with_backend(StallingBackend {
+                    inner: FailingBackend {
+                        inner: redb::backends::FileBackend::new(file).map_err(redb_err)?,
+                        errno: e.clone(),
+                    },
+                    stall: s.clone(),
+                })
+                .map_err(redb_err)
+        });
+        (Meta::open_with(opener, None).unwrap(), errno, stall)
+    }
+
+    /// A commit whose sync hangs is a reason from `COMMIT_HUNG_AFTER_MS` on (asked as of a
+    /// later instant: no waiting), the health with `probe` answers without a probe commit
+    /// (which would wait behind the hung one) although the last write failed, and once the
+    /// disk answers the commit goes through and the reason is gone.
+    #[test]
+    fn a_hung_commit_is_a_reason_and_no_probe_queues_behind_it() {
+        use crate::commit_watch::COMMIT_HUNG_AFTER_MS;
+        let bound = std::time::Duration::from_millis(COMMIT_HUNG_AFTER_MS);
+        let patience = std::time::Duration::from_secs(10);
+        let dir = tempfile::tempdir().unwrap();
+        let (m, errno, stall) = stalling_meta(dir.path());
+        let m = std::sync::Arc::new(m);
+        m.commit(&[map(1, 0)], &[MetaOp::Init]).unwrap();
+        // A failed write first, so that the health with `probe` would probe.
+        errno.store(
+            rustix::io::Errno::IO.raw_os_error(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        m.commit(&[map(1, 1)], &[]).unwrap_err();
+        errno.store(0, std::sync::atomic::Ordering::SeqCst);
+
+        let (entered, release) = stall.arm();
+        let committing = std::sync::Arc::clone(&m);
+        let commit = std::thread::spawn(move || committing.commit(&[map(1, 2)], &[]));
+        entered
+            .recv_timeout(patience)
+            .expect("the commit reached its sync");
+        let is_hung = |h: &CommitHealth| {
+            h.reasons
+                .iter()
+                .any(|r| r.starts_with("a metadata commit has not finished for "))
+        };
+        // Just started: not hung (the failed write is the one reason).
+        let now = std::time::Instant::now();
+        let h = m.health_at(false, now);
+        assert!(!is_hung(&h) && h.reasons.len() == 1, "{h:?}");
+        // A bound later: hung, and the failed write is still named.
+        let h = m.health_at(false, now + bound);
+        assert!(is_hung(&h) && h.reasons.len() == 2, "{h:?}");
+        // With `probe`: answered at once, without a probe commit behind the hung one.
+        let (answer_tx, answer) = std::sync::mpsc::channel();
+        let asking = std::sync::Arc::clone(&m);
+        std::thread::spawn(move || {
+            let _ = answer_tx.send(asking.health_at(true, now + bound));
+        });
+        let probed = answer.recv_timeout(patience);
+        let _ = release.send(());
+        let h = probed.expect("the health waited behind the hung commit (it probed)");
+        assert!(is_hung(&h), "{h:?}");
+
+        commit.join().unwrap().unwrap();
+        let h = m.health_at(false, std::time::Instant::now() + bound);
+        assert!(h.is_ready(), "{h:?}");
     }
 
     fn map(volume_id: u64, extent: u64) -> ExtentChange {

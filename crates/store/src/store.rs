@@ -180,6 +180,8 @@ impl Shared {
         retain_ops_on_failure: bool,
     ) -> Result<DeviceSet, StoreError> {
         let _serial = lock(&self.commit_lock);
+        // From before the device syncs: a disk that stops answering hangs them first.
+        let _in_progress = self.meta.commit_in_progress();
         let sync_after = crate::mutants::active(crate::mutants::Mutant::SyncAfterCommit);
         // Devices whose sync failed with ENOSPC: in service, not failed, but what this sync
         // was to make durable may be lost (the volumes' FLUSH checks `Device::lost_syncs`).
@@ -1961,7 +1963,9 @@ impl Store {
     /// After a failed write or with the reserve released it commits an empty transaction
     /// (reopening a poisoned database) and tries to take the reserve again, so the answer
     /// turns ready again once the cause is gone without waiting for a FLUSH. Cheap when
-    /// healthy (no I/O); one redb commit otherwise. Call it from a blocking thread.
+    /// healthy (no I/O); one redb commit otherwise. Call it from a blocking thread. A
+    /// metadata commit in progress for [`crate::COMMIT_HUNG_AFTER_MS`] or more is a reason
+    /// ("a metadata commit has not finished for N ms"), and then nothing is probed.
     /// A RADOS store whose lease is lost is not ready, with the loss as its one reason, and
     /// probes nothing (its pool refuses every operation then).
     pub fn commit_health(&self) -> crate::meta::CommitHealth {
@@ -1985,6 +1989,22 @@ impl Store {
             return self.commit_health();
         }
         self.shared.meta.health(false)
+    }
+
+    /// How long the oldest metadata commit in progress has run, when that is
+    /// [`crate::COMMIT_HUNG_AFTER_MS`] or more (the storage under the metadata stopped
+    /// answering: `commit_watch.rs`); `None` otherwise. No I/O: `/readyz` asks it first, and
+    /// answers with [`Store::commit_health_known`] without probing while it is `Some`.
+    pub fn commit_hung_for(&self) -> Option<std::time::Duration> {
+        self.shared.meta.commit_hung_for()
+    }
+
+    /// Counts a metadata commit that started at `at` as in progress until the guard drops,
+    /// as if it hung since then: for tests of what readiness says, without a disk that
+    /// stops answering.
+    #[doc(hidden)]
+    pub fn commit_in_progress_since(&self, at: Instant) -> crate::CommitInProgress<'_> {
+        self.shared.meta.commit_in_progress_since(at)
     }
 
     /// Releases the lease of a RADOS store at the end of a clean shutdown, after the last
