@@ -8,6 +8,12 @@
 //! `READY_PROBE_BOUND_MS`; past that, and while that probe is still out, the answer is 503
 //! "metadata store not answering" without starting another one (probes every second must
 //! not pile up blocking threads). A lost lease (lease.rs) is answered at once, without I/O.
+//!
+//! A commit that *hangs* (the disk under the data directory stopped answering, and with it
+//! every FLUSH) is answered at once too: the store knows when each commit in progress started
+//! (`Store::commit_hung_for`, no I/O), and past `headroom_store::COMMIT_HUNG_AFTER_MS` the
+//! answer is its known health, which names the hung commit, with no probe started (it would
+//! only queue behind the hung commit). Once the commit returns, the next answer is ready again.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,6 +37,10 @@ impl ReadinessProbe {
         if store.lease_lost().is_some() {
             // No I/O: the store's pool refuses everything now.
             return store.commit_health().reasons;
+        }
+        if store.commit_hung_for().is_some() {
+            // No I/O: a probe commit would wait behind the hung one.
+            return store.commit_health_known().reasons;
         }
         let store = Arc::clone(store);
         self.bounded(move || store.commit_health().reasons).await
@@ -91,6 +101,68 @@ mod tests {
             let _ = release.recv();
             vec!["probed".to_string()]
         }
+    }
+
+    /// A metadata commit hung for longer than the store's bound (registered as started
+    /// that long ago, so nothing waits): `/readyz` answers at once naming it, on no blocking
+    /// thread (the runtime's only one is kept busy meanwhile: an answer that needed one would
+    /// wait for the probe bound), and is ready again once the commit returns.
+    #[test]
+    fn a_hung_commit_is_answered_at_once_without_a_probe_and_then_ready_again() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(
+            Store::open(&headroom_store::StoreConfig {
+                device_count: 1,
+                device_capacity_bytes: 64 << 20,
+                metadata_reserve_bytes: 0,
+                ..headroom_store::StoreConfig::new(dir.path())
+            })
+            .unwrap(),
+        );
+        let probe = ReadinessProbe::default();
+        runtime.block_on(async {
+            assert!(probe.reasons(&store).await.is_empty());
+
+            let (free, busy_until) = mpsc::channel::<()>();
+            let busy = tokio::task::spawn_blocking(move || {
+                let _ = busy_until.recv();
+            });
+            let hung_ms = headroom_store::COMMIT_HUNG_AFTER_MS + 1_500;
+            let since = Instant::now()
+                .checked_sub(Duration::from_millis(hung_ms))
+                .expect("the clock is past the hang's start");
+            let hung = store.commit_in_progress_since(since);
+            let asked = Instant::now();
+            let reasons = probe.reasons(&store).await;
+            let answered = asked.elapsed();
+            assert_eq!(reasons.len(), 1, "{reasons:?}");
+            let waited_ms: u64 = reasons[0]
+                .strip_prefix("a metadata commit has not finished for ")
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{reasons:?}"));
+            assert!(waited_ms >= hung_ms, "{reasons:?}");
+            // At once, and without a probe commit in flight.
+            assert!(
+                answered < Duration::from_millis(READY_PROBE_BOUND_MS / 2),
+                "{answered:?}"
+            );
+            assert!(lock(&probe.in_flight_since).is_none());
+            // The metrics' gauge reads the same known health.
+            assert!(!store.commit_health_known().is_ready());
+
+            drop(hung);
+            free.send(()).unwrap();
+            busy.await.unwrap();
+            assert!(probe.reasons(&store).await.is_empty());
+            assert!(store.commit_health_known().is_ready());
+        });
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
