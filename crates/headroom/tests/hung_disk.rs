@@ -5,8 +5,9 @@
 //! iSCSI mount, a dying disk or a FUSE daemon that stopped. The next FLUSH hangs in its
 //! commit's device sync, and `GET /readyz` must answer 503 naming the hung metadata commit
 //! within a few seconds (each answer within its bound: it does no I/O), while `/healthz` stays
-//! 200. After SIGCONT the FLUSH succeeds, every byte written before reads back, and
-//! `/readyz` is 200 again without a restart. The measured times are printed.
+//! 200 and `/metrics` says `headroom_metadata_ready 0`. After SIGCONT the FLUSH succeeds,
+//! every byte written before reads back, and `/readyz` is 200 again without a restart. The
+//! measured times are printed.
 //!
 //! Needs `fuse-overlayfs` and `fusermount3` (skips otherwise, fails under
 //! HEADROOM_REQUIRE_TOOLS=1; scripts/test installs both). A guard resumes the daemon,
@@ -211,6 +212,17 @@ fn a_disk_that_stops_answering_makes_readyz_503_until_it_answers() {
     };
     let (health, health_body, _) = probe(&server, "/healthz");
     assert_eq!(health, 200, "/healthz while the disk hangs: {health_body}");
+    // The metrics' gauge reads the same start time.
+    let scraped = Instant::now();
+    let metrics = common::metrics_text(&server.api);
+    let scrape_took = scraped.elapsed();
+    assert!(
+        metrics.lines().any(|l| l == "headroom_metadata_ready 0"),
+        "headroom_metadata_ready while the disk hangs: {:?}",
+        metrics
+            .lines()
+            .find(|l| l.starts_with("headroom_metadata_ready "))
+    );
     assert!(
         flushed.try_recv().is_err(),
         "the FLUSH answered while the disk was stopped"
@@ -246,7 +258,8 @@ fn a_disk_that_stops_answering_makes_readyz_503_until_it_answers() {
 
     report(&format!(
         "hung disk: /readyz 503 naming the hung commit {unready_after:?} after the FLUSH \
-         (slowest /readyz answer {slowest_answer:?}); disk stopped for {stopped_for:?}; after \
+         (slowest /readyz answer {slowest_answer:?}; /metrics with headroom_metadata_ready 0 in \
+         {scrape_took:?}); disk stopped for {stopped_for:?}; after \
          SIGCONT the FLUSH answered in {flush_done_after:?} and /readyz was 200 in \
          {ready_after:?}; body: {body}"
     ));

@@ -445,8 +445,9 @@ pub struct ReadyBody {
     /// `ready`, or `not_ready` when any reason below holds.
     pub status: String,
     /// Why the node should not be given new work, one sentence each (empty when ready):
-    /// metadata commits fail, the metadata reserve is in use because the disk is full, the
-    /// metadata store does not answer within 2 s, or the store's lease was lost.
+    /// metadata commits fail, the metadata reserve is in use because the disk is full, a
+    /// metadata commit has not finished for more than 2 s (a disk that stopped answering),
+    /// the metadata store does not answer within 2 s, or the store's lease was lost.
     pub reasons: Vec<String>,
     /// Set once this node lost the lease of its RADOS store: it serves nothing any more and
     /// exits soon (status 3) for its supervisor to restart it as a standby.
