@@ -141,3 +141,73 @@ fn a_neighbours_syncs_and_zeroing_against_a_readers_latency() {
         }
     }
 }
+
+/// On-CPU and wall nanoseconds of `f` on the calling thread.
+fn cpu_and_wall<T>(f: impl FnOnce() -> T) -> (T, u64, u64) {
+    let (cpu, t0) = (thread_cpu_ns(), Instant::now());
+    let out = f();
+    (out, thread_cpu_ns() - cpu, t0.elapsed().as_nanos() as u64)
+}
+
+/// Where a WRITE 4 KiB + FLUSH's time and CPU go, by what the FLUSH has to make durable:
+/// writes that allocate an extent each (the FLUSH commits the metadata), writes into
+/// extents allocated and written a moment ago (nothing in the metadata changed), and writes
+/// into allocated extents quiet for longer than the write-intent bits' clear delay is not
+/// covered here (5 s). Run under `strace -f -T -y` to split the FLUSH into its syscalls.
+fn breakdown(checksums: bool, ops: u64) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = Store::open(&StoreConfig {
+        device_count: 2,
+        device_capacity_bytes: 4 * 1024 * MIB,
+        checksums,
+        ..StoreConfig::new(dir.path())
+    })
+    .unwrap();
+    store.create_volume("noisy", NOISY_BYTES).unwrap();
+    let v = store.open_volume("noisy").unwrap();
+    let data = vec![0x3cu8; 4096];
+    let extent = 2 * MIB;
+    let report = |label: &str, offsets: &mut dyn Iterator<Item = u64>| {
+        let (mut wc, mut ww, mut fc, mut fw) = (0, 0, 0, 0);
+        let mut n = 0;
+        for off in offsets {
+            let ((), c, w) = cpu_and_wall(|| v.write_at(off, &data, false).unwrap());
+            wc += c;
+            ww += w;
+            let ((), c, w) = cpu_and_wall(|| v.flush().unwrap());
+            fc += c;
+            fw += w;
+            n += 1;
+        }
+        eprintln!(
+            "checksums {checksums:<5} {label:<34} n {n:>5}  write {:>6.1} us CPU {:>7.1} us wall  flush {:>6.1} us CPU {:>7.1} us wall",
+            wc as f64 / n as f64 / 1000.0,
+            ww as f64 / n as f64 / 1000.0,
+            fc as f64 / n as f64 / 1000.0,
+            fw as f64 / n as f64 / 1000.0,
+        );
+    };
+    // Every write in a new extent: each FLUSH commits an allocation.
+    report(
+        "allocating (new extent each)",
+        &mut (0..ops).map(|i| i * extent),
+    );
+    // The same extents again, at other blocks: allocated, bits still set.
+    let mut rng = SimRng::new(3);
+    report(
+        "into allocated extents",
+        &mut (0..ops).map(|_| rng.below(ops) * extent + rng.below(extent / 4096) * 4096),
+    );
+}
+
+#[test]
+#[ignore = "a measurement: run by hand with --ignored --nocapture"]
+fn a_write_and_flush_by_what_the_flush_makes_durable() {
+    let ops = std::env::var("HEADROOM_BREAKDOWN_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
+    for checksums in [true, false] {
+        breakdown(checksums, ops);
+    }
+}
