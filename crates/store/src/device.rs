@@ -431,6 +431,15 @@ impl Device {
         })
     }
 
+    /// Extent `ext` is being allocated (reserved, not yet published): sets its write-intent
+    /// bit without a sync of its own (`Sums::set_for_new_extent`; the commit of the
+    /// allocation syncs it). A no-op without checksums.
+    pub(crate) fn note_new_extent(&self, ext: u32) {
+        if let Some(sums) = &self.sums {
+            sums.set_for_new_extent(self, ext);
+        }
+    }
+
     /// Deallocates `count` whole extents starting at `first` (one call for a contiguous run).
     pub(crate) fn punch_extents(&self, first: u32, count: u32) -> io::Result<()> {
         self.timed(DeviceOp::Punch, 0, || {

@@ -1,12 +1,13 @@
 //! The store: opening a pool, recovery, the commit protocol, and volume management.
 //!
 //! Why this module holds the commit protocol: every durability promise of the crate is kept
-//! by one routine, `Shared::commit`, which (1) syncs every device written or punched since its
-//! last sync, then (2) commits all pending extent-map changes (and any management change) in
-//! one redb transaction with immediate durability, then (3) releases extents whose free just
-//! became durable. Because the device sync always comes first, an allocation is never durable
-//! before the data and punches that preceded it, and a freed extent is never reused before
-//! both its punch and its unmapping are on disk. FLUSH, FUA (when the extent's allocation is
+//! by one routine, `Shared::commit`, which (1) takes the pending extent-map changes, (2) syncs
+//! every device written or punched since its last sync, then (3) commits those changes (and
+//! any management change) in one redb transaction with immediate durability, then (4)
+//! releases extents whose free just became durable. Because the batch is taken before the
+//! device sync and the sync comes before the redb commit, an allocation is never durable
+//! before the data, reservation, write-intent bit and punches that preceded it, and a freed
+//! extent is never reused before both its punch and its unmapping are on disk. FLUSH, FUA (when the extent's allocation is
 //! not yet committed), create, resize, delete, QoS changes and shutdown all go through it.
 //! Saves of the node's runtime QoS state (`save_volume_states`) do not: they touch no device
 //! and no extent map, so they run as their own redb transaction outside the commit mutex.
@@ -183,19 +184,23 @@ impl Shared {
         // From before the device syncs: a disk that stops answering hangs them first.
         let _in_progress = self.meta.commit_in_progress();
         let sync_after = crate::mutants::active(crate::mutants::Mutant::SyncAfterCommit);
-        // Devices whose sync failed with ENOSPC: in service, not failed, but what this sync
-        // was to make durable may be lost (the volumes' FLUSH checks `Device::lost_syncs`).
-        let (mut failed, mut lost) = if sync_after {
-            (DeviceSet::default(), DeviceSet::default())
-        } else {
-            self.sync_devices()
-        };
+        // The batch is taken before the devices are synced, so the sync covers everything
+        // written for it before it was pending: a new extent's write-intent bit
+        // (`Sums::set_for_new_extent`, written without a sync of its own), its reservation,
+        // a freed extent's punch.
         let (batch, mut all_ops) = {
             let mut pool = lock(&self.pool);
             (
                 std::mem::take(&mut pool.pending),
                 std::mem::take(&mut pool.pending_ops),
             )
+        };
+        // Devices whose sync failed with ENOSPC: in service, not failed, but what this sync
+        // was to make durable may be lost (the volumes' FLUSH checks `Device::lost_syncs`).
+        let (mut failed, mut lost) = if sync_after {
+            (DeviceSet::default(), DeviceSet::default())
+        } else {
+            self.sync_devices()
         };
         let retried_ops = all_ops.len();
         all_ops.extend_from_slice(ops);

@@ -1082,12 +1082,15 @@ impl Volume {
         Err(StoreError::NoSpace)
     }
 
-    /// Reserves the blocks of every extent of `placed`; the device and the error of the
-    /// first that could not be reserved.
+    /// Reserves the blocks of every extent of `placed` and sets their write-intent bits
+    /// (made durable by the commit of the allocation, not by a sync of their own); the
+    /// device and the error of the first that could not be reserved.
     fn reserve_all(&self, placed: &[PhysExtent]) -> Result<(), (u32, io::Error)> {
         for &phys in placed {
             let result = match self.shared.device(phys) {
-                Ok(d) => d.reserve(phys.index),
+                Ok(d) => d
+                    .reserve(phys.index)
+                    .map(|()| d.note_new_extent(phys.index)),
                 Err(e) => Err(io::Error::other(e.to_string())),
             };
             result.map_err(|e| (phys.device, e))?;
