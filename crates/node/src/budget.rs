@@ -43,6 +43,8 @@
 //! (`Limits::client_stall_timeout_ms`) is what ends them.
 
 use std::collections::{HashMap, VecDeque};
+
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -83,8 +85,9 @@ struct State {
     reserved_held_bytes: u64,
     /// Most held of both at once.
     peak_bytes: u64,
-    /// Tenants with sessions, held bytes or waiting charges.
-    tenants: HashMap<TenantId, TenantState>,
+    /// Tenants with sessions, held bytes or waiting charges (looked up on every charge and
+    /// release: FxHash, the ids are the budget's own).
+    tenants: FxHashMap<TenantId, TenantState>,
     /// Tenant id by tenant name (`None`: volumes without a tenant).
     ids: HashMap<Option<String>, TenantId>,
     next_tenant: u64,

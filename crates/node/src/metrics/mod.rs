@@ -17,13 +17,13 @@
 
 pub mod audit;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock, Weak};
 
 use headroom_nbd as nbd;
 use headroom_qos::VolumeQos;
 use headroom_store::{LatencyHistogram, LatencySnapshot};
+use rustc_hash::FxHashMap;
 
 use crate::clock::Clock;
 use crate::scheduler::{Scheduler, VolumeCredits};
@@ -274,7 +274,7 @@ impl VolumeStats {
 pub struct MetricsRegistry {
     config: MetricsConfig,
     clock: Clock,
-    volumes: RwLock<HashMap<u64, Arc<VolumeStats>>>,
+    volumes: RwLock<FxHashMap<u64, Arc<VolumeStats>>>,
     /// The scheduler, if a policy runs (the audit asks it about credits and held requests).
     scheduler: OnceLock<Weak<dyn VolumeCredits>>,
 }
@@ -284,7 +284,7 @@ impl MetricsRegistry {
         Arc::new(MetricsRegistry {
             config,
             clock,
-            volumes: RwLock::new(HashMap::new()),
+            volumes: RwLock::new(FxHashMap::default()),
             scheduler: OnceLock::new(),
         })
     }

@@ -71,11 +71,11 @@ mod volume;
 mod wakeup;
 mod worker;
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use headroom_qos::{CostVector, OpKind};
+use rustc_hash::FxHashMap;
 
 use crate::clock::Clock;
 use crate::sync::lock;
@@ -121,7 +121,7 @@ pub struct Scheduler<J> {
     clock: Clock,
     workers: Vec<Worker<J>>,
     dispatch: DispatchMode,
-    volumes: RwLock<HashMap<u64, Arc<VolumeHandle>>>,
+    volumes: RwLock<FxHashMap<u64, Arc<VolumeHandle>>>,
     next_volume_id: AtomicU32,
     wakeups: Arc<Wakeups>,
     runner: Arc<dyn Runner<J>>,
@@ -182,7 +182,7 @@ impl<J: Send + 'static> Scheduler<J> {
             clock,
             workers,
             dispatch: config.dispatch,
-            volumes: RwLock::new(HashMap::new()),
+            volumes: RwLock::new(FxHashMap::default()),
             next_volume_id: AtomicU32::new(0),
             wakeups: Arc::clone(&wakeups),
             runner,

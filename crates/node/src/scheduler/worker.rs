@@ -2,11 +2,11 @@
 //! model, the jobs it holds while the policy queues them, and what it dispatched (read by the
 //! global pool and the demand counters).
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
 use headroom_qos::{CostModel, CostVector, NodeCapacity, Policy, PolicyKind, build_policy};
+use rustc_hash::FxHashMap;
 
 use super::config::QosConfig;
 use super::volume::VolumeHandle;
@@ -22,7 +22,7 @@ pub(super) struct Pending<J> {
 pub(super) struct WorkerState<J> {
     pub(super) policy: Box<dyn Policy>,
     pub(super) cost_model: CostModel,
-    pub(super) pending: HashMap<u64, Pending<J>>,
+    pub(super) pending: FxHashMap<u64, Pending<J>>,
     pub(super) next_request_id: u64,
     /// The wake-up time armed for this worker (`u64::MAX`: none).
     pub(super) armed_ns: u64,
@@ -64,7 +64,7 @@ impl<J> Worker<J> {
             state: Mutex::new(WorkerState {
                 policy,
                 cost_model: config.cost_model.clone(),
-                pending: HashMap::new(),
+                pending: FxHashMap::default(),
                 next_request_id: 0,
                 armed_ns: u64::MAX,
                 share: share.per_second,
