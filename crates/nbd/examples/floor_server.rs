@@ -5,14 +5,15 @@
 //! every server's cost is the kernel's (TCP on loopback, copies, waking a sleeping thread).
 //! This server does nothing else: one blocking thread, one connection at a time, no QoS, no
 //! statistics, no limits worth the name; it reads as many requests as one `read` returns,
-//! answers them all with one `writev` (simple replies only: it refuses structured replies),
-//! and serves reads straight from its memory (the kernel's copy is the only one). With
+//! answers them all with one `writev` (structured replies, as Headroom sends them, unless
+//! `--simple` refuses them; `floor/mod.rs` says what is alike and what is not), and serves
+//! reads straight from its memory (the kernel's copy is the only one). With
 //! `--copy` it first copies each read into a reply buffer, as a real server that cannot lend
 //! its storage to the socket does. Whatever it costs per I/O is the floor under any server
 //! built on sockets and blocking or epoll wake-ups on that machine.
 //!
 //! Usage: `cargo run --release -p headroom-nbd --example floor_server -- 127.0.0.1:PORT
-//! SIZE_MIB [--copy]`. The export has any name; it lives in RAM, filled with a
+//! SIZE_MIB [--copy] [--simple]`. The export has any name; it lives in RAM, filled with a
 //! pseudo-random pattern at start.
 //! Trusted clients only: it checks bounds (a bad request ends the connection) and nothing
 //! more.
@@ -26,39 +27,39 @@ use std::net::{TcpListener, TcpStream};
 mod floor;
 
 fn main() -> std::io::Result<()> {
-    let (addr, size_mib, flags) = floor::args("floor_server ADDR SIZE_MIB [--copy]")?;
+    let (addr, size_mib, flags) = floor::args("floor_server ADDR SIZE_MIB [--copy] [--simple]")?;
     let copy = flags.iter().any(|a| a == "--copy");
+    let allow_structured = floor::structured_allowed(&flags);
     let mut data = floor::export(size_mib);
     let listener = TcpListener::bind(addr)?;
     for stream in listener.incoming() {
-        if let Err(err) = serve(stream?, &mut data, copy) {
+        if let Err(err) = serve(stream?, &mut data, copy, allow_structured) {
             eprintln!("floor_server: connection ended: {err}");
         }
     }
     Ok(())
 }
 
-fn serve(mut s: TcpStream, data: &mut [u8], copy: bool) -> std::io::Result<()> {
-    if floor::handshake(&mut s, data.len() as u64)? {
-        transmit(s, data, copy)
-    } else {
-        Ok(())
+fn serve(
+    mut s: TcpStream,
+    data: &mut [u8],
+    copy: bool,
+    allow_structured: bool,
+) -> std::io::Result<()> {
+    match floor::handshake(&mut s, data.len() as u64, allow_structured)? {
+        Some(structured) => transmit(s, data, floor::Batch::new(copy, structured)),
+        None => Ok(()),
     }
 }
 
-fn transmit(mut s: TcpStream, data: &mut [u8], copy: bool) -> std::io::Result<()> {
+fn transmit(mut s: TcpStream, data: &mut [u8], mut batch: floor::Batch) -> std::io::Result<()> {
     let mut inbuf = vec![0u8; floor::INBUF_BYTES];
     let (mut start, mut end) = (0usize, 0usize);
-    let mut batch = floor::Batch::new(copy);
     // Whether the buffer holds no complete request: only then does it read (and block).
     let mut need_more = true;
     loop {
         if need_more {
-            if end == inbuf.len() {
-                inbuf.copy_within(start..end, 0);
-                end -= start;
-                start = 0;
-            }
+            floor::compact(&mut inbuf, &mut start, &mut end);
             let n = s.read(&mut inbuf[end..])?;
             if n == 0 {
                 return Ok(());
