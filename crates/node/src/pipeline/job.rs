@@ -566,10 +566,10 @@ fn execute_and_finish(
         }
         released
     };
-    let now_ns = io.clock.now_ns();
     let (device, done_ns) = match &io.emulation {
         Emulation::Off => return Some(finish(scheduler)),
         Emulation::Node(device) => {
+            let now_ns = io.clock.now_ns();
             // One device for the whole pool: each volume has its own region of it.
             let position = volume
                 .id()
@@ -582,6 +582,7 @@ fn execute_and_finish(
         }
         Emulation::PerDevice(devices) => {
             let copy = routed.map(|r| r.copy);
+            let now_ns = io.clock.now_ns();
             match book_per_device(devices, &volume, &request, desc, sequential, copy, now_ns) {
                 Some(booked) => booked,
                 None => return Some(finish(scheduler)),

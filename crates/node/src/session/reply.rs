@@ -1,6 +1,9 @@
 //! The reply writer: encodes replies as they complete, batching what is ready.
 
+use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use headroom_nbd as nbd;
@@ -83,6 +86,28 @@ impl Stalled {
     }
 }
 
+/// Runs one socket read or write that must make progress within `stall`. The stall timer is
+/// armed only when the operation does not complete at its first poll: a timer's deadline is a
+/// clock read, and the common case (the socket had the bytes, or room for them) needs none.
+async fn within_stall<T>(
+    stall: Duration,
+    io: impl Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    let mut io = pin!(io);
+    let first = std::future::poll_fn(|cx| match io.as_mut().poll(cx) {
+        Poll::Ready(done) => Poll::Ready(Some(done)),
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await;
+    if let Some(done) = first {
+        return done;
+    }
+    match tokio::time::timeout(stall, io).await {
+        Ok(done) => done,
+        Err(_) => Err(Stalled::error()),
+    }
+}
+
 pub(super) fn is_stalled(err: &std::io::Error) -> bool {
     err.get_ref().is_some_and(|inner| inner.is::<Stalled>())
 }
@@ -97,10 +122,7 @@ pub(super) async fn read_exact_progressing<R: AsyncRead + Unpin>(
     while let Some(rest) = buf.get_mut(filled..)
         && !rest.is_empty()
     {
-        let n = match tokio::time::timeout(stall, reader.read(rest)).await {
-            Ok(read) => read?,
-            Err(_) => return Err(Stalled::error()),
-        };
+        let n = within_stall(stall, reader.read(rest)).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
@@ -134,10 +156,7 @@ async fn write_all_slices<W: AsyncWrite + Unpin>(
     let mut slices = slices;
     std::io::IoSlice::advance_slices(&mut slices, 0);
     while !slices.is_empty() {
-        let n = match tokio::time::timeout(stall, writer.write_vectored(slices)).await {
-            Ok(written) => written?,
-            Err(_) => return Err(Stalled::error()),
-        };
+        let n = within_stall(stall, writer.write_vectored(slices)).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
