@@ -12,6 +12,10 @@
 
 mod accept;
 mod assembly;
+/// Compiled only with the `bench-support` feature (see `Cargo.toml`).
+#[cfg(feature = "bench-support")]
+#[doc(hidden)]
+pub mod bench_support;
 mod credits;
 mod fd_limits;
 mod running;

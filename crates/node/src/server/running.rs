@@ -25,22 +25,7 @@ impl RunningNode {
         size_bytes: u64,
         spec: Option<headroom_qos::QosSpec>,
     ) -> Result<headroom_store::VolumeInfo, NodeError> {
-        let stored = match spec {
-            Some(spec) if !spec.is_empty() => Some(
-                crate::volume_qos::StoredQos::resolve(spec, size_bytes)
-                    .map_err(|err| NodeError::Qos(err.to_string()))?,
-            ),
-            _ => None,
-        };
-        let record = stored.as_ref().map(crate::volume_qos::StoredQos::to_json);
-        let info = self
-            .store
-            .create_volume_with_qos(name, size_bytes, record)?;
-        if let Some(scheduler) = &self.scheduler {
-            let qos = stored.map_or_else(headroom_qos::VolumeQos::default, |s| s.qos);
-            scheduler.add_volume(info.id, &qos);
-        }
-        Ok(info)
+        create_volume(&self.store, self.scheduler.as_ref(), name, size_bytes, spec)
     }
 
     /// The management API's bearer token.
@@ -87,4 +72,29 @@ impl RunningNode {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// [`RunningNode::create_volume`] on a store and scheduler (the bench's node has no
+/// `RunningNode`).
+pub(super) fn create_volume(
+    store: &Store,
+    scheduler: Option<&Arc<Scheduler<IoJob>>>,
+    name: &str,
+    size_bytes: u64,
+    spec: Option<headroom_qos::QosSpec>,
+) -> Result<headroom_store::VolumeInfo, NodeError> {
+    let stored = match spec {
+        Some(spec) if !spec.is_empty() => Some(
+            crate::volume_qos::StoredQos::resolve(spec, size_bytes)
+                .map_err(|err| NodeError::Qos(err.to_string()))?,
+        ),
+        _ => None,
+    };
+    let record = stored.as_ref().map(crate::volume_qos::StoredQos::to_json);
+    let info = store.create_volume_with_qos(name, size_bytes, record)?;
+    if let Some(scheduler) = scheduler {
+        let qos = stored.map_or_else(headroom_qos::VolumeQos::default, |s| s.qos);
+        scheduler.add_volume(info.id, &qos);
+    }
+    Ok(info)
 }
