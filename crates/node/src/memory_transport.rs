@@ -310,12 +310,16 @@ impl MemorySession {
         let result = match reply.body {
             ReplyBody::Done => Ok(MemoryOutcome::Done),
             ReplyBody::Error(errno, message) => Err(RequestFailed { errno, message }),
-            ReplyBody::Data { data, .. } => Ok(MemoryOutcome::Data(data.as_slice().to_vec())),
+            ReplyBody::Data { data, .. } => {
+                let copied = data.as_slice().to_vec();
+                self.intake.recycle(data);
+                Ok(MemoryOutcome::Data(copied))
+            }
             ReplyBody::Hole { len, .. } => Ok(MemoryOutcome::Data(vec![0; len as usize])),
             ReplyBody::BlockStatus { extents } => Ok(MemoryOutcome::BlockStatus(extents)),
         };
-        // Dropping the rest of the reply (its permits; a READ's buffer goes back to the
-        // allocator) is delivery: the request no longer holds anything.
+        // Dropping the rest of the reply (its permits; a READ's buffer went back to the pool
+        // above) is delivery: the request no longer holds anything.
         Some(Completion { cookie, result })
     }
 

@@ -228,6 +228,12 @@ impl Intake {
         self.pipeline.io.buffers.get(len_bytes as usize)
     }
 
+    /// Gives a delivered READ's buffer back to the node's pool, as the NBD writer does once
+    /// the data is on the wire: the next READ reuses it instead of allocating and zeroing one.
+    pub fn recycle(&self, buffer: PooledBuffer) {
+        self.pipeline.io.buffers.put(buffer);
+    }
+
     /// Hands a request on: counted as arrived (at its arrival), then split if it must be,
     /// scheduled and run. `NBD_CMD_DISC` is the transport's own and is not submitted.
     pub fn submit(&mut self, submission: Submission) {
