@@ -23,7 +23,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use serde::Serialize;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
+
+use crate::slots::Slots;
 
 use crate::address_group::{DEFAULT_IPV6_PREFIX_LEN, address_group};
 use crate::sync::lock;
@@ -74,7 +76,7 @@ enum Phase {
 #[derive(Debug, Default)]
 pub struct ConnShared {
     evicted: Notify,
-    /// The session's request and byte semaphores once it transmits (for the in-flight counts).
+    /// The session's request and byte slots once it transmits (for the in-flight counts).
     slots: OnceLock<SessionSlots>,
     peak_inflight_requests: AtomicUsize,
     peak_inflight_bytes: AtomicU64,
@@ -82,10 +84,8 @@ pub struct ConnShared {
 
 #[derive(Debug)]
 struct SessionSlots {
-    requests: Arc<Semaphore>,
-    max_requests: usize,
-    bytes: Arc<Semaphore>,
-    max_bytes: usize,
+    requests: Arc<Slots>,
+    bytes: Arc<Slots>,
 }
 
 impl ConnShared {
@@ -94,20 +94,9 @@ impl ConnShared {
         self.evicted.notified().await;
     }
 
-    /// Registers the session's semaphores so the API can report what it holds.
-    pub fn set_slots(
-        &self,
-        requests: Arc<Semaphore>,
-        max_requests: usize,
-        bytes: Arc<Semaphore>,
-        max_bytes: usize,
-    ) {
-        let _ = self.slots.set(SessionSlots {
-            requests,
-            max_requests,
-            bytes,
-            max_bytes,
-        });
+    /// Registers the session's slots so the API can report what it holds.
+    pub fn set_slots(&self, requests: Arc<Slots>, bytes: Arc<Slots>) {
+        let _ = self.slots.set(SessionSlots { requests, bytes });
     }
 
     /// Requests and payload bytes (charged) held now.
@@ -115,9 +104,8 @@ impl ConnShared {
         match self.slots.get() {
             None => (0, 0),
             Some(s) => (
-                s.max_requests
-                    .saturating_sub(s.requests.available_permits()),
-                u64::try_from(s.max_bytes.saturating_sub(s.bytes.available_permits()))
+                s.requests.capacity().saturating_sub(s.requests.available()),
+                u64::try_from(s.bytes.capacity().saturating_sub(s.bytes.available()))
                     .unwrap_or(u64::MAX),
             ),
         }

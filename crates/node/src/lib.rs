@@ -32,6 +32,7 @@ pub mod scrub;
 pub mod server;
 pub mod session;
 pub mod setting;
+pub mod slots;
 mod sync;
 pub mod timeline;
 #[cfg(feature = "tls")]

@@ -196,7 +196,7 @@ impl Limits {
                 return fail(inner, inner_bytes, rule);
             }
         }
-        // The per-connection byte budget is a semaphore of u32 permits.
+        // The per-connection byte budget is counted in u32 (`pipeline::Intake`).
         let per_conn_max = u64::from(u32::MAX);
         if self.max_inflight_bytes_per_conn > per_conn_max {
             let rule = LimitRule::Between {

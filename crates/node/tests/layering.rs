@@ -62,6 +62,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "clock",
             "address_group",
             "buffers",
+            "slots",
             "coalesce",
             "tls_config",
         ],

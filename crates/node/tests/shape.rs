@@ -31,6 +31,7 @@ const REQUEST_PATH: &[&str] = &[
     "budget",
     "admission",
     "buffers",
+    "slots",
     "coalesce",
     "emulated",
     "server",

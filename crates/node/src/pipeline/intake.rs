@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use headroom_nbd as nbd;
 use headroom_store::Volume;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 
 use super::Pipeline;
 use super::block_status::BLOCK_STATUS_CHARGE_BYTES;
@@ -32,6 +32,7 @@ use crate::budget::{BudgetError, TenantAccount};
 use crate::buffers::{BufferPool, PooledBuffer};
 use crate::metrics::{MetricsRegistry, VolumeOp, VolumeStats};
 use crate::scheduler::{Ready, Scheduler, VolumeHandle};
+use crate::slots::{Slots, SlotsTaken};
 
 /// Where a client's replies arrive, in completion order.
 pub type ReplyReceiver = mpsc::UnboundedReceiver<Reply>;
@@ -51,8 +52,8 @@ impl ClosedWatch {
 pub struct Intake {
     pipeline: Arc<Pipeline>,
     volume: Arc<Volume>,
-    request_slots: Arc<Semaphore>,
-    byte_slots: Arc<Semaphore>,
+    request_slots: Arc<Slots>,
+    byte_slots: Arc<Slots>,
     account: TenantAccount,
     handle: Option<Arc<VolumeHandle>>,
     path: Arc<ReplyPath>,
@@ -88,17 +89,12 @@ impl Intake {
     ) -> (Intake, ReplyReceiver) {
         let limits = &pipeline.limits;
         let max_requests = limits.max_inflight_requests_per_conn;
-        let request_slots = Arc::new(Semaphore::new(max_requests));
-        // `Limits::validate` keeps it below 4 GiB (semaphore permits are u32).
+        let request_slots = Slots::new(max_requests);
+        // `Limits::validate` keeps it below 4 GiB.
         let byte_budget = u32::try_from(limits.max_inflight_bytes_per_conn).unwrap_or(u32::MAX);
-        let byte_slots = Arc::new(Semaphore::new(byte_budget as usize));
+        let byte_slots = Slots::new(byte_budget as usize);
         if let Some(shared) = shared {
-            shared.set_slots(
-                Arc::clone(&request_slots),
-                max_requests,
-                Arc::clone(&byte_slots),
-                byte_budget as usize,
-            );
+            shared.set_slots(Arc::clone(&request_slots), Arc::clone(&byte_slots));
         }
         let (tx, rx) = mpsc::unbounded_channel::<Reply>();
         let account = pipeline.budget.join(volume.tenant());
@@ -144,9 +140,10 @@ impl Intake {
         ClosedWatch(self.path.tx.clone())
     }
 
-    /// One of the client's request slots; `None` once the pipeline is closing.
-    pub async fn request_slot(&self) -> Option<OwnedSemaphorePermit> {
-        Arc::clone(&self.request_slots).acquire_owned().await.ok()
+    /// One of the client's request slots (waits while all are taken); `None` never while
+    /// `Limits::validate` keeps at least one slot per connection.
+    pub async fn request_slot(&self) -> Option<SlotsTaken> {
+        self.request_slots.take(1).await
     }
 
     /// Answers a request the transport refused (`errno`, `message`) with its slot: counted as a
@@ -156,7 +153,7 @@ impl Intake {
         cookie: u64,
         command_type: u16,
         (errno, message): (nbd::Errno, &'static str),
-        slot: OwnedSemaphorePermit,
+        slot: SlotsTaken,
         arrival_ns: u64,
     ) {
         let reply = Reply {
@@ -192,7 +189,7 @@ impl Intake {
     pub async fn charge(
         &self,
         request: &nbd::ValidRequest,
-        slot: OwnedSemaphorePermit,
+        slot: SlotsTaken,
     ) -> Result<Option<Permits>, BudgetError> {
         let charged_len = match request.command {
             nbd::Command::Read | nbd::Command::Write => Some(request.length),
@@ -202,12 +199,10 @@ impl Intake {
         let bytes = match charged_len {
             Some(charged_len) => {
                 let charge_bytes = BufferPool::charge_bytes(charged_len);
-                // At most the class of a 32 MiB request.
-                let permits = u32::try_from(charge_bytes).unwrap_or(u32::MAX);
-                let Ok(own) = Arc::clone(&self.byte_slots)
-                    .acquire_many_owned(permits)
-                    .await
-                else {
+                // At most the class of a 32 MiB request, which `Limits::validate` keeps within
+                // the connection's budget (so the take cannot be refused).
+                let count = usize::try_from(charge_bytes).unwrap_or(usize::MAX);
+                let Some(own) = self.byte_slots.take(count).await else {
                     return Ok(None);
                 };
                 Some((own, self.account.charge(charge_bytes).await?))

@@ -5,18 +5,19 @@
 use std::sync::Arc;
 
 use headroom_nbd as nbd;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
 
 use crate::budget::Charge;
 use crate::buffers::PooledBuffer;
 use crate::metrics::{MetricsRegistry, VolumeOp, VolumeStats};
+use crate::slots::SlotsTaken;
 
 /// Permits a request holds until its reply has been written: a request slot, and for READ
 /// and WRITE its buffer's bytes from the connection's and the node's budgets.
 #[derive(Debug)]
 pub(crate) struct Permits {
-    pub(crate) _request: OwnedSemaphorePermit,
-    pub(crate) _bytes: Option<(OwnedSemaphorePermit, Charge)>,
+    pub(crate) _request: SlotsTaken,
+    pub(crate) _bytes: Option<(SlotsTaken, Charge)>,
 }
 
 #[derive(Debug)]

@@ -27,7 +27,7 @@ use headroom_qos::routing::ReadRouting;
 use headroom_store::EXTENT_SIZE_BYTES as E;
 use headroom_store::{Store, Volume};
 use std::time::Duration;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 
 fn devices(n: usize) -> Vec<Arc<EmulatedDevice>> {
     let spec = EmulatedDeviceSpec {
@@ -435,9 +435,9 @@ fn a_split_request_holds_at_most_two_pieces_in_the_node_and_answers_once() {
         stats: volume_stats(&metrics, &volume),
         metrics: Arc::clone(&metrics),
     });
-    let slots = Arc::new(Semaphore::new(1));
+    let slots = crate::slots::Slots::new(1);
     let permits = Permits {
-        _request: slots.clone().try_acquire_owned().unwrap(),
+        _request: slots.take_now(1).unwrap(),
         _bytes: None,
     };
     // A NO_HOLE zeroing of four extents: four pieces of one extent each.
@@ -479,11 +479,7 @@ fn a_split_request_holds_at_most_two_pieces_in_the_node_and_answers_once() {
     assert_eq!(unsubmitted(&split), 0);
     assert!(replies.try_recv().is_err(), "one reply for the request");
     drop(reply);
-    assert_eq!(
-        slots.available_permits(),
-        1,
-        "the permits went with the reply"
-    );
+    assert_eq!(slots.available(), 1, "the permits went with the reply");
     // TRIM stays cut at the maximum block size (metadata per extent).
     assert_eq!(
         piece_bytes_of(&request(nbd::Command::Trim, 0, u32::MAX), 32 << 20),
