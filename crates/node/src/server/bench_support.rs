@@ -7,9 +7,9 @@
 //! Why: the pipeline's own cost per request is a few microseconds, which a socket, fio and the
 //! neighbours' load on a shared machine hide. With no socket and no other work in the process,
 //! what a run costs is the pipeline's (and, for the NBD cases, the session's parse and encode),
-//! so the criterion bench (`benches/pipeline.rs`: ns and allocations per request) and the
-//! instruction count (`examples/pipeline_count.rs` under callgrind,
-//! `scripts/count-pipeline-instructions`) compare two versions of the hot path. Both drive
+//! so the criterion bench (`crates/node/benches/pipeline.rs`: ns and allocations per
+//! request) and the instruction count (`crates/node/examples/pipeline_count.rs` under
+//! callgrind, `scripts/count-pipeline-instructions`) compare two versions of the hot path. Both drive
 //! the cases defined here, so they measure the same thing.
 //!
 //! Each case has its own node, built once ([`CaseDriver::new`]) on a current-thread runtime,
