@@ -196,7 +196,8 @@ impl Limits {
                 return fail(inner, inner_bytes, rule);
             }
         }
-        // The per-connection byte budget is counted in u32 (`pipeline::Intake`).
+        // The per-connection byte budget stays below 4 GiB, the range the configuration
+        // documents (it was a semaphore of u32 permits).
         let per_conn_max = u64::from(u32::MAX);
         if self.max_inflight_bytes_per_conn > per_conn_max {
             let rule = LimitRule::Between {

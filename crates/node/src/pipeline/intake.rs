@@ -90,9 +90,8 @@ impl Intake {
         let limits = &pipeline.limits;
         let max_requests = limits.max_inflight_requests_per_conn;
         let request_slots = Slots::new(max_requests);
-        // `Limits::validate` keeps it below 4 GiB.
-        let byte_budget = u32::try_from(limits.max_inflight_bytes_per_conn).unwrap_or(u32::MAX);
-        let byte_slots = Slots::new(byte_budget as usize);
+        let byte_budget = usize::try_from(limits.max_inflight_bytes_per_conn).unwrap_or(usize::MAX);
+        let byte_slots = Slots::new(byte_budget);
         if let Some(shared) = shared {
             shared.set_slots(Arc::clone(&request_slots), Arc::clone(&byte_slots));
         }
