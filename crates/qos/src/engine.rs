@@ -626,6 +626,16 @@ impl<R: Rules> Policy for Engine<R> {
 
     fn next(&mut self, now_ns: u64) -> Decision {
         let now = self.clock.at(now_ns);
+        if self.tracker.queued == 0 {
+            // Nothing queued, so nothing can run and no timer is worth arming: `choose` would
+            // say the same after the work below, none of which can queue a request. That work
+            // waits for the next call with a request queued, as it does while the node is idle
+            // (the window tick catches up by its gap; timers and promotions of volumes with
+            // empty queues only go stale). The caller asks again after every request it
+            // dispatches, so this is half the calls on a node that is keeping up.
+            self.tracker.on_idle(now);
+            return Decision::Idle;
+        }
         self.run_tick(now);
         while let Some(idx) = self.ready.pop_due(now, &self.vols) {
             self.place(now, idx, false);
