@@ -41,13 +41,21 @@
 //! read their replies can keep full (`shared / per_tenant` such tenants, or a tenant's
 //! `per_tenant / max_inflight_bytes_per_conn` connections); the reply stall timeout
 //! (`Limits::client_stall_timeout_ms`) is what ends them.
+//!
+//! A charge from a reserve takes no lock: the session's, the node's and the tenant's reserve
+//! counters are compare-and-swaps against their bounds, so the common request (4 KiB, well
+//! within a 1 MiB reserve) touches no node-wide lock on its way in or out. Only the shared
+//! pool, its line and the tenants' entries are under the lock. A give-back to a reserve
+//! takes the lock only when its session has a charge in the line (which may fit the reserve
+//! now) or has ended (its tenant may be forgotten); a charge that goes to the line marks
+//! itself waiting first and then tries its reserve once more, so a give-back racing it either
+//! frees bytes that try sees or sees the mark.
 
 use std::collections::{HashMap, VecDeque};
-
-use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
@@ -74,19 +82,80 @@ pub struct Budget {
     reserved_per_session_bytes: u64,
     /// All sessions' reserves together (at most the node budget); the shared pool is the rest.
     reserve_bytes: u64,
+    /// What the node holds.
+    held: Held,
     state: Mutex<State>,
+}
+
+/// What the node or one tenant holds, readable without the budget's lock.
+///
+/// The shared pool's bytes change under the lock only; the reserves' bytes change without it
+/// (a reserve charge is a compare-and-swap on the session's, the node's and the tenant's
+/// counters: the common 4 KiB request takes no node-wide lock). The peak is noted by every
+/// take, from the two counters as that take reads them.
+#[derive(Debug, Default)]
+struct Held {
+    shared_bytes: AtomicU64,
+    reserved_bytes: AtomicU64,
+    peak_bytes: AtomicU64,
+}
+
+impl Held {
+    fn shared(&self) -> u64 {
+        self.shared_bytes.load(Ordering::Relaxed)
+    }
+
+    fn reserved(&self) -> u64 {
+        self.reserved_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Books `bytes` of the shared pool (with the budget's lock held).
+    fn add_shared(&self, bytes: u64) {
+        let shared = self.shared() + bytes;
+        self.shared_bytes.store(shared, Ordering::Relaxed);
+        self.note_peak(shared + self.reserved());
+    }
+
+    /// Gives back `bytes` of the shared pool (with the budget's lock held).
+    fn sub_shared(&self, bytes: u64) {
+        debug_assert!(self.shared() >= bytes, "{bytes} shared bytes given back, more than held");
+        self.shared_bytes
+            .store(self.shared().saturating_sub(bytes), Ordering::Relaxed);
+    }
+
+    /// Books `bytes` of the reserves; `Some(limit)`: only if the total stays within it.
+    fn add_reserved(&self, bytes: u64, limit: Option<u64>) -> bool {
+        let taken = self
+            .reserved_bytes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                let after = held.checked_add(bytes)?;
+                limit.is_none_or(|limit| after <= limit).then_some(after)
+            });
+        match taken {
+            Ok(before) => {
+                self.note_peak(before + bytes + self.shared());
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn sub_reserved(&self, bytes: u64) {
+        let before = self.reserved_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        debug_assert!(before >= bytes, "{bytes} reserved bytes given back, more than held");
+    }
+
+    fn note_peak(&self, total: u64) {
+        if total > self.peak_bytes.load(Ordering::Relaxed) {
+            self.peak_bytes.fetch_max(total, Ordering::Relaxed);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct State {
-    /// Held of the shared pool.
-    held_bytes: u64,
-    /// Held of the sessions' reserves.
-    reserved_held_bytes: u64,
-    /// Most held of both at once.
-    peak_bytes: u64,
-    /// Tenants with sessions, held bytes or waiting charges (looked up on every charge and
-    /// release: FxHash, the ids are the budget's own).
+    /// Tenants with sessions, held bytes or waiting charges (looked up on every shared-pool
+    /// charge and release: FxHash, the ids are the budget's own).
     tenants: FxHashMap<TenantId, TenantState>,
     /// Tenant id by tenant name (`None`: volumes without a tenant).
     ids: HashMap<Option<String>, TenantId>,
@@ -106,12 +175,8 @@ struct TenantId(u64);
 struct TenantState {
     name: Option<String>,
     sessions: usize,
-    /// Held of the shared pool.
-    held_bytes: u64,
-    /// Held of its sessions' reserves.
-    reserved_held_bytes: u64,
-    /// Most held of both at once.
-    peak_bytes: u64,
+    /// What its sessions hold (shared with their reserves, which count without the lock).
+    held: Arc<Held>,
     waiters: VecDeque<Waiter>,
 }
 
@@ -121,9 +186,25 @@ struct Waiter {
     bytes: u64,
     /// The waiting session's reserve: a waiter that fits in it once it frees up is granted
     /// from it.
-    session: Arc<AtomicU64>,
+    session: Arc<SessionReserve>,
     /// `true`: granted from the session's reserve, `false`: from the shared pool.
     granted: oneshot::Sender<bool>,
+}
+
+/// One session's reserve, shared by its account and every charge taken from it (which may
+/// outlive the session: the reserve's bytes come back when the last reply is written).
+#[derive(Debug)]
+struct SessionReserve {
+    /// Held of this reserve.
+    held_bytes: AtomicU64,
+    /// The tenant's counters.
+    tenant: Arc<Held>,
+    /// Charges of this session waiting in its tenant's line (changed under the lock): while
+    /// there are some, a give-back to the reserve takes the lock, to move one there if it fits.
+    waiting: AtomicUsize,
+    /// The session's account is gone: a give-back then takes the lock, so that the tenant is
+    /// forgotten once nothing is held.
+    closed: AtomicBool,
 }
 
 /// A session's membership in its tenant's account; the tenant's entry goes when its last
@@ -132,8 +213,7 @@ struct Waiter {
 pub struct TenantAccount {
     budget: Arc<Budget>,
     tenant: TenantId,
-    /// What this session holds of its reserve (changed under the budget's lock only).
-    reserved: Arc<AtomicU64>,
+    reserve: Arc<SessionReserve>,
 }
 
 /// Bytes held against the budget until dropped.
@@ -143,7 +223,7 @@ pub struct Charge {
     tenant: TenantId,
     bytes: u64,
     /// `Some`: taken from this session's reserve, not from the shared pool.
-    reserve: Option<Arc<AtomicU64>>,
+    reserve: Option<Arc<SessionReserve>>,
 }
 
 /// One tenant in [`BudgetView`].
@@ -203,6 +283,7 @@ impl Budget {
             per_node_bytes,
             reserved_per_session_bytes,
             reserve_bytes,
+            held: Held::default(),
             state: Mutex::new(State::default()),
         })
     }
@@ -231,22 +312,29 @@ impl Budget {
                     TenantState {
                         name: key,
                         sessions: 0,
-                        held_bytes: 0,
-                        reserved_held_bytes: 0,
-                        peak_bytes: 0,
+                        held: Arc::new(Held::default()),
                         waiters: VecDeque::new(),
                     },
                 );
                 id
             }
         };
-        if let Some(entry) = state.tenants.get_mut(&id) {
-            entry.sessions += 1;
-        }
+        let held = match state.tenants.get_mut(&id) {
+            Some(entry) => {
+                entry.sessions += 1;
+                Arc::clone(&entry.held)
+            }
+            None => Arc::new(Held::default()),
+        };
         TenantAccount {
             budget: Arc::clone(self),
             tenant: id,
-            reserved: Arc::new(AtomicU64::new(0)),
+            reserve: Arc::new(SessionReserve {
+                held_bytes: AtomicU64::new(0),
+                tenant: held,
+                waiting: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
+            }),
         }
     }
 
@@ -259,9 +347,9 @@ impl Budget {
             .map(|t| TenantView {
                 tenant: t.name.clone(),
                 sessions: t.sessions,
-                inflight_bytes: t.held_bytes + t.reserved_held_bytes,
-                reserved_inflight_bytes: t.reserved_held_bytes,
-                peak_inflight_bytes: t.peak_bytes,
+                inflight_bytes: t.held.shared() + t.held.reserved(),
+                reserved_inflight_bytes: t.held.reserved(),
+                peak_inflight_bytes: t.held.peak_bytes.load(Ordering::Relaxed),
                 waiting_charges: t.waiters.len(),
             })
             .collect();
@@ -271,9 +359,9 @@ impl Budget {
             max_inflight_bytes_per_tenant: self.per_tenant_bytes,
             reserved_inflight_bytes_per_conn: self.reserved_per_session_bytes,
             shared_inflight_bytes: self.shared_bytes(),
-            inflight_bytes: state.held_bytes + state.reserved_held_bytes,
-            reserved_inflight_bytes: state.reserved_held_bytes,
-            peak_inflight_bytes: state.peak_bytes,
+            inflight_bytes: self.held.shared() + self.held.reserved(),
+            reserved_inflight_bytes: self.held.reserved(),
+            peak_inflight_bytes: self.held.peak_bytes.load(Ordering::Relaxed),
             waited_charges_total: state.waited_total,
             tenants,
         }
@@ -296,28 +384,23 @@ impl Budget {
                 state.ring.pop_front();
                 continue;
             };
-            if entry.held_bytes + head_bytes > self.per_tenant_bytes {
+            if entry.held.shared() + head_bytes > self.per_tenant_bytes {
                 // Waits for its own tenant's replies; others may go on.
                 state.ring.rotate_left(1);
                 skipped += 1;
                 continue;
             }
-            if state.held_bytes + head_bytes > self.shared_bytes() {
+            if self.held.shared() + head_bytes > self.shared_bytes() {
                 // First in line for the pool's free bytes: nobody passes it.
                 return;
             }
             let Some(waiter) = entry.waiters.pop_front() else {
                 continue;
             };
-            entry.held_bytes += waiter.bytes;
-            entry.peak_bytes = entry
-                .peak_bytes
-                .max(entry.held_bytes + entry.reserved_held_bytes);
+            entry.held.add_shared(waiter.bytes);
             let more = !entry.waiters.is_empty();
-            state.held_bytes += waiter.bytes;
-            state.peak_bytes = state
-                .peak_bytes
-                .max(state.held_bytes + state.reserved_held_bytes);
+            self.held.add_shared(waiter.bytes);
+            waiter.session.waiting.fetch_sub(1, Ordering::SeqCst);
             // A waiter whose session is gone: its guard gives the bytes back (it finds itself
             // no longer queued), so nothing is lost here.
             let _ = waiter.granted.send(false);
@@ -338,128 +421,106 @@ impl Budget {
                 entry
                     .waiters
                     .front()
-                    .is_some_and(|w| entry.held_bytes + w.bytes <= self.per_tenant_bytes)
+                    .is_some_and(|w| entry.held.shared() + w.bytes <= self.per_tenant_bytes)
             })
         })
     }
 
-    fn release(&self, tenant: TenantId, bytes: u64, reserve: Option<&AtomicU64>) {
-        if bytes == 0 {
-            return;
-        }
+    /// Gives back a charge of the shared pool.
+    fn release_shared(&self, tenant: TenantId, bytes: u64) {
         let mut state = self.lock();
-        if let Some(reserve) = reserve {
-            Self::give_back_reserved(&mut state, tenant, reserve, bytes);
-            // The session's own charge waiting in the shared pool's line, if it fits the
-            // reserve now: a connection whose reserve drains is never left waiting for bytes
-            // others hold.
-            let state = &mut *state;
-            let mut moved_any = false;
-            loop {
-                let held = state.reserved_held_bytes;
-                let fits = |w: &Waiter| {
-                    Arc::as_ptr(&w.session) == std::ptr::from_ref(reserve)
-                        && self.fits_reserve(held, reserve, w.bytes)
-                };
-                let moved = state.tenants.get_mut(&tenant).and_then(|entry| {
-                    let index = entry.waiters.iter().position(fits)?;
-                    entry.waiters.remove(index)
-                });
-                let Some(waiter) = moved else {
-                    break;
-                };
-                Self::take_reserved(state, tenant, reserve, waiter.bytes);
-                let _ = waiter.granted.send(true);
-                moved_any = true;
-            }
-            if moved_any {
-                if state
-                    .tenants
-                    .get(&tenant)
-                    .is_some_and(|t| t.waiters.is_empty())
-                {
-                    state.ring.retain(|&t| t != tenant);
-                }
-                // One may have been the head that stopped the round.
-                self.grant_waiting(state);
-            }
-            Self::forget_if_unused(state, tenant);
-            return;
+        if let Some(entry) = state.tenants.get(&tenant) {
+            entry.held.sub_shared(bytes);
         }
-        Self::give_back_shared(&mut state, tenant, bytes);
+        self.held.sub_shared(bytes);
         Self::forget_if_unused(&mut state, tenant);
         if !state.ring.is_empty() {
             self.grant_waiting(&mut state);
         }
     }
 
-    /// Whether `bytes` fit in what is left of the session reserve `reserve`, and of all the
-    /// reserves together (which bounds the reserves of sessions past `max_connections`, such
-    /// as requests of an ended session still on their way out).
-    fn fits_reserve(&self, reserved_held_bytes: u64, reserve: &AtomicU64, bytes: u64) -> bool {
-        bytes > 0
-            && reserve.load(Ordering::Relaxed) + bytes <= self.reserved_per_session_bytes
-            && reserved_held_bytes + bytes <= self.reserve_bytes
-    }
-
-    /// Books `bytes` of the session reserve `reserve` (with the lock held, like every change
-    /// of a reserve).
-    fn take_reserved(state: &mut State, tenant: TenantId, reserve: &AtomicU64, bytes: u64) {
-        reserve.fetch_add(bytes, Ordering::Relaxed);
-        state.reserved_held_bytes += bytes;
-        state.peak_bytes = state
-            .peak_bytes
-            .max(state.held_bytes + state.reserved_held_bytes);
-        if let Some(entry) = state.tenants.get_mut(&tenant) {
-            entry.reserved_held_bytes += bytes;
-            entry.peak_bytes = entry
-                .peak_bytes
-                .max(entry.held_bytes + entry.reserved_held_bytes);
+    /// Gives back a charge of a session's reserve: without the lock, unless the session has a
+    /// charge waiting in its tenant's line (which may fit the reserve now: a connection whose
+    /// reserve drains is never left waiting for bytes others hold) or its account is gone.
+    fn release_reserved(&self, tenant: TenantId, bytes: u64, reserve: &SessionReserve) {
+        self.give_back_reserved(reserve, bytes);
+        // After the give-back (SeqCst), so that a charge that marks itself waiting and then
+        // tries the reserve again either sees these bytes or is seen here.
+        if reserve.waiting.load(Ordering::SeqCst) == 0 && !reserve.closed.load(Ordering::SeqCst) {
+            return;
         }
-    }
-
-    fn give_back_reserved(state: &mut State, tenant: TenantId, reserve: &AtomicU64, bytes: u64) {
-        // Conservation: nothing is given back that was not taken (the saturation below keeps
-        // a release build's books sane if it ever were; a debug build stops here).
-        debug_assert!(
-            reserve.load(Ordering::Relaxed) >= bytes && state.reserved_held_bytes >= bytes,
-            "{bytes} reserved bytes given back, more than held"
-        );
-        debug_assert!(
-            state
+        let mut state = self.lock();
+        let state = &mut *state;
+        let mut moved_any = false;
+        loop {
+            let moved = state.tenants.get_mut(&tenant).and_then(|entry| {
+                let index = entry.waiters.iter().position(|w| {
+                    std::ptr::eq(Arc::as_ptr(&w.session), reserve)
+                        && self.try_take_reserved(&w.session, w.bytes)
+                })?;
+                entry.waiters.remove(index)
+            });
+            let Some(waiter) = moved else {
+                break;
+            };
+            waiter.session.waiting.fetch_sub(1, Ordering::SeqCst);
+            let _ = waiter.granted.send(true);
+            moved_any = true;
+        }
+        if moved_any {
+            if state
                 .tenants
                 .get(&tenant)
-                .is_none_or(|t| t.reserved_held_bytes >= bytes),
-            "{bytes} reserved bytes given back, more than the tenant held"
-        );
-        let left = reserve.load(Ordering::Relaxed).saturating_sub(bytes);
-        reserve.store(left, Ordering::Relaxed);
-        state.reserved_held_bytes = state.reserved_held_bytes.saturating_sub(bytes);
-        if let Some(entry) = state.tenants.get_mut(&tenant) {
-            entry.reserved_held_bytes = entry.reserved_held_bytes.saturating_sub(bytes);
+                .is_some_and(|t| t.waiters.is_empty())
+            {
+                state.ring.retain(|&t| t != tenant);
+            }
+            // One may have been the head that stopped the round.
+            self.grant_waiting(state);
         }
+        Self::forget_if_unused(state, tenant);
     }
 
-    fn give_back_shared(state: &mut State, tenant: TenantId, bytes: u64) {
-        debug_assert!(
-            state.held_bytes >= bytes
-                && state
-                    .tenants
-                    .get(&tenant)
-                    .is_none_or(|t| t.held_bytes >= bytes),
-            "{bytes} shared bytes given back, more than held"
-        );
-        state.held_bytes = state.held_bytes.saturating_sub(bytes);
-        if let Some(entry) = state.tenants.get_mut(&tenant) {
-            entry.held_bytes = entry.held_bytes.saturating_sub(bytes);
+    /// Books `bytes` of the session reserve `reserve` if they fit in what is left of it and
+    /// of all the reserves together (which bounds the reserves of sessions past
+    /// `max_connections`, such as requests of an ended session still on their way out).
+    /// Lock-free: both bounds are compare-and-swaps, so neither is passed by takes racing on
+    /// other threads (the session's next request, a waiter moved by a give-back).
+    fn try_take_reserved(&self, reserve: &SessionReserve, bytes: u64) -> bool {
+        if bytes == 0 {
+            return false;
         }
+        let fits_session = reserve
+            .held_bytes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                let after = held.checked_add(bytes)?;
+                (after <= self.reserved_per_session_bytes).then_some(after)
+            })
+            .is_ok();
+        if !fits_session {
+            return false;
+        }
+        if !self.held.add_reserved(bytes, Some(self.reserve_bytes)) {
+            reserve.held_bytes.fetch_sub(bytes, Ordering::SeqCst);
+            return false;
+        }
+        reserve.tenant.add_reserved(bytes, None);
+        true
+    }
+
+    fn give_back_reserved(&self, reserve: &SessionReserve, bytes: u64) {
+        // Conservation: nothing is given back that was not taken (a debug build stops here).
+        let before = reserve.held_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        debug_assert!(before >= bytes, "{bytes} reserved bytes given back, more than held");
+        reserve.tenant.sub_reserved(bytes);
+        self.held.sub_reserved(bytes);
     }
 
     fn forget_if_unused(state: &mut State, tenant: TenantId) {
         let unused = state.tenants.get(&tenant).is_some_and(|t| {
             t.sessions == 0
-                && t.held_bytes == 0
-                && t.reserved_held_bytes == 0
+                && t.held.shared() == 0
+                && t.held.reserved() == 0
                 && t.waiters.is_empty()
         });
         if unused && let Some(entry) = state.tenants.remove(&tenant) {
@@ -481,6 +542,10 @@ impl TenantAccount {
                 tenant_bytes: budget.per_tenant_bytes.min(budget.shared_bytes()),
             });
         }
+        // The session's own reserve first, without the lock: nobody else can have taken it.
+        if budget.try_take_reserved(&self.reserve, bytes) {
+            return Ok(self.reserved_charge(bytes));
+        }
         let charge = |bytes| Charge {
             budget: Arc::clone(budget),
             tenant: self.tenant,
@@ -493,33 +558,32 @@ impl TenantAccount {
             if !state.tenants.contains_key(&self.tenant) {
                 return Err(BudgetError::Closed);
             }
-            // The session's own reserve first: nobody else can have taken it.
-            if budget.fits_reserve(state.reserved_held_bytes, &self.reserved, bytes) {
-                Budget::take_reserved(state, self.tenant, &self.reserved, bytes);
+            // Marked waiting before the reserve is tried again: a give-back to it since the
+            // try above either shows here or sees the mark and moves this charge there.
+            self.reserve.waiting.fetch_add(1, Ordering::SeqCst);
+            if budget.try_take_reserved(&self.reserve, bytes) {
+                self.reserve.waiting.fetch_sub(1, Ordering::SeqCst);
                 return Ok(self.reserved_charge(bytes));
             }
             let Some(entry) = state.tenants.get(&self.tenant) else {
+                self.reserve.waiting.fetch_sub(1, Ordering::SeqCst);
                 return Err(BudgetError::Closed);
             };
             // At once when the round would grant it: this tenant has no earlier charge waiting,
             // no other tenant waits for the node's free bytes (those in the ring wait for their
             // own bound), and it fits.
             let first_in_tenant = entry.waiters.is_empty();
-            let fits = entry.held_bytes + bytes <= budget.per_tenant_bytes
-                && state.held_bytes + bytes <= budget.shared_bytes();
+            let fits = entry.held.shared() + bytes <= budget.per_tenant_bytes
+                && budget.held.shared() + bytes <= budget.shared_bytes();
             let at_once = first_in_tenant && fits && !budget.node_is_awaited(state);
             let Some(entry) = state.tenants.get_mut(&self.tenant) else {
+                self.reserve.waiting.fetch_sub(1, Ordering::SeqCst);
                 return Err(BudgetError::Closed);
             };
             if at_once {
-                entry.held_bytes += bytes;
-                entry.peak_bytes = entry
-                    .peak_bytes
-                    .max(entry.held_bytes + entry.reserved_held_bytes);
-                state.held_bytes += bytes;
-                state.peak_bytes = state
-                    .peak_bytes
-                    .max(state.held_bytes + state.reserved_held_bytes);
+                self.reserve.waiting.fetch_sub(1, Ordering::SeqCst);
+                entry.held.add_shared(bytes);
+                budget.held.add_shared(bytes);
                 return Ok(charge(bytes));
             }
             let (tx, rx) = oneshot::channel();
@@ -532,7 +596,7 @@ impl TenantAccount {
             entry.waiters.push_back(Waiter {
                 id,
                 bytes,
-                session: Arc::clone(&self.reserved),
+                session: Arc::clone(&self.reserve),
                 granted: tx,
             });
             budget.grant_waiting(state);
@@ -545,7 +609,7 @@ impl TenantAccount {
             tenant: self.tenant,
             waiter: waiter_id,
             bytes,
-            reserve: &self.reserved,
+            reserve: &self.reserve,
             granted: Some(granted),
         };
         let outcome = match guard.granted.as_mut() {
@@ -568,13 +632,22 @@ impl TenantAccount {
             budget: Arc::clone(&self.budget),
             tenant: self.tenant,
             bytes,
-            reserve: Some(Arc::clone(&self.reserved)),
+            reserve: Some(Arc::clone(&self.reserve)),
         }
+    }
+
+    /// What this session holds of its reserve.
+    #[cfg(test)]
+    fn reserved_bytes(&self) -> u64 {
+        self.reserve.held_bytes.load(Ordering::SeqCst)
     }
 }
 
 impl Drop for TenantAccount {
     fn drop(&mut self) {
+        // Before the lock (SeqCst): a give-back to the reserve from now on takes the lock and
+        // forgets the tenant if it was the last thing held; one before is seen below.
+        self.reserve.closed.store(true, Ordering::SeqCst);
         let mut state = self.budget.lock();
         if let Some(entry) = state.tenants.get_mut(&self.tenant) {
             entry.sessions = entry.sessions.saturating_sub(1);
@@ -591,8 +664,15 @@ impl Charge {
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        self.budget
-            .release(self.tenant, self.bytes, self.reserve.as_deref());
+        if self.bytes == 0 {
+            return;
+        }
+        match self.reserve.as_deref() {
+            Some(reserve) => self
+                .budget
+                .release_reserved(self.tenant, self.bytes, reserve),
+            None => self.budget.release_shared(self.tenant, self.bytes),
+        }
     }
 }
 
@@ -603,7 +683,7 @@ struct WaitGuard<'a> {
     tenant: TenantId,
     waiter: u64,
     bytes: u64,
-    reserve: &'a AtomicU64,
+    reserve: &'a Arc<SessionReserve>,
     /// `None` once the outcome was received (then there is nothing to undo).
     granted: Option<oneshot::Receiver<bool>>,
 }
@@ -619,14 +699,20 @@ impl Drop for WaitGuard<'_> {
             let index = entry.waiters.iter().position(|w| w.id == self.waiter)?;
             entry.waiters.remove(index)
         });
-        if queued.is_none() {
+        if queued.is_some() {
+            // This one no longer waits.
+            self.reserve.waiting.fetch_sub(1, Ordering::SeqCst);
+        } else {
             // Granted under the lock before we got here (so the answer is in the channel):
             // give it back to where it came from.
             match granted.try_recv() {
-                Ok(true) => {
-                    Budget::give_back_reserved(state, self.tenant, self.reserve, self.bytes);
+                Ok(true) => self.budget.give_back_reserved(self.reserve, self.bytes),
+                Ok(false) => {
+                    if let Some(entry) = state.tenants.get(&self.tenant) {
+                        entry.held.sub_shared(self.bytes);
+                    }
+                    self.budget.held.sub_shared(self.bytes);
                 }
-                Ok(false) => Budget::give_back_shared(state, self.tenant, self.bytes),
                 Err(_) => {}
             }
         }
@@ -766,7 +852,7 @@ mod tests {
         let view = budget.view();
         assert_eq!((view.inflight_bytes, view.reserved_inflight_bytes), (0, 0));
         assert_eq!(view.peak_inflight_bytes, 97 * MIB);
-        assert_eq!(fresh.reserved.load(Ordering::Relaxed), 0);
+        assert_eq!(fresh.reserved_bytes(), 0);
     }
 
     #[test]
@@ -875,19 +961,39 @@ mod tests {
         let state = budget.lock();
         let mut sum = 0;
         let mut reserved_sum = 0;
+        let node_reserved = budget.held.reserved();
         for entry in state.tenants.values() {
-            assert!(entry.held_bytes <= budget.per_tenant_bytes);
-            sum += entry.held_bytes;
-            reserved_sum += entry.reserved_held_bytes;
+            assert!(entry.held.shared() <= budget.per_tenant_bytes);
+            sum += entry.held.shared();
+            reserved_sum += entry.held.reserved();
             for waiter in &entry.waiters {
+                let session = waiter.session.held_bytes.load(Ordering::SeqCst);
+                assert!(session <= budget.reserved_per_session_bytes);
                 assert!(
-                    waiter.session.load(Ordering::Relaxed) <= budget.reserved_per_session_bytes
-                );
-                assert!(
-                    !budget.fits_reserve(state.reserved_held_bytes, &waiter.session, waiter.bytes),
+                    !(session + waiter.bytes <= budget.reserved_per_session_bytes
+                        && node_reserved + waiter.bytes <= budget.reserve_bytes),
                     "a charge that fits its session's reserve was left waiting"
                 );
             }
+            assert_eq!(
+                entry
+                    .waiters
+                    .iter()
+                    .map(|w| w.session.waiting.load(Ordering::SeqCst))
+                    .max()
+                    .unwrap_or(0),
+                entry
+                    .waiters
+                    .iter()
+                    .map(|w| entry
+                        .waiters
+                        .iter()
+                        .filter(|v| Arc::ptr_eq(&v.session, &w.session))
+                        .count())
+                    .max()
+                    .unwrap_or(0),
+                "a session's count of waiting charges is off"
+            );
             assert_eq!(
                 state
                     .ring
@@ -898,19 +1004,20 @@ mod tests {
                 "a tenant is in the ring exactly when it has waiting charges"
             );
         }
-        assert_eq!(sum, state.held_bytes);
-        assert_eq!(reserved_sum, state.reserved_held_bytes);
-        assert!(state.held_bytes <= budget.shared_bytes());
-        assert!(state.reserved_held_bytes <= budget.reserve_bytes);
-        assert!(state.held_bytes + state.reserved_held_bytes <= budget.per_node_bytes);
+        let node_shared = budget.held.shared();
+        assert_eq!(sum, node_shared);
+        assert_eq!(reserved_sum, node_reserved);
+        assert!(node_shared <= budget.shared_bytes());
+        assert!(node_reserved <= budget.reserve_bytes);
+        assert!(node_shared + node_reserved <= budget.per_node_bytes);
         let first_eligible = state.ring.iter().find_map(|t| {
             let entry = &state.tenants[t];
             let head = entry.waiters.front()?.bytes;
-            (entry.held_bytes + head <= budget.per_tenant_bytes).then_some(head)
+            (entry.held.shared() + head <= budget.per_tenant_bytes).then_some(head)
         });
         if let Some(head) = first_eligible {
             assert!(
-                state.held_bytes + head > budget.shared_bytes(),
+                node_shared + head > budget.shared_bytes(),
                 "a charge that fits was left waiting"
             );
         }
@@ -970,6 +1077,70 @@ mod tests {
             drop(granted);
             proptest::prop_assert_eq!(budget.view().inflight_bytes, 0);
         }
+    }
+
+    /// Sessions on four threads charge while a fifth thread gives their charges back (as
+    /// replies written elsewhere do): the reserves' lock-free takes and give-backs race the
+    /// shared pool's locked ones, and still no bound is passed, every charge is granted, and
+    /// everything comes back.
+    #[test]
+    fn racing_sessions_keep_the_bounds_and_give_everything_back() {
+        const KIB: u64 = 1 << 10;
+        const SESSIONS: usize = 4;
+        // 64 KiB reserved per session (256 KiB in all) and a 256 KiB shared pool: a session
+        // holding seven 16 KiB charges has 48 KiB of the pool, more than half of its
+        // tenant's 80 KiB, so the two sessions of "a" wait for each other in the line.
+        let budget = Budget::with_reserve(80 * KIB, 512 * KIB, 64 * KIB, SESSIONS);
+        let (to_dropper, dropped) = std::sync::mpsc::channel::<Charge>();
+        let dropper = std::thread::spawn(move || {
+            for charge in dropped {
+                drop(charge);
+            }
+        });
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let sessions: Vec<_> = (0..SESSIONS)
+            .map(|i| {
+                let budget = Arc::clone(&budget);
+                let to_dropper = to_dropper.clone();
+                let done_tx = done_tx.clone();
+                std::thread::spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    runtime.block_on(async {
+                        let account = budget.join((i % 2 == 0).then_some("a"));
+                        let mut held = VecDeque::new();
+                        for _ in 0..20_000 {
+                            held.push_back(account.charge(16 * KIB).await.unwrap());
+                            let total = budget.held.shared() + budget.held.reserved();
+                            assert!(total <= 512 * KIB, "{total} bytes held");
+                            assert!(budget.held.reserved() <= 256 * KIB);
+                            if held.len() >= 7
+                                && let Some(charge) = held.pop_front()
+                            {
+                                to_dropper.send(charge).unwrap();
+                            }
+                        }
+                        drop(held);
+                    });
+                    done_tx.send(()).unwrap();
+                })
+            })
+            .collect();
+        drop(to_dropper);
+        for _ in 0..SESSIONS {
+            done.recv_timeout(std::time::Duration::from_secs(120))
+                .expect("a session's charge was never granted");
+        }
+        for session in sessions {
+            session.join().unwrap();
+        }
+        dropper.join().unwrap();
+        let view = budget.view();
+        assert_eq!((view.inflight_bytes, view.reserved_inflight_bytes), (0, 0));
+        assert!(view.peak_inflight_bytes <= 512 * KIB);
+        assert!(view.tenants.is_empty(), "{:?}", view.tenants);
+        eprintln!("{} charges waited", view.waited_charges_total);
     }
 
     #[test]
