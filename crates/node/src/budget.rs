@@ -118,7 +118,10 @@ impl Held {
 
     /// Gives back `bytes` of the shared pool (with the budget's lock held).
     fn sub_shared(&self, bytes: u64) {
-        debug_assert!(self.shared() >= bytes, "{bytes} shared bytes given back, more than held");
+        debug_assert!(
+            self.shared() >= bytes,
+            "{bytes} shared bytes given back, more than held"
+        );
         self.shared_bytes
             .store(self.shared().saturating_sub(bytes), Ordering::Relaxed);
     }
@@ -142,7 +145,10 @@ impl Held {
 
     fn sub_reserved(&self, bytes: u64) {
         let before = self.reserved_bytes.fetch_sub(bytes, Ordering::SeqCst);
-        debug_assert!(before >= bytes, "{bytes} reserved bytes given back, more than held");
+        debug_assert!(
+            before >= bytes,
+            "{bytes} reserved bytes given back, more than held"
+        );
     }
 
     fn note_peak(&self, total: u64) {
@@ -511,7 +517,10 @@ impl Budget {
     fn give_back_reserved(&self, reserve: &SessionReserve, bytes: u64) {
         // Conservation: nothing is given back that was not taken (a debug build stops here).
         let before = reserve.held_bytes.fetch_sub(bytes, Ordering::SeqCst);
-        debug_assert!(before >= bytes, "{bytes} reserved bytes given back, more than held");
+        debug_assert!(
+            before >= bytes,
+            "{bytes} reserved bytes given back, more than held"
+        );
         reserve.tenant.sub_reserved(bytes);
         self.held.sub_reserved(bytes);
     }

@@ -72,15 +72,12 @@ impl<J: Send + 'static> Scheduler<J> {
                 cost = cost.saturating_add(sync);
             }
         }
-        state.pending.insert(
-            id,
-            Pending {
-                job,
-                volume: Arc::clone(handle),
-                sequential,
-                own_drain: true,
-            },
-        );
+        let pending = Pending {
+            job,
+            volume: Arc::clone(handle),
+            sequential,
+            own_drain: true,
+        };
         state.policy.enqueue(
             now,
             IoRequest {
@@ -94,10 +91,11 @@ impl<J: Send + 'static> Scheduler<J> {
             },
         );
         let first = ready.len();
-        self.drain(w, &mut state, now, ready);
-        // The request is now either dispatched (in `ready`) or held back by the policy.
-        if let Some(p) = state.pending.get_mut(&id) {
+        // The job stays in hand while the policy decides: one dispatched at once (the common
+        // case) never enters the map of held jobs, and one held back enters it afterwards.
+        if let Some((id, mut p)) = self.drain_with(w, &mut state, now, ready, Some((id, pending))) {
             p.own_drain = false;
+            state.pending.insert(id, p);
         }
         drop(state);
         self.gate.admit(ready, first);
@@ -112,6 +110,20 @@ impl<J: Send + 'static> Scheduler<J> {
         now: u64,
         ready: &mut Vec<Ready<J>>,
     ) {
+        let none = self.drain_with(w, state, now, ready, None);
+        debug_assert!(none.is_none());
+    }
+
+    /// [`Scheduler::drain`] with the job of the request just enqueued (`in_hand`, with its
+    /// request id) not yet in `pending`; returns it if the policy did not dispatch it.
+    fn drain_with(
+        &self,
+        w: usize,
+        state: &mut WorkerState<J>,
+        now: u64,
+        ready: &mut Vec<Ready<J>>,
+        mut in_hand: Option<(u64, Pending<J>)>,
+    ) -> Option<(u64, Pending<J>)> {
         loop {
             match state.policy.next(now) {
                 Decision::Dispatch(request, phase) => {
@@ -121,7 +133,11 @@ impl<J: Send + 'static> Scheduler<J> {
                         state.used_baseline = state.used_baseline.saturating_add(request.cost);
                         state.baseline_total = state.baseline_total.saturating_add(request.cost);
                     }
-                    let Some(p) = state.pending.remove(&request.id) else {
+                    let p = match in_hand.take_if(|(id, _)| *id == request.id) {
+                        Some((_, p)) => Some(p),
+                        None => state.pending.remove(&request.id),
+                    };
+                    let Some(p) = p else {
                         // The policy dispatched a request we do not hold: nothing to run.
                         tracing::error!("policy dispatched unknown request {}", request.id);
                         continue;
@@ -160,5 +176,6 @@ impl<J: Send + 'static> Scheduler<J> {
         self.workers[w]
             .queued
             .store(state.policy.queued_requests(), Ordering::Relaxed);
+        in_hand
     }
 }
