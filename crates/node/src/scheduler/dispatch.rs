@@ -93,7 +93,9 @@ impl<J: Send + 'static> Scheduler<J> {
         let first = ready.len();
         // The job stays in hand while the policy decides: one dispatched at once (the common
         // case) never enters the map of held jobs, and one held back enters it afterwards.
-        if let Some((id, mut p)) = self.drain_with(w, &mut state, now, ready, Some((id, pending))) {
+        let mut in_hand = Some((id, pending));
+        self.drain_with(w, &mut state, now, ready, &mut in_hand);
+        if let Some((id, mut p)) = in_hand {
             p.own_drain = false;
             state.pending.insert(id, p);
         }
@@ -110,20 +112,20 @@ impl<J: Send + 'static> Scheduler<J> {
         now: u64,
         ready: &mut Vec<Ready<J>>,
     ) {
-        let none = self.drain_with(w, state, now, ready, None);
-        debug_assert!(none.is_none());
+        self.drain_with(w, state, now, ready, &mut None);
     }
 
     /// [`Scheduler::drain`] with the job of the request just enqueued (`in_hand`, with its
-    /// request id) not yet in `pending`; returns it if the policy did not dispatch it.
+    /// request id) not yet in `pending`; taken out of `in_hand` if the policy dispatches it
+    /// (by reference: the job is a few hundred bytes, moved only into `ready`).
     fn drain_with(
         &self,
         w: usize,
         state: &mut WorkerState<J>,
         now: u64,
         ready: &mut Vec<Ready<J>>,
-        mut in_hand: Option<(u64, Pending<J>)>,
-    ) -> Option<(u64, Pending<J>)> {
+        in_hand: &mut Option<(u64, Pending<J>)>,
+    ) {
         loop {
             match state.policy.next(now) {
                 Decision::Dispatch(request, phase) => {
@@ -176,6 +178,5 @@ impl<J: Send + 'static> Scheduler<J> {
         self.workers[w]
             .queued
             .store(state.policy.queued_requests(), Ordering::Relaxed);
-        in_hand
     }
 }
