@@ -3,7 +3,8 @@
 //!
 //! Every accepted socket gets an entry here before its session starts, and loses it when the
 //! session ends. Two caps apply: `max_connections` in all and `max_connections_per_ip` from one
-//! client address — an IPv4 address, or an IPv6 /64 by default (`address_group`). A connection is *negotiating* from accept until the option that enters
+//! client address — an IPv4 address, or an IPv6 /64 by default (`address_group`); a process on
+//! the NBD Unix socket counts per uid instead (`origin`). A connection is *negotiating* from accept until the option that enters
 //! transmission (GO or EXPORT_NAME) is answered, then *transmitting*.
 //!
 //! When a new connection would pass a cap, the node makes room by evicting a negotiating
@@ -17,7 +18,6 @@
 //! closes each of them in the end.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
@@ -27,7 +27,8 @@ use tokio::sync::Notify;
 
 use crate::slots::Slots;
 
-use crate::address_group::{DEFAULT_IPV6_PREFIX_LEN, address_group};
+use crate::address_group::DEFAULT_IPV6_PREFIX_LEN;
+use crate::origin::{Origin, OriginGroup};
 use crate::sync::lock;
 
 /// The connections of a node.
@@ -47,15 +48,15 @@ pub struct Connections {
 #[derive(Debug, Default)]
 struct State {
     entries: HashMap<u64, Entry>,
-    per_ip: HashMap<IpAddr, usize>,
+    per_ip: HashMap<OriginGroup, usize>,
     next_id: u64,
 }
 
 #[derive(Debug)]
 struct Entry {
-    peer: SocketAddr,
-    /// The client address it counts against (`address_group` of the peer's address).
-    group: IpAddr,
+    peer: Origin,
+    /// The client it counts against (`Origin::group`).
+    group: OriginGroup,
     accepted: Instant,
     /// Order of acceptance (ties in `accepted` are possible).
     seq: u64,
@@ -136,9 +137,12 @@ pub struct Admitted {
     id: u64,
     shared: Arc<ConnShared>,
     /// Where the connection comes from (the TLS handshake limit groups by it).
-    peer: SocketAddr,
+    peer: Origin,
+    /// The tenant the transport proved before negotiation (a Unix client's uid mapped by
+    /// `[server] nbd_unix_tenants`); `None`: none, as for a TCP client.
+    local_tenant: Option<String>,
     /// The connection evicted to make room, if any.
-    pub evicted: Option<SocketAddr>,
+    pub evicted: Option<Origin>,
 }
 
 /// One connection in [`ConnectionsView`].
@@ -210,8 +214,9 @@ impl Connections {
     }
 
     /// Admits a connection from `peer`, evicting a negotiating one if a cap is reached.
-    pub fn admit(self: &Arc<Self>, peer: SocketAddr) -> Result<Admitted, Refusal> {
-        let ip = address_group(peer.ip(), self.ipv6_prefix_len);
+    pub fn admit(self: &Arc<Self>, peer: impl Into<Origin>) -> Result<Admitted, Refusal> {
+        let peer = peer.into();
+        let ip = peer.group(self.ipv6_prefix_len);
         let mut state = self.lock();
         let mut evicted = None;
         let from_ip = state.per_ip.get(&ip).copied().unwrap_or(0);
@@ -244,7 +249,7 @@ impl Connections {
         state.entries.insert(
             id,
             Entry {
-                peer,
+                peer: peer.clone(),
                 group: ip,
                 accepted: Instant::now(),
                 seq: id,
@@ -259,12 +264,13 @@ impl Connections {
             id,
             shared,
             peer,
+            local_tenant: None,
             evicted,
         })
     }
 
     /// The negotiating connection accepted first among those whose address passes `pick`.
-    fn oldest_negotiating(state: &State, pick: impl Fn(IpAddr) -> bool) -> Option<u64> {
+    fn oldest_negotiating(state: &State, pick: impl Fn(OriginGroup) -> bool) -> Option<u64> {
         state
             .entries
             .iter()
@@ -274,8 +280,8 @@ impl Connections {
     }
 
     /// The address with the most negotiating connections (ties: the one holding the oldest).
-    fn heaviest_negotiating_address(state: &State) -> Option<IpAddr> {
-        let mut counts: HashMap<IpAddr, (usize, u64)> = HashMap::new();
+    fn heaviest_negotiating_address(state: &State) -> Option<OriginGroup> {
+        let mut counts: HashMap<OriginGroup, (usize, u64)> = HashMap::new();
         for entry in state.entries.values() {
             if matches!(entry.phase, Phase::Negotiating) {
                 let slot = counts.entry(entry.group).or_insert((0, u64::MAX));
@@ -301,16 +307,16 @@ impl Connections {
     }
 
     /// Removes `id` (which must be negotiating) and tells its session to end.
-    fn evict(state: &mut State, id: u64) -> SocketAddr {
+    fn evict(state: &mut State, id: u64) -> Origin {
         let Some(entry) = state.entries.remove(&id) else {
-            return SocketAddr::from(([0, 0, 0, 0], 0));
+            return Origin::Tcp(([0, 0, 0, 0], 0).into());
         };
         Self::forget_ip(state, entry.group);
         entry.shared.evicted.notify_one();
         entry.peer
     }
 
-    fn forget_ip(state: &mut State, ip: IpAddr) {
+    fn forget_ip(state: &mut State, ip: OriginGroup) {
         if let Some(count) = state.per_ip.get_mut(&ip) {
             *count = count.saturating_sub(1);
             if *count == 0 {
@@ -373,9 +379,21 @@ impl Admitted {
         &self.shared
     }
 
-    /// The address the connection was admitted from.
-    pub fn peer(&self) -> SocketAddr {
-        self.peer
+    /// Where the connection was admitted from.
+    pub fn peer(&self) -> &Origin {
+        &self.peer
+    }
+
+    /// The tenant the transport proved before negotiation (a mapped local uid), if any.
+    pub fn local_tenant(&self) -> Option<&str> {
+        self.local_tenant.as_deref()
+    }
+
+    /// Sets [`Admitted::local_tenant`]: the Unix accept path, from the peer's uid.
+    #[must_use]
+    pub fn with_local_tenant(mut self, tenant: Option<String>) -> Admitted {
+        self.local_tenant = tenant;
+        self
     }
 
     /// Marks the connection transmitting, from when the reply that enters transmission is
@@ -408,6 +426,8 @@ impl Drop for Admitted {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+    use std::net::SocketAddr;
+
     use super::*;
 
     fn addr(ip: [u8; 4], port: u16) -> SocketAddr {
@@ -424,11 +444,11 @@ mod tests {
         assert!(a1.enter_transmission("v", None));
         // Full: 10.0.0.2 has two negotiating, 10.0.0.1 one (a2): b1 goes.
         let c = table.admit(addr([10, 0, 0, 3], 1)).unwrap();
-        assert_eq!(c.evicted, Some(addr([10, 0, 0, 2], 1)));
+        assert_eq!(c.evicted, Some(addr([10, 0, 0, 2], 1).into()));
         assert!(!b1.enter_transmission("v", None), "evicted stays evicted");
         // Tie between 10.0.0.1 (a2), .2 (b2) and .3 (c): the oldest of them, b2.
         let d = table.admit(addr([10, 0, 0, 4], 1)).unwrap();
-        assert_eq!(d.evicted, Some(addr([10, 0, 0, 2], 2)));
+        assert_eq!(d.evicted, Some(addr([10, 0, 0, 2], 2).into()));
         for conn in [&a2, &c, &d] {
             assert!(conn.enter_transmission("v", Some("t")));
         }
@@ -453,7 +473,7 @@ mod tests {
         let other = table.admit(addr([10, 0, 0, 2], 1)).unwrap();
         let a2 = table.admit(addr([10, 0, 0, 1], 2)).unwrap();
         let a3 = table.admit(addr([10, 0, 0, 1], 3)).unwrap();
-        assert_eq!(a3.evicted, Some(addr([10, 0, 0, 1], 1)));
+        assert_eq!(a3.evicted, Some(addr([10, 0, 0, 1], 1).into()));
         assert!(other.enter_transmission("v", None));
         assert!(a2.enter_transmission("v", None));
         assert!(a3.enter_transmission("v", None));
@@ -484,6 +504,37 @@ mod tests {
         let c = exact.admit(v6("2001:db8:0:1::1")).unwrap();
         assert!(c.enter_transmission("v", None));
         assert!(exact.admit(v6("2001:db8:0:1::2")).is_ok());
+    }
+
+    #[test]
+    fn local_processes_count_per_uid_apart_from_every_address() {
+        use crate::origin::LocalPeer;
+        let local = |uid, pid| {
+            Origin::Unix(LocalPeer {
+                uid,
+                gid: uid,
+                pid: Some(pid),
+            })
+        };
+        let table = Connections::new(10, 2);
+        let a = table.admit(local(64055, 1)).unwrap();
+        let b = table.admit(local(64055, 2)).unwrap();
+        assert!(a.enter_transmission("v", None) && b.enter_transmission("v", None));
+        // A third connection of the same uid is over the per-client cap...
+        assert_eq!(
+            table.admit(local(64055, 3)).unwrap_err(),
+            Refusal::AddressFull(2)
+        );
+        // ...while another uid, and loopback TCP, are other clients.
+        assert!(table.admit(local(1000, 4)).is_ok());
+        assert!(table.admit(addr([127, 0, 0, 1], 1)).is_ok());
+        let peers: Vec<String> = table
+            .view()
+            .connections
+            .iter()
+            .map(|c| c.peer.clone())
+            .collect();
+        assert_eq!(peers[0], "unix:uid=64055,gid=64055,pid=1");
     }
 
     #[tokio::test]

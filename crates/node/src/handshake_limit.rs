@@ -8,7 +8,8 @@
 //! the connection threads busy with handshakes. So each address group (IPv4 by address,
 //! IPv6 by `ipv6_prefix_len`, as the connection caps group them, `address_group.rs`) gets a
 //! token bucket: `per_s` handshakes per second, up to `2 × per_s` at once; a handshake over
-//! it is refused before any cryptography runs (the session ends, the log says why). NBD
+//! it is refused before any cryptography runs (the session ends, the log says why). A local
+//! process on the NBD Unix socket has no address: its bucket is its uid's (`origin`). NBD
 //! clients open few connections and keep them, so a legitimate client does not meet it.
 //!
 //! The map of buckets is bounded (`MAX_TRACKED_GROUPS`): a group whose bucket is full again
@@ -22,7 +23,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::address_group::address_group;
+use crate::origin::{Origin, OriginGroup};
 use crate::sync::lock;
 
 /// Most address groups whose buckets are tracked at once.
@@ -40,7 +41,7 @@ pub struct HandshakeLimiter {
     burst: f64,
     ipv6_prefix_len: u8,
     max_groups: usize,
-    buckets: Mutex<HashMap<IpAddr, Bucket>>,
+    buckets: Mutex<HashMap<OriginGroup, Bucket>>,
     overflow_logged: AtomicBool,
 }
 
@@ -69,10 +70,16 @@ impl HandshakeLimiter {
 
     /// Whether a handshake from `ip` may run at `now` (and takes its token if so).
     pub fn admit(&self, ip: IpAddr, now: Instant) -> bool {
+        self.admit_origin(&Origin::Tcp((ip, 0).into()), now)
+    }
+
+    /// Whether a handshake from `origin` may run at `now`: a TCP client's address group, or
+    /// a local process's uid, has one bucket.
+    pub fn admit_origin(&self, origin: &Origin, now: Instant) -> bool {
         if self.per_s == 0.0 {
             return true;
         }
-        let group = address_group(ip, self.ipv6_prefix_len);
+        let group = origin.group(self.ipv6_prefix_len);
         let mut buckets = lock(&self.buckets);
         let refill = |b: &Bucket| {
             let elapsed_s = now.saturating_duration_since(b.at).as_secs_f64();
@@ -104,6 +111,11 @@ impl HandshakeLimiter {
             bucket.tokens = tokens;
             false
         }
+    }
+
+    /// The bucket `origin` draws on.
+    pub fn group_of(&self, origin: &Origin) -> OriginGroup {
+        origin.group(self.ipv6_prefix_len)
     }
 
     /// Address groups tracked now.
@@ -155,6 +167,30 @@ mod tests {
             "the same /64 is one client"
         );
         assert!(limiter.admit(ip("2001:db8:1:3::1"), t), "another /64");
+    }
+
+    #[test]
+    fn each_local_uid_has_its_own_bucket() {
+        let limiter = HandshakeLimiter::new(1, 64);
+        let t = Instant::now();
+        let local = |uid| {
+            Origin::Unix(crate::origin::LocalPeer {
+                uid,
+                gid: 0,
+                pid: None,
+            })
+        };
+        assert!(limiter.admit_origin(&local(1000), t));
+        assert!(limiter.admit_origin(&local(1000), t));
+        assert!(
+            !limiter.admit_origin(&local(1000), t),
+            "uid 1000's burst is spent"
+        );
+        assert!(limiter.admit_origin(&local(1001), t), "another uid");
+        assert!(
+            limiter.admit(ip("127.0.0.1"), t),
+            "loopback TCP is not a uid"
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod limits;
 pub mod memory_transport;
 pub mod metrics;
 pub mod net_threads;
+pub mod origin;
 pub mod paced;
 pub mod pipeline;
 pub mod readiness;

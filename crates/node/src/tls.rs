@@ -10,7 +10,6 @@
 //! a failed handshake (wrong key, untrusted certificate) ends that session only.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -101,10 +100,10 @@ pub enum TlsError {
     #[error("TLS handshake: {0}")]
     Handshake(openssl::ssl::Error),
     #[error(
-        "too many TLS handshakes from {ip}'s address group: refused before any cryptography \
+        "too many TLS handshakes from {group}: refused before any cryptography \
          ([tls] handshakes_per_s_per_address)"
     )]
-    Throttled { ip: std::net::IpAddr },
+    Throttled { group: crate::origin::OriginGroup },
 }
 
 /// Who the client proved to be in the TLS handshake.
@@ -263,20 +262,22 @@ impl TlsAcceptor {
     }
 
     /// Runs the server side of the handshake on `stream` (right after the `NBD_REP_ACK` to
-    /// `NBD_OPT_STARTTLS`) from the client at `peer_ip` and says who the client is. Any byte
-    /// stream will do: a TCP socket on a node, an in-memory pipe in the session fuzzer.
+    /// `NBD_OPT_STARTTLS`) from the client at `origin` and says who the client is. Any byte
+    /// stream will do: a TCP or Unix socket on a node, an in-memory pipe in the session fuzzer.
     pub async fn accept<S>(
         &self,
         stream: S,
-        peer_ip: IpAddr,
+        origin: &crate::origin::Origin,
     ) -> Result<(SslStream<S>, Peer), TlsError>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
         if let Some(limiter) = &self.handshakes
-            && !limiter.admit(peer_ip, std::time::Instant::now())
+            && !limiter.admit_origin(origin, std::time::Instant::now())
         {
-            return Err(TlsError::Throttled { ip: peer_ip });
+            return Err(TlsError::Throttled {
+                group: limiter.group_of(origin),
+            });
         }
         let ssl = Ssl::new(&self.context)?;
         let mut stream = SslStream::new(ssl, stream)?;
@@ -620,7 +621,7 @@ mod tests {
         let peer = runtime.block_on(async {
             let (tcp, _) = listener.accept().await.unwrap();
             let (mut tls, peer) = acceptor
-                .accept(tcp, addr.ip())
+                .accept(tcp, &crate::origin::Origin::Tcp(addr))
                 .await
                 .map_err(|e| e.to_string())?;
             use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};

@@ -39,12 +39,13 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["pipeline"],
     ),
     (
-        "admission and accounting: connections, budgets, TLS, limits, per-volume records",
+        "admission and accounting: connections and their origins, budgets, TLS, limits, per-volume records",
         &[
             "admission",
             "budget",
             "tls",
             "handshake_limit",
+            "origin",
             "limits",
             "metrics",
             "volume_qos",

@@ -30,6 +30,7 @@ const REQUEST_PATH: &[&str] = &[
     "exec",
     "budget",
     "admission",
+    "origin",
     "buffers",
     "slots",
     "coalesce",

@@ -87,7 +87,7 @@ async fn accept_loop(
                 continue;
             }
         };
-        if let Some(evicted) = admitted.evicted
+        if let Some(evicted) = &admitted.evicted
             && let Some(more) = evictions.sample()
         {
             tracing::info!(

@@ -196,7 +196,7 @@ async fn start_tls<S: SessionStream>(
     conn: &Admitted,
 ) -> Result<(TlsStream<S>, Option<String>), SessionError> {
     let (stream, peer) = tls
-        .accept(stream, conn.peer().ip())
+        .accept(stream, conn.peer())
         .await
         .map_err(|err| SessionError::TlsHandshake(err.to_string()))?;
     tracing::debug!("TLS session up, peer {peer:?}");
