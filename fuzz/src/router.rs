@@ -465,7 +465,7 @@ impl Harness {
             capacity_bytes: POOL_BYTES,
         });
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
-        config.nbd_listen = loopback;
+        config.nbd_listen = Some(loopback);
         config.api_listen = loopback;
         config.io_threads = 0;
         config.net_threads = Some(0);

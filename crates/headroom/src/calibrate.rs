@@ -186,7 +186,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         ),
     };
     let mut config = NodeConfig::new(backend);
-    config.nbd_listen = ([127, 0, 0, 1], 0).into();
+    config.nbd_listen = Some(([127, 0, 0, 1], 0).into());
     config.api_listen = ([127, 0, 0, 1], 0).into();
     config.qos.policy = PolicyChoice::Off;
 
@@ -215,7 +215,10 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             .create_volume(SCRATCH_VOLUME, volume_bytes)
             .context("creating the scratch volume")
             .and_then(|_| {
-                let uri = format!("nbd://{}/{SCRATCH_VOLUME}", node.nbd_addr);
+                let uri = format!(
+                    "nbd://{}/{SCRATCH_VOLUME}",
+                    node.nbd_addr.expect("calibrate listens on TCP")
+                );
                 measure(&uri, &sizes, args.seconds_per_point, args.iodepth)
             })
     };

@@ -345,29 +345,42 @@ async fn serve(args: ServeArgs, sample: Option<(String, u64)>) -> Result<()> {
                 .with_context(|| format!("creating the sample volume {sample_name}"))?;
         }
         let client = DemoClient::new(&token_origin, api_token.expose());
-        print_demo_help(
-            &name,
-            &capped,
-            size_bytes,
-            node.nbd_addr,
-            node.api_addr,
-            &client,
-        );
+        print_demo_help(&name, &capped, size_bytes, &node, node.api_addr, &client);
     }
     // Handlers first: a script that sends SIGTERM as soon as it reads the line below must
     // get a clean stop, not the default action.
     let stop = stop_signal()?;
     // Printed for scripts and tests that start us on port 0. A closed stdout must not stop
     // a server: the write's error is ignored.
-    say(&format!(
-        "nbd://{}  api http://{}\n",
-        node.nbd_addr, node.api_addr
-    ));
-    // systemd (Type=notify): ready once both listeners are bound, as the line above says.
+    // With both doors, the Unix socket's line comes first: a reader that waits for the
+    // `nbd://` line has both when it gets it.
+    let unix_line = node
+        .nbd_unix
+        .as_ref()
+        .map(|path| format!("nbd+unix:///?socket={}", path.display()));
+    let ready = match (&node.nbd_addr, &unix_line) {
+        (Some(addr), Some(unix)) => format!("{unix}\nnbd://{addr}  api http://{}\n", node.api_addr),
+        (Some(addr), None) => format!("nbd://{addr}  api http://{}\n", node.api_addr),
+        (None, Some(unix)) => format!("{unix}  api http://{}\n", node.api_addr),
+        (None, None) => format!("api http://{}\n", node.api_addr),
+    };
+    say(&ready);
+    // systemd (Type=notify): ready once every listener is bound, as the lines above say.
     // STATUS is what `systemctl status headroom` shows.
+    let doors: Vec<String> = node
+        .nbd_addr
+        .map(|a| a.to_string())
+        .into_iter()
+        .chain(
+            node.nbd_unix
+                .as_ref()
+                .map(|p| format!("unix:{}", p.display())),
+        )
+        .collect();
     sd_notify::notify(&format!(
         "READY=1\nSTATUS=serving NBD on {}, API on http://{}",
-        node.nbd_addr, node.api_addr
+        doors.join(" and "),
+        node.api_addr
     ));
 
     tokio::pin!(stop);
@@ -478,12 +491,17 @@ fn print_demo_help(
     name: &str,
     capped: &str,
     size_bytes: u64,
-    nbd: SocketAddr,
+    node: &headroom_node::RunningNode,
     api: SocketAddr,
     client: &DemoClient,
 ) {
-    let uri = format!("nbd://{nbd}/{name}");
-    let capped_uri = format!("nbd://{nbd}/{capped}");
+    let uri_of = |export: &str| match (&node.nbd_addr, &node.nbd_unix) {
+        (Some(nbd), _) => format!("nbd://{nbd}/{export}"),
+        (None, Some(path)) => format!("nbd+unix:///{export}?socket={}", path.display()),
+        (None, None) => String::new(),
+    };
+    let uri = uri_of(name);
+    let capped_uri = uri_of(capped);
     let headroom = |args: &str| {
         format!(
             "HEADROOM_API=http://{api} {} {args}{}",

@@ -3,6 +3,7 @@
 //! live with those parts (`limits`, `scheduler::config`, `tls`) and are re-exported here, so
 //! the request path does not depend on this module.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -105,7 +106,11 @@ impl StoreBackend {
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     pub backend: StoreBackend,
-    pub nbd_listen: SocketAddr,
+    /// The NBD TCP listener; `None`: none (`[server] nbd_listen = "off"`), which needs
+    /// `nbd_unix`.
+    pub nbd_listen: Option<SocketAddr>,
+    /// The NBD Unix socket (`[server] nbd_unix`), beside TCP or instead of it.
+    pub nbd_unix: Option<UnixSocketConfig>,
     pub api_listen: SocketAddr,
     pub limits: Limits,
     /// Worker threads that execute block I/O; 0 runs everything but FLUSH inline on the
@@ -182,6 +187,64 @@ pub struct NodeConfig {
     pub checksums: bool,
 }
 
+/// The NBD Unix socket: where, who may connect (the file's mode and owner) and the tenant
+/// each local uid acts for (`node::server::unix_socket`; docs/operations.md, "NBD over a Unix
+/// socket").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnixSocketConfig {
+    pub path: PathBuf,
+    /// The socket file's permission bits (at most `0o777`); `None`: what the umask leaves.
+    pub mode: Option<u32>,
+    /// The socket file's owner and group; `None`: the server's.
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// The tenant a client whose uid (`SO_PEERCRED`) is a key acts for; any other uid is
+    /// anonymous, as a TCP client without TLS.
+    pub tenants: BTreeMap<u32, String>,
+}
+
+/// Longest socket path: `sun_path` holds 108 bytes on Linux, the last one a NUL.
+pub const MAX_UNIX_SOCKET_PATH_BYTES: usize = 107;
+
+impl UnixSocketConfig {
+    /// The rules of its values: a path that fits `sun_path` and names a file, permission bits
+    /// only, valid tenant ids.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        use std::os::unix::ffi::OsStrExt;
+        let shown = self.path.display();
+        let bytes = self.path.as_os_str().as_bytes().len();
+        if bytes == 0 || bytes > MAX_UNIX_SOCKET_PATH_BYTES || self.path.file_name().is_none() {
+            return Err(InvalidSetting::new(
+                "server.nbd_unix",
+                format!("{shown:?}"),
+                format!(
+                    "a file path of 1 to {MAX_UNIX_SOCKET_PATH_BYTES} bytes (the kernel's \
+                     sun_path limit)"
+                ),
+            ));
+        }
+        if let Some(mode) = self.mode
+            && mode > 0o777
+        {
+            return Err(InvalidSetting::new(
+                "server.nbd_unix_mode",
+                format!("{mode:o}"),
+                "permission bits only, 0 to 0777 (setuid, setgid and sticky mean nothing on a socket)",
+            ));
+        }
+        for (uid, tenant) in &self.tenants {
+            headroom_store::validate_tenant_id(tenant).map_err(|e| {
+                InvalidSetting::new(
+                    "server.nbd_unix_tenants",
+                    format!("{uid} = {tenant:?}"),
+                    format!("a tenant id ({e})"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
 /// `NodeConfig::coalesce_us` by default for the memory and RADOS backends: one or two request arrivals
 /// at 150k requests/s. Of 10, 20, 30, 50 and 100 µs it gave the most IOPS at 4 KiB QD32 here,
 /// at the same CPU per I/O as 20-30 µs; longer waits lose IOPS (docs/results.md, "Data path
@@ -195,6 +258,17 @@ impl NodeConfig {
     /// checked before anything starts.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.backend.validate()?;
+        if self.nbd_listen.is_none() && self.nbd_unix.is_none() {
+            return Err(InvalidSetting::new(
+                "server.nbd_listen",
+                "\"off\"",
+                "needs server.nbd_unix: without either, no client could reach a volume",
+            )
+            .into());
+        }
+        if let Some(unix) = &self.nbd_unix {
+            unix.validate()?;
+        }
         self.device_admission.validate()?;
         self.limits.validate()?;
         crate::setting::check_io_threads(self.io_threads)?;
@@ -248,7 +322,12 @@ impl NodeConfig {
         }
     }
 
-    pub fn default_nbd_listen() -> SocketAddr {
+    pub fn default_nbd_listen() -> Option<SocketAddr> {
+        Some(Self::default_nbd_tcp())
+    }
+
+    /// The NBD TCP address by default.
+    pub fn default_nbd_tcp() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 10809))
     }
 
@@ -260,6 +339,7 @@ impl NodeConfig {
         NodeConfig {
             backend,
             nbd_listen: Self::default_nbd_listen(),
+            nbd_unix: None,
             api_listen: Self::default_api_listen(),
             limits: Limits::default(),
             io_threads: 2,
@@ -294,6 +374,8 @@ impl NodeConfig {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
@@ -429,6 +511,42 @@ mod tests {
         assert_eq!(key_of(|c| c.metadata_reserve_bytes = 64 << 30), "accepted");
         assert_eq!(key_of(|c| c.io_threads = 256), "accepted");
         assert_eq!(key_of(|c| c.qos.workers = 64), "accepted");
+        // The Unix socket: a door is needed, and its values are checked.
+        assert_eq!(key_of(|c| c.nbd_listen = None), "server.nbd_listen");
+        fn unix(c: &mut NodeConfig) {
+            c.nbd_listen = None;
+            c.nbd_unix = Some(UnixSocketConfig {
+                path: PathBuf::from("/run/headroom/nbd.sock"),
+                mode: Some(0o660),
+                ..UnixSocketConfig::default()
+            });
+        }
+        assert_eq!(key_of(unix), "accepted");
+        assert_eq!(
+            key_of(|c| {
+                unix(c);
+                c.nbd_unix.as_mut().unwrap().mode = Some(0o4660);
+            }),
+            "server.nbd_unix_mode"
+        );
+        assert_eq!(
+            key_of(|c| {
+                unix(c);
+                c.nbd_unix.as_mut().unwrap().path = PathBuf::from(format!("/{}", "x".repeat(107)));
+            }),
+            "server.nbd_unix"
+        );
+        assert_eq!(
+            key_of(|c| {
+                unix(c);
+                c.nbd_unix
+                    .as_mut()
+                    .unwrap()
+                    .tenants
+                    .insert(1000, " alice".into());
+            }),
+            "server.nbd_unix_tenants"
+        );
         assert_eq!(key_of(|c| c.coalesce_us = Some(1000)), "accepted");
     }
 }

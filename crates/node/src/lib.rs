@@ -41,7 +41,7 @@ pub mod tls;
 pub mod tls_config;
 pub mod volume_qos;
 
-pub use config::{Limits, NodeConfig, StoreBackend, TlsConfig};
+pub use config::{Limits, NodeConfig, StoreBackend, TlsConfig, UnixSocketConfig};
 
 /// Whether this build can serve TLS (the `tls` cargo feature).
 pub const TLS_SUPPORTED: bool = cfg!(feature = "tls");

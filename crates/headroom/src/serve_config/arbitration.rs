@@ -114,7 +114,10 @@ pub(super) fn arbitration_config(
     }
     let node_id = match &st.rados_node_id {
         Some(id) => id.clone(),
-        None => format!("{}-{}", host_name(), config.nbd_listen.port()),
+        None => match config.nbd_listen {
+            Some(addr) => format!("{}-{}", host_name(), addr.port()),
+            None => format!("{}-unix", host_name()),
+        },
     };
     if headroom_store::arbiter::validate_node_id(&node_id).is_err() {
         return Err(Invalid::new(

@@ -161,6 +161,7 @@ pub fn resolve(layer: &ConfigFile) -> Result<NodeConfig, Invalid> {
     st.apply(&mut config);
     layer.api.apply(&mut config);
     layer.server.apply(&mut config);
+    config.nbd_unix = layer.server.unix_config()?;
     // Injected latency spikes block the thread a request runs on; run inline on a network
     // thread, a spike would stall every connection of that thread, which no real memory
     // device does. Unless the operator chose an inline size, nothing runs inline then.

@@ -169,7 +169,10 @@ fn every_key_reaches_the_node_config() {
     assert!(
         matches!(c.backend, StoreBackend::Memory { capacity_bytes } if capacity_bytes == 1 << 30)
     );
-    assert_eq!(c.nbd_listen, "127.0.0.1:1".parse::<SocketAddr>().unwrap());
+    assert_eq!(
+        c.nbd_listen,
+        Some("127.0.0.1:1".parse::<SocketAddr>().unwrap())
+    );
     assert_eq!(c.api_listen, "127.0.0.1:2".parse::<SocketAddr>().unwrap());
     assert_eq!(c.io_threads, 3);
     assert_eq!(c.inline_max_bytes, Some(16 << 10));
@@ -1158,4 +1161,116 @@ fn the_command_line_is_the_top_layer_key_by_key() {
         Some(true),
         "an absent switch keeps the file's"
     );
+}
+
+#[test]
+fn the_unix_socket_beside_tcp_or_instead_of_it() {
+    // The default is unchanged: TCP only.
+    let c = resolved("");
+    assert_eq!(c.nbd_listen, NodeConfig::default_nbd_listen());
+    assert_eq!(c.nbd_unix, None);
+    // Beside TCP, with its mode, owner and uid map.
+    let c = resolved(
+        "[server]\nnbd_unix = \"/run/headroom/nbd.sock\"\nnbd_unix_mode = \"0660\"\n\
+         nbd_unix_owner = \"0:64055\"\n[server.nbd_unix_tenants]\n64055 = \"alice\"\n1000 = \"bob\"\n",
+    );
+    assert!(c.nbd_listen.is_some(), "TCP stays on");
+    let unix = c.nbd_unix.expect("a Unix socket");
+    assert_eq!(unix.path, Path::new("/run/headroom/nbd.sock"));
+    assert_eq!(unix.mode, Some(0o660));
+    assert_eq!((unix.uid, unix.gid), (Some(0), Some(64055)));
+    assert_eq!(unix.tenants.get(&64055).map(String::as_str), Some("alice"));
+    assert_eq!(unix.tenants.get(&1000).map(String::as_str), Some("bob"));
+    // A TOML octal integer is a mode too; a group alone is an owner.
+    let c =
+        resolved("[server]\nnbd_unix = \"s\"\nnbd_unix_mode = 0o600\nnbd_unix_owner = \":5\"\n");
+    let unix = c.nbd_unix.unwrap();
+    assert_eq!(
+        (unix.mode, unix.uid, unix.gid),
+        (Some(0o600), None, Some(5))
+    );
+    // Instead of TCP.
+    let c = resolved("[server]\nnbd_listen = \"off\"\nnbd_unix = \"/run/nbd.sock\"\n");
+    assert_eq!(c.nbd_listen, None);
+    assert!(c.nbd_unix.is_some());
+}
+
+#[test]
+fn the_unix_socket_keys_are_checked_before_anything_starts() {
+    for (text, key) in [
+        ("[server]\nnbd_listen = \"off\"\n", "server.nbd_listen"),
+        ("[server]\nnbd_listen = \"of\"\n", "neither an address"),
+        (
+            "[server]\nnbd_unix_mode = \"0660\"\n",
+            "server.nbd_unix_mode",
+        ),
+        (
+            "[server]\nnbd_unix_owner = \"1\"\n",
+            "server.nbd_unix_owner",
+        ),
+        (
+            "[server.nbd_unix_tenants]\n1 = \"a\"\n",
+            "server.nbd_unix_tenants",
+        ),
+        (
+            "[server]\nnbd_unix = \"s\"\nnbd_unix_mode = \"0968\"\n",
+            "not an octal mode",
+        ),
+        (
+            "[server]\nnbd_unix = \"s\"\nnbd_unix_mode = 660\n",
+            "server.nbd_unix_mode",
+        ),
+        (
+            "[server]\nnbd_unix = \"s\"\nnbd_unix_mode = \"4755\"\n",
+            "0 to 0777",
+        ),
+        (
+            "[server]\nnbd_unix = \"s\"\nnbd_unix_owner = \"qemu\"\n",
+            "not UID, UID:GID or :GID",
+        ),
+        (
+            "[server]\nnbd_unix = \"s\"\nnbd_unix_owner = \":\"\n",
+            "not UID, UID:GID or :GID",
+        ),
+        (
+            "[server]\nnbd_unix = \"s\"\n[server.nbd_unix_tenants]\nqemu = \"a\"\n",
+            "numeric uid",
+        ),
+        (
+            "[server]\nnbd_unix = \"s\"\n[server.nbd_unix_tenants]\n1 = \" a\"\n",
+            "server.nbd_unix_tenants",
+        ),
+        ("[server]\nnbd_unix = \"\"\n", "server.nbd_unix"),
+    ] {
+        let message = err(text);
+        assert!(message.contains(key), "{text}: {message}");
+    }
+    let long = format!("[server]\nnbd_unix = \"/{}\"\n", "x".repeat(120));
+    assert!(err(&long).contains("sun_path"), "{}", err(&long));
+}
+
+#[test]
+fn the_unix_socket_flags_set_the_same_keys() {
+    let cli = flags(&[
+        "--nbd-listen",
+        "off",
+        "--nbd-unix",
+        "/run/nbd.sock",
+        "--nbd-unix-mode",
+        "0660",
+        "--nbd-unix-owner",
+        "0:64055",
+        "--nbd-unix-tenant",
+        "64055=alice",
+        "--nbd-unix-tenant",
+        "1000=bob",
+    ]);
+    let file: ConfigFile = toml::from_str(
+        "[server]\nnbd_listen = \"off\"\nnbd_unix = \"/run/nbd.sock\"\nnbd_unix_mode = \"0660\"\n\
+         nbd_unix_owner = \"0:64055\"\n[server.nbd_unix_tenants]\n1000 = \"bob\"\n64055 = \"alice\"\n",
+    )
+    .unwrap();
+    let unix = |layer: &ConfigFile| resolve(layer).unwrap().nbd_unix;
+    assert_eq!(unix(&cli), unix(&file));
+    assert!(unix(&cli).is_some());
 }

@@ -331,7 +331,7 @@ impl Drop for Server {
     }
 }
 
-fn signal(pid: u32, name: &str) {
+pub fn signal(pid: u32, name: &str) {
     let _ = Command::new("kill")
         .arg(format!("-{name}"))
         .arg(pid.to_string())

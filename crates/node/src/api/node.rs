@@ -41,7 +41,10 @@ pub(super) fn routes() -> Router<ApiState> {
 pub struct NodeFacts {
     pub started: Instant,
     pub started_unix_s: u64,
-    pub nbd_addr: SocketAddr,
+    /// The NBD TCP listener's address; `None`: no TCP listener (`nbd_listen = "off"`).
+    pub nbd_addr: Option<SocketAddr>,
+    /// The NBD Unix socket's path, if there is one.
+    pub nbd_unix: Option<PathBuf>,
     pub api_addr: SocketAddr,
     /// `memory`, `files` or `rados`.
     pub backend: &'static str,
@@ -56,13 +59,14 @@ pub struct NodeFacts {
 
 impl NodeFacts {
     /// Facts with the clock read now.
-    pub fn now(nbd_addr: SocketAddr, api_addr: SocketAddr) -> NodeFacts {
+    pub fn now(nbd_addr: Option<SocketAddr>, api_addr: SocketAddr) -> NodeFacts {
         NodeFacts {
             started: Instant::now(),
             started_unix_s: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             nbd_addr,
+            nbd_unix: None,
             api_addr,
             backend: "memory",
             data_dir: None,
@@ -102,7 +106,10 @@ pub struct NodeView {
     pub config_file: Option<String>,
     /// The calibration the scheduler's cost model came from, if one was loaded.
     pub calibration_file: Option<String>,
-    pub nbd_listen: String,
+    /// The NBD TCP address; `null` when the TCP listener is off.
+    pub nbd_listen: Option<String>,
+    /// The NBD Unix socket's path; `null` when there is none.
+    pub nbd_unix: Option<String>,
     pub api_listen: String,
     /// TLS is offered on the NBD port.
     pub tls: bool,
@@ -143,7 +150,8 @@ pub(super) async fn node(State(state): State<ApiState>) -> Json<NodeView> {
         data_dir: path(&facts.data_dir),
         config_file: path(&facts.config_file),
         calibration_file: path(&facts.calibration_file),
-        nbd_listen: facts.nbd_addr.to_string(),
+        nbd_listen: facts.nbd_addr.map(|a| a.to_string()),
+        nbd_unix: path(&facts.nbd_unix),
         api_listen: facts.api_addr.to_string(),
         tls: facts.tls,
         started_unix_s: facts.started_unix_s,

@@ -1,36 +1,115 @@
-//! The NBD accept loop: takes connections off the listener, admits them under the
-//! connection limits (logging refusals and evictions at a bounded rate), backs off when
-//! `accept` itself fails, and runs each admitted connection as a session, on a connection
-//! thread when there are some.
+//! The NBD accept loops, one per listener (TCP, the Unix socket): each takes connections off
+//! its listener, admits them under the connection limits (logging refusals and evictions at a
+//! bounded rate), backs off when `accept` itself fails, and runs each admitted connection as
+//! a session, on a connection thread when there are some. A Unix client is admitted by its
+//! kernel credentials (`SO_PEERCRED`) and, if `[server] nbd_unix_tenants` maps its uid,
+//! negotiates as that tenant; from there on both doors run the same session.
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::NodeError;
+use super::unix_socket::SocketFile;
 use crate::admission::{Admitted, Connections};
+use crate::net_threads::NetThreads;
+use crate::origin::{LocalPeer, Origin};
 use crate::session::{SessionContext, SessionError, serve_connection};
 
-/// Starts the connection threads (`net_threads`; 0: connections share the runtime) and the
-/// accept loop; returns the loop's task and what the API reads of the threads.
+/// A listener NBD clients come in by.
+#[derive(Debug)]
+pub(super) enum Door {
+    Tcp(TcpListener),
+    Unix(UnixDoor),
+}
+
+/// The Unix socket: its listener, its file (removed when the loop ends) and the uid map.
+#[derive(Debug)]
+pub(super) struct UnixDoor {
+    pub(super) listener: UnixListener,
+    /// Held, never read: dropping it with the door removes the socket file.
+    pub(super) _file: SocketFile,
+    /// The tenant each mapped local uid acts for (`UnixSocketConfig::tenants`).
+    pub(super) tenants: BTreeMap<u32, String>,
+}
+
+/// An accepted socket.
+enum Conn {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// An accepted socket off its reactor, on its way to a connection thread.
+enum StdConn {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Conn {
+    fn into_std(self) -> std::io::Result<StdConn> {
+        match self {
+            Conn::Tcp(s) => s.into_std().map(StdConn::Tcp),
+            Conn::Unix(s) => s.into_std().map(StdConn::Unix),
+        }
+    }
+}
+
+impl StdConn {
+    fn into_tokio(self) -> std::io::Result<Conn> {
+        match self {
+            StdConn::Tcp(s) => TcpStream::from_std(s).map(Conn::Tcp),
+            StdConn::Unix(s) => UnixStream::from_std(s).map(Conn::Unix),
+        }
+    }
+}
+
+/// One connection off a listener: `Err` of the outer result is the listener's failure
+/// (backed off), of the inner one the connection's alone (it is dropped).
+type Accepted = std::io::Result<std::io::Result<(Conn, Origin, Option<String>)>>;
+
+impl Door {
+    async fn accept(&self) -> Accepted {
+        match self {
+            Door::Tcp(listener) => {
+                let (stream, addr) = listener.accept().await?;
+                Ok(Ok((Conn::Tcp(stream), Origin::Tcp(addr), None)))
+            }
+            Door::Unix(door) => {
+                let (stream, _) = door.listener.accept().await?;
+                Ok(stream.peer_cred().map(|cred| {
+                    let peer = LocalPeer {
+                        uid: cred.uid(),
+                        gid: cred.gid(),
+                        pid: cred.pid(),
+                    };
+                    let tenant = door.tenants.get(&peer.uid).cloned();
+                    (Conn::Unix(stream), Origin::Unix(peer), tenant)
+                }))
+            }
+        }
+    }
+}
+
+/// Starts the connection threads (`net_threads`; 0: connections share the runtime) and an
+/// accept loop per door; returns the loops' tasks and what the API reads of the threads.
 pub(super) fn spawn(
-    listener: TcpListener,
+    doors: Vec<Door>,
     ctx: Arc<SessionContext>,
     connections: Arc<Connections>,
     stop: watch::Receiver<bool>,
     net_threads: usize,
-) -> Result<(JoinHandle<()>, crate::net_threads::OpenConnections), NodeError> {
+) -> Result<(Vec<JoinHandle<()>>, crate::net_threads::OpenConnections), NodeError> {
     let net_threads = match net_threads {
         0 => None,
-        n => Some(crate::net_threads::NetThreads::start(n).map_err(NodeError::Workers)?),
+        n => Some(Arc::new(NetThreads::start(n).map_err(NodeError::Workers)?)),
     };
     let connection_threads = net_threads
-        .as_ref()
-        .map(crate::net_threads::NetThreads::open_connections)
+        .as_deref()
+        .map(NetThreads::open_connections)
         .unwrap_or_default();
     match &net_threads {
         Some(t) => tracing::info!(
@@ -39,30 +118,46 @@ pub(super) fn spawn(
         ),
         None => tracing::info!("connection threads: none (connections share the runtime)"),
     }
-    let task = tokio::spawn(accept_loop(listener, ctx, connections, stop, net_threads));
-    Ok((task, connection_threads))
+    let tasks = doors
+        .into_iter()
+        .map(|door| {
+            tokio::spawn(accept_loop(
+                door,
+                Arc::clone(&ctx),
+                Arc::clone(&connections),
+                stop.clone(),
+                net_threads.clone(),
+            ))
+        })
+        .collect();
+    Ok((tasks, connection_threads))
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    door: Door,
     ctx: Arc<SessionContext>,
     connections: Arc<Connections>,
     mut stop: watch::Receiver<bool>,
-    // Dropped when the loop ends: the threads then close their connections and end.
-    net_threads: Option<crate::net_threads::NetThreads>,
+    // Dropped when the last loop ends: the threads then close their connections and end.
+    net_threads: Option<Arc<NetThreads>>,
 ) {
     let mut backoff = AcceptBackoff::default();
     let mut refusals = Sampled::default();
     let mut evictions = Sampled::default();
     loop {
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            accepted = door.accept() => accepted,
             _ = stop.changed() => break,
         };
-        let (stream, peer) = match accepted {
-            Ok(pair) => {
+        let (stream, peer, tenant) = match accepted {
+            Ok(Ok(accepted)) => {
                 backoff.succeeded();
-                pair
+                accepted
+            }
+            Ok(Err(err)) => {
+                // The peer's credentials could not be read: that connection alone is lost.
+                tracing::info!("dropped a connection on the NBD socket: {err}");
+                continue;
             }
             Err(err) => {
                 connections.note_accept_error();
@@ -77,8 +172,8 @@ async fn accept_loop(
                 continue;
             }
         };
-        let admitted = match connections.admit(peer) {
-            Ok(admitted) => admitted,
+        let admitted = match connections.admit(peer.clone()) {
+            Ok(admitted) => admitted.with_local_tenant(tenant),
             Err(refusal) => {
                 if let Some(more) = refusals.sample() {
                     tracing::warn!("refusing {peer}: {refusal} ({more} more refused before)");
@@ -107,33 +202,37 @@ async fn accept_loop(
                 continue;
             }
         };
+        let shown = peer.clone();
         let placed = threads.spawn(move || async move {
-            match TcpStream::from_std(stream) {
+            match stream.into_tokio() {
                 Ok(stream) => run_session(stream, peer, ctx, admitted).await,
                 Err(err) => tracing::info!("session with {peer} ended: {err}"),
             }
         });
         if placed.is_none() {
-            tracing::error!("no connection thread took {peer}: closed");
+            tracing::error!("no connection thread took {shown}: closed");
         }
     }
 }
 
 /// One connection from admission to close, on whichever thread runs it.
-async fn run_session(
-    stream: TcpStream,
-    peer: SocketAddr,
-    ctx: Arc<SessionContext>,
-    admitted: Admitted,
-) {
+async fn run_session(stream: Conn, peer: Origin, ctx: Arc<SessionContext>, admitted: Admitted) {
     let shared = Arc::clone(admitted.shared());
-    if let Err(err) = stream.set_nodelay(true) {
-        tracing::info!("session with {peer} ended: {}", SessionError::from(err));
-        return;
-    }
-    let served = tokio::select! {
-        served = serve_connection(stream, ctx, &admitted) => served,
-        () = shared.evicted() => Err(SessionError::Evicted),
+    let served = match stream {
+        Conn::Tcp(stream) => {
+            if let Err(err) = stream.set_nodelay(true) {
+                tracing::info!("session with {peer} ended: {}", SessionError::from(err));
+                return;
+            }
+            tokio::select! {
+                served = serve_connection(stream, ctx, &admitted) => served,
+                () = shared.evicted() => Err(SessionError::Evicted),
+            }
+        }
+        Conn::Unix(stream) => tokio::select! {
+            served = serve_connection(stream, ctx, &admitted) => served,
+            () = shared.evicted() => Err(SessionError::Evicted),
+        },
     };
     match served {
         Ok(()) => {}

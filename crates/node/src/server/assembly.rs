@@ -242,10 +242,11 @@ pub(super) fn start_background(
 /// What `GET /v1/node` shows about how the node was started.
 pub(super) fn node_facts(
     config: &NodeConfig,
-    nbd_addr: SocketAddr,
+    nbd_addr: Option<SocketAddr>,
     api_addr: SocketAddr,
 ) -> crate::api::node::NodeFacts {
     let mut facts = crate::api::node::NodeFacts::now(nbd_addr, api_addr);
+    facts.nbd_unix = config.nbd_unix.as_ref().map(|unix| unix.path.clone());
     match &config.backend {
         StoreBackend::Files { data_dir, .. } => {
             facts.backend = "files";

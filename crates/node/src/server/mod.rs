@@ -6,7 +6,8 @@
 //! scheduler, arbitration, the sessions' context and background work (`assembly.rs`);
 //! credit balances across restarts and the volumes registered with the scheduler
 //! (`credits.rs`); the limits and file descriptors, which also cap the API's connections
-//! (`fd_limits.rs`); the NBD accept loop and its sessions (`accept.rs`); the running node's
+//! (`fd_limits.rs`); the NBD accept loops and their sessions (`accept.rs`), the NBD Unix
+//! socket's file (`unix_socket.rs`); the running node's
 //! handles (`running.rs`) and shutdown (`shutdown.rs`). The API listener is served by
 //! `crate::api::serve`, started last here with the state its handlers share.
 
@@ -21,6 +22,7 @@ mod fd_limits;
 mod running;
 mod shutdown;
 mod store;
+mod unix_socket;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +39,7 @@ use crate::scheduler::{Scheduler, SchedulerError};
 use credits::CreditSaver;
 
 pub use fd_limits::{FD_RESERVE, api_limits_within};
+pub use unix_socket::UnixSocketError;
 
 /// Failures while starting or stopping a node.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +53,8 @@ pub enum NodeError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("the NBD Unix socket: {0}")]
+    UnixSocket(#[from] UnixSocketError),
     #[error("starting I/O workers: {0}")]
     Workers(std::io::Error),
     #[error("flushing at shutdown: {0}")]
@@ -87,7 +92,10 @@ pub struct Node;
 /// runtime ends.
 #[derive(Debug)]
 pub struct RunningNode {
-    pub nbd_addr: SocketAddr,
+    /// The NBD TCP listener's address; `None`: TCP is off (`nbd_listen = "off"`).
+    pub nbd_addr: Option<SocketAddr>,
+    /// The NBD Unix socket's path, if the node listens on one.
+    pub nbd_unix: Option<std::path::PathBuf>,
     pub api_addr: SocketAddr,
     store: Arc<Store>,
     scheduler: Option<Arc<Scheduler<IoJob>>>,
@@ -137,8 +145,13 @@ impl Node {
         let arbitration_status = crate::arbitration::SharedStatus::default();
         let arbitration =
             assembly::start_arbitration(&config, scheduler.as_ref(), &arbitration_status)?;
-        let (nbd_listener, nbd_addr) = assembly::bind(config.nbd_listen).await?;
-        let (api_listener, api_addr) = assembly::bind(config.api_listen).await?;
+        let Listeners {
+            doors,
+            nbd_addr,
+            nbd_unix,
+            api_listener,
+            api_addr,
+        } = bind_listeners(&config).await?;
         let (stop, stop_rx) = watch::channel(false);
         let (nbd_stop, nbd_stop_rx) = watch::channel(false);
 
@@ -160,8 +173,8 @@ impl Node {
         let pipeline = Arc::clone(&ctx.pipeline);
         let budget = Arc::clone(&pipeline.budget);
         let buffers = Arc::clone(&io.buffers);
-        let (accept_task, connection_threads) = accept::spawn(
-            nbd_listener,
+        let (mut tasks, connection_threads) = accept::spawn(
+            doors,
             ctx,
             Arc::clone(&connections),
             nbd_stop_rx,
@@ -196,12 +209,11 @@ impl Node {
             readiness: Arc::default(),
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state.clone(), stop_rx));
-        tracing::info!(
-            "NBD on {nbd_addr}, API on http://{api_addr}, policy {}",
-            config.qos.policy
-        );
+        log_listeners(nbd_addr, nbd_unix.as_deref(), api_addr, &config);
+        tasks.extend([api_task, sampler_task]);
         Ok(RunningNode {
             nbd_addr,
+            nbd_unix,
             api_addr,
             store,
             scheduler,
@@ -209,11 +221,65 @@ impl Node {
             nbd_stop,
             connections,
             pipeline,
-            tasks: vec![accept_task, api_task, sampler_task],
+            tasks,
             saver,
             arbitration,
             api_token: credentials.api_token,
             api_state,
         })
+    }
+}
+
+/// The node's listeners, bound.
+struct Listeners {
+    doors: Vec<accept::Door>,
+    nbd_addr: Option<SocketAddr>,
+    nbd_unix: Option<std::path::PathBuf>,
+    api_listener: tokio::net::TcpListener,
+    api_addr: SocketAddr,
+}
+
+/// Binds NBD's TCP listener (unless it is off), the API's, then NBD's Unix socket: last, so
+/// a failure to bind another leaves no socket file behind.
+async fn bind_listeners(config: &NodeConfig) -> Result<Listeners, NodeError> {
+    let mut doors = Vec::new();
+    let mut nbd_addr = None;
+    if let Some(addr) = config.nbd_listen {
+        let (listener, bound) = assembly::bind(addr).await?;
+        doors.push(accept::Door::Tcp(listener));
+        nbd_addr = Some(bound);
+    }
+    let (api_listener, api_addr) = assembly::bind(config.api_listen).await?;
+    if let Some(unix) = &config.nbd_unix {
+        let (listener, file) = unix_socket::bind(unix).await?;
+        doors.push(accept::Door::Unix(accept::UnixDoor {
+            listener,
+            _file: file,
+            tenants: unix.tenants.clone(),
+        }));
+    }
+    Ok(Listeners {
+        doors,
+        nbd_addr,
+        nbd_unix: config.nbd_unix.as_ref().map(|unix| unix.path.clone()),
+        api_listener,
+        api_addr,
+    })
+}
+
+fn log_listeners(
+    nbd_addr: Option<SocketAddr>,
+    nbd_unix: Option<&std::path::Path>,
+    api_addr: SocketAddr,
+    config: &NodeConfig,
+) {
+    let tcp = nbd_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    let policy = &config.qos.policy;
+    match nbd_unix {
+        Some(path) => tracing::info!(
+            "NBD on {tcp} and unix:{}, API on http://{api_addr}, policy {policy}",
+            path.display()
+        ),
+        None => tracing::info!("NBD on {tcp}, API on http://{api_addr}, policy {policy}"),
     }
 }

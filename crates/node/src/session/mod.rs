@@ -1,8 +1,12 @@
 //! One NBD connection, from the greeting to the last reply.
 //!
 //! Negotiation shows a session only the volumes of its tenant: the identity its TLS handshake
-//! proved, or none (plaintext, anonymous TLS), which sees only volumes without a tenant. Any
-//! other volume is answered exactly as a name no volume has (`Haggling::visible_export`).
+//! proved, or the tenant its local uid is mapped to on the Unix socket (`Admitted::
+//! local_tenant`), or none (plaintext, anonymous TLS, an unmapped uid), which sees only
+//! volumes without a tenant. Any other volume is answered exactly as a name no volume has
+//! (`Haggling::visible_export`). A TLS identity and a mapped uid that disagree end the
+//! session: two proofs of who the client is that name two tenants are a misconfiguration, and
+//! neither may silently win.
 //!
 //! Negotiation runs on the whole socket under a deadline, and may be cut short by eviction
 //! (`node::admission`) until the reply that enters transmission. Transmission splits it: this
@@ -28,7 +32,7 @@ use std::time::Duration;
 use headroom_nbd as nbd;
 use headroom_store::{Store, Volume};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 
 use crate::admission::Admitted;
 use crate::budget::BudgetError;
@@ -89,6 +93,11 @@ pub enum SessionError {
     TlsRequired(String),
     #[error("{0}")]
     TlsHandshake(String),
+    #[error(
+        "the TLS identity acts for tenant {tls:?} but the local uid is mapped to tenant {local:?} \
+         ([server] nbd_unix_tenants): refused"
+    )]
+    TenantConflict { tls: String, local: String },
     #[error("evicted while negotiating, to make room for a new connection")]
     Evicted,
     #[error("client stopped reading replies: it took no byte for {0} ms")]
@@ -123,7 +132,11 @@ pub async fn serve_connection<S: SessionStream>(
     let deadline = tokio::time::Instant::now()
         + Duration::from_millis(ctx.pipeline.limits.handshake_timeout_ms);
     let mut state = match tokio::time::timeout_at(deadline, greet(&mut stream)).await {
-        Ok(Ok(flags)) => Haggling::new(flags),
+        Ok(Ok(flags)) => {
+            let mut state = Haggling::new(flags);
+            state.tenant = conn.local_tenant().map(str::to_owned);
+            state
+        }
         Ok(Err(err)) => return Err(err),
         Err(_) => return Err(SessionError::HandshakeTimeout),
     };
@@ -148,7 +161,7 @@ pub async fn serve_connection<S: SessionStream>(
     }
 }
 
-/// Transmission on the whole stream: a TCP socket splits into its owned halves as before (no
+/// Transmission on the whole stream: a TCP or Unix socket splits into its owned halves (no
 /// lock between the reader and the writer task), any other stream through `tokio::io::split`.
 async fn transmit_on<S: SessionStream>(
     stream: S,
@@ -157,9 +170,16 @@ async fn transmit_on<S: SessionStream>(
     conn: &Admitted,
 ) -> Result<(), SessionError> {
     let stream: Box<dyn std::any::Any + Send> = Box::new(stream);
-    match stream.downcast::<TcpStream>() {
+    let stream = match stream.downcast::<TcpStream>() {
         Ok(tcp) => {
             let (reader, writer) = tcp.into_split();
+            return transmit(reader, writer, ctx, negotiated, conn).await;
+        }
+        Err(other) => other,
+    };
+    match stream.downcast::<UnixStream>() {
+        Ok(unix) => {
+            let (reader, writer) = unix.into_split();
             transmit(reader, writer, ctx, negotiated, conn).await
         }
         Err(other) => {
@@ -189,6 +209,8 @@ type TlsStream<S> = S;
 
 /// The TLS handshake that follows our `NBD_REP_ACK` to `NBD_OPT_STARTTLS`; returns the
 /// stream and the client's tenant (its PSK identity or certificate CN, `None` if anonymous).
+/// A mapped local uid's tenant holds when TLS proves no identity; one that proves another
+/// tenant is refused ([`SessionError::TenantConflict`]).
 #[cfg(feature = "tls")]
 async fn start_tls<S: SessionStream>(
     tls: &Tls,
@@ -200,7 +222,25 @@ async fn start_tls<S: SessionStream>(
         .await
         .map_err(|err| SessionError::TlsHandshake(err.to_string()))?;
     tracing::debug!("TLS session up, peer {peer:?}");
-    Ok((stream, peer.into_tenant()))
+    let tenant = combined_tenant(peer.into_tenant(), conn.local_tenant())?;
+    Ok((stream, tenant))
+}
+
+/// The session's tenant from its TLS identity and its mapped local uid (see
+/// [`start_tls`]).
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+fn combined_tenant(
+    tls: Option<String>,
+    local: Option<&str>,
+) -> Result<Option<String>, SessionError> {
+    match (tls, local) {
+        (Some(tls), Some(local)) if tls != local => Err(SessionError::TenantConflict {
+            tls,
+            local: local.to_owned(),
+        }),
+        (Some(tls), _) => Ok(Some(tls)),
+        (None, local) => Ok(local.map(str::to_owned)),
+    }
 }
 
 #[cfg(not(feature = "tls"))]
@@ -252,3 +292,23 @@ async fn serve_tls<S: SessionStream>(
 mod negotiate;
 mod reply;
 mod transmit;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_tls_identity_and_a_mapped_uid_must_agree() {
+        let alice = || Some("alice".to_owned());
+        assert_eq!(combined_tenant(None, None).unwrap(), None);
+        assert_eq!(combined_tenant(alice(), None).unwrap(), alice());
+        assert_eq!(combined_tenant(None, Some("alice")).unwrap(), alice());
+        assert_eq!(combined_tenant(alice(), Some("alice")).unwrap(), alice());
+        assert!(matches!(
+            combined_tenant(alice(), Some("bob")),
+            Err(SessionError::TenantConflict { .. })
+        ));
+    }
+}

@@ -26,7 +26,7 @@ pub fn config() -> NodeConfig {
     let mut config = NodeConfig::new(StoreBackend::Memory {
         capacity_bytes: CAPACITY_BYTES,
     });
-    config.nbd_listen = "127.0.0.1:0".parse().unwrap();
+    config.nbd_listen = Some("127.0.0.1:0".parse().unwrap());
     config.api_listen = "127.0.0.1:0".parse().unwrap();
     config
 }
@@ -46,7 +46,8 @@ pub async fn start_with_volume(name: &str, size_bytes: u64) -> RunningNode {
 
 /// Connects to export `name` (fixed newstyle, `NBD_OPT_GO`, simple replies).
 pub async fn connect(node: &RunningNode, name: &str) -> Result<Client, LabError> {
-    let client = NbdClient::connect(&node.nbd_addr.to_string(), name).await?;
+    let client =
+        NbdClient::connect(&node.nbd_addr.expect("a TCP listener").to_string(), name).await?;
     let size_bytes = client.export().size_bytes;
     let read_only = client.export().read_only();
     Ok(Client {
@@ -323,7 +324,9 @@ pub struct Haggle {
 impl Haggle {
     /// Connects and reads the greeting, sending nothing.
     pub async fn greeted(node: &RunningNode) -> Haggle {
-        let stream = TcpStream::connect(node.nbd_addr).await.expect("connect");
+        let stream = TcpStream::connect(node.nbd_addr.expect("a TCP listener"))
+            .await
+            .expect("connect");
         Haggle::greeted_on(stream).await
     }
 
@@ -506,5 +509,8 @@ pub async fn connect_from(node: &RunningNode, source: std::net::Ipv4Addr) -> Tcp
     socket
         .bind(std::net::SocketAddr::from((source, 0)))
         .expect("bind the source address");
-    socket.connect(node.nbd_addr).await.expect("connect")
+    socket
+        .connect(node.nbd_addr.expect("a TCP listener"))
+        .await
+        .expect("connect")
 }
