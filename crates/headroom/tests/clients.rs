@@ -216,44 +216,7 @@ fn qemu_img_and_nbdcopy_round_trip_256mib() {
 }
 
 fn fio_verify(server: &Server, export: &str, rw: &str) {
-    let out = Command::new("fio")
-        .args([
-            "--name=verify",
-            "--ioengine=nbd",
-            &format!("--uri={}", server.uri(export)),
-            &format!("--rw={rw}"),
-            "--bsrange=4k-1m",
-            "--iodepth=32",
-            "--numjobs=2",
-            "--size=48m",
-            "--offset_increment=64m",
-            "--verify=crc32c",
-            "--verify_fatal=1",
-            "--do_verify=1",
-            // No verify-state files in the working directory (they are test output).
-            "--verify_state_save=0",
-            "--group_reporting",
-            "--output-format=json",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "fio {rw} failed: {}", text(&out));
-    // The nbd engine prints "fio: connected to NBD server" lines before the JSON document.
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json_start = stdout
-        .find('{')
-        .unwrap_or_else(|| panic!("no JSON from fio: {}", text(&out)));
-    let report: Value = serde_json::from_str(&stdout[json_start..])
-        .unwrap_or_else(|err| panic!("fio json: {err}: {}", text(&out)));
-    let job = &report["jobs"][0];
-    assert_eq!(job["error"].as_u64(), Some(0), "{job}");
-    let written = job["write"]["io_bytes"].as_u64().unwrap();
-    assert!(written > 0, "fio wrote nothing: {job}");
-    if rw == "randwrite" {
-        // Verification re-reads everything written.
-        let read = job["read"]["io_bytes"].as_u64().unwrap();
-        assert!(read >= written, "verify read {read} < written {written}");
-    }
+    common::fio_verify(&server.uri(export), rw);
 }
 
 #[test]

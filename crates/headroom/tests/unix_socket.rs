@@ -13,7 +13,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{Server, have_tool, random_file, run_ok, start_fails, text};
+use common::{Server, fio_verify, have_tool, random_file, run_ok, start_fails, text};
 use serde_json::Value;
 
 /// This process's uid: the one the server reads off our connections (`SO_PEERCRED`).
@@ -122,38 +122,7 @@ fn fio_verified_writes_over_the_socket() {
     let server = server_with_socket(dir.path(), &socket, &[]);
     server.create_volume("fio", "128MiB");
     for rw in ["randwrite", "randrw"] {
-        let out = Command::new("fio")
-            .args([
-                "--name=verify",
-                "--ioengine=nbd",
-                &format!("--uri={}", unix_uri(&socket, "fio")),
-                &format!("--rw={rw}"),
-                "--bsrange=4k-1m",
-                "--iodepth=32",
-                "--numjobs=2",
-                "--size=48m",
-                "--offset_increment=64m",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-                "--do_verify=1",
-                "--verify_state_save=0",
-                "--group_reporting",
-                "--output-format=json",
-            ])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "fio {rw} failed: {}", text(&out));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let start = stdout.find('{').expect("fio's JSON");
-        let report: Value = serde_json::from_str(&stdout[start..]).unwrap();
-        let job = &report["jobs"][0];
-        assert_eq!(job["error"].as_u64(), Some(0), "{job}");
-        let written = job["write"]["io_bytes"].as_u64().unwrap();
-        let read = job["read"]["io_bytes"].as_u64().unwrap();
-        assert!(written > 0, "fio wrote nothing: {job}");
-        if rw == "randwrite" {
-            assert!(read >= written, "verify read {read} < written {written}");
-        }
+        fio_verify(&unix_uri(&socket, "fio"), rw);
     }
     server.stop();
 }

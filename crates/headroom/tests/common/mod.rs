@@ -354,6 +354,43 @@ pub fn fio_job(out: &Output) -> serde_json::Value {
     fio_report(out)["jobs"][0].clone()
 }
 
+/// fio's crc32c-verified `rw` (`randwrite` or `randrw`) over NBD at `uri`: two jobs at QD32,
+/// 4 KiB to 1 MiB, 48 MiB each 64 MiB apart; fails on any error, on nothing written, and (for
+/// `randwrite`) on a verification that read back less than was written.
+pub fn fio_verify(uri: &str, rw: &str) {
+    let out = Command::new("fio")
+        .args([
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            &format!("--rw={rw}"),
+            "--bsrange=4k-1m",
+            "--iodepth=32",
+            "--numjobs=2",
+            "--size=48m",
+            "--offset_increment=64m",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--do_verify=1",
+            // No verify-state files in the working directory (they are test output).
+            "--verify_state_save=0",
+            "--group_reporting",
+            "--output-format=json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "fio {rw} failed: {}", text(&out));
+    let job = fio_job(&out);
+    assert_eq!(job["error"].as_u64(), Some(0), "{job}");
+    let written = job["write"]["io_bytes"].as_u64().unwrap();
+    assert!(written > 0, "fio wrote nothing: {job}");
+    if rw == "randwrite" {
+        // Verification re-reads everything written.
+        let read = job["read"]["io_bytes"].as_u64().unwrap();
+        assert!(read >= written, "verify read {read} < written {written}");
+    }
+}
+
 /// stdout and stderr of a finished command, for assertion messages.
 pub fn text(out: &Output) -> String {
     format!(
