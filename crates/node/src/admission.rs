@@ -48,7 +48,7 @@ pub struct Connections {
 #[derive(Debug, Default)]
 struct State {
     entries: HashMap<u64, Entry>,
-    per_ip: HashMap<OriginGroup, usize>,
+    per_group: HashMap<OriginGroup, usize>,
     next_id: u64,
 }
 
@@ -216,23 +216,23 @@ impl Connections {
     /// Admits a connection from `peer`, evicting a negotiating one if a cap is reached.
     pub fn admit(self: &Arc<Self>, peer: impl Into<Origin>) -> Result<Admitted, Refusal> {
         let peer = peer.into();
-        let ip = peer.group(self.ipv6_prefix_len);
+        let group = peer.group(self.ipv6_prefix_len);
         let mut state = self.lock();
         let mut evicted = None;
-        let from_ip = state.per_ip.get(&ip).copied().unwrap_or(0);
-        if from_ip >= self.max_per_ip {
-            match Self::oldest_negotiating(&state, |entry_ip| entry_ip == ip) {
+        let from_group = state.per_group.get(&group).copied().unwrap_or(0);
+        if from_group >= self.max_per_ip {
+            match Self::oldest_negotiating(&state, |entry_group| entry_group == group) {
                 Some(victim) => evicted = Some(Self::evict(&mut state, victim)),
                 None => {
                     self.refused_total.fetch_add(1, Ordering::Relaxed);
-                    return Err(Refusal::AddressFull(from_ip));
+                    return Err(Refusal::AddressFull(from_group));
                 }
             }
         }
         if evicted.is_none() && state.entries.len() >= self.max_connections {
-            match Self::heaviest_negotiating_address(&state)
-                .and_then(|heavy| Self::oldest_negotiating(&state, |entry_ip| entry_ip == heavy))
-            {
+            match Self::heaviest_negotiating_group(&state).and_then(|heavy| {
+                Self::oldest_negotiating(&state, |entry_group| entry_group == heavy)
+            }) {
                 Some(victim) => evicted = Some(Self::evict(&mut state, victim)),
                 None => {
                     self.refused_total.fetch_add(1, Ordering::Relaxed);
@@ -250,14 +250,14 @@ impl Connections {
             id,
             Entry {
                 peer: peer.clone(),
-                group: ip,
+                group,
                 accepted: Instant::now(),
                 seq: id,
                 phase: Phase::Negotiating,
                 shared: Arc::clone(&shared),
             },
         );
-        *state.per_ip.entry(ip).or_insert(0) += 1;
+        *state.per_group.entry(group).or_insert(0) += 1;
         self.accepted_total.fetch_add(1, Ordering::Relaxed);
         Ok(Admitted {
             table: Arc::clone(self),
@@ -269,7 +269,7 @@ impl Connections {
         })
     }
 
-    /// The negotiating connection accepted first among those whose address passes `pick`.
+    /// The negotiating connection accepted first among those whose client group passes `pick`.
     fn oldest_negotiating(state: &State, pick: impl Fn(OriginGroup) -> bool) -> Option<u64> {
         state
             .entries
@@ -279,8 +279,9 @@ impl Connections {
             .map(|(&id, _)| id)
     }
 
-    /// The address with the most negotiating connections (ties: the one holding the oldest).
-    fn heaviest_negotiating_address(state: &State) -> Option<OriginGroup> {
+    /// The client group (address group or local uid) with the most negotiating connections
+    /// (ties: the one holding the oldest).
+    fn heaviest_negotiating_group(state: &State) -> Option<OriginGroup> {
         let mut counts: HashMap<OriginGroup, (usize, u64)> = HashMap::new();
         for entry in state.entries.values() {
             if matches!(entry.phase, Phase::Negotiating) {
@@ -292,7 +293,7 @@ impl Connections {
         counts
             .into_iter()
             .max_by(|a, b| a.1.0.cmp(&b.1.0).then(b.1.1.cmp(&a.1.1)))
-            .map(|(ip, _)| ip)
+            .map(|(group, _)| group)
     }
 
     /// Tells every session, negotiating or transmitting, to end (its connection closes; its
@@ -311,16 +312,16 @@ impl Connections {
         let Some(entry) = state.entries.remove(&id) else {
             return Origin::Tcp(([0, 0, 0, 0], 0).into());
         };
-        Self::forget_ip(state, entry.group);
+        Self::forget_group(state, entry.group);
         entry.shared.evicted.notify_one();
         entry.peer
     }
 
-    fn forget_ip(state: &mut State, ip: OriginGroup) {
-        if let Some(count) = state.per_ip.get_mut(&ip) {
+    fn forget_group(state: &mut State, group: OriginGroup) {
+        if let Some(count) = state.per_group.get_mut(&group) {
             *count = count.saturating_sub(1);
             if *count == 0 {
-                state.per_ip.remove(&ip);
+                state.per_group.remove(&group);
             }
         }
     }
@@ -417,7 +418,7 @@ impl Drop for Admitted {
     fn drop(&mut self) {
         let mut state = self.table.lock();
         if let Some(entry) = state.entries.remove(&self.id) {
-            Connections::forget_ip(&mut state, entry.group);
+            Connections::forget_group(&mut state, entry.group);
         }
     }
 }
