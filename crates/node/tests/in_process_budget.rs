@@ -12,7 +12,7 @@ mod common;
 use std::net::Ipv4Addr;
 
 use common::{GUARD, Haggle, Req};
-use headroom_nbd::consts::NBD_CMD_READ;
+use headroom_nbd::consts::{NBD_CMD_READ, NBD_CMD_WRITE};
 use headroom_node::server::RunningNode;
 
 const HOME: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
@@ -234,55 +234,77 @@ async fn greedy_connections_that_never_read_do_not_stop_their_tenants_other_conn
     node.shutdown().await.expect("a clean stop");
 }
 
+/// Sends the header of a WRITE of `length` bytes and only the first 4 KiB of its payload: the
+/// server has charged the whole buffer and waits for the rest, holding it until the session
+/// ends (or the reply stall timeout, 60 s, far past the test). Unlike reads whose replies go
+/// unread, which keep draining into the socket buffers for a while, this holds a fixed charge
+/// from the moment the budget shows it.
+async fn write_never_finished(client: &mut common::Client, length: u32) {
+    client
+        .send_request(Req::new(NBD_CMD_WRITE, 0, length), &[7u8; 4096])
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_larger_than_the_reserve_waits_for_the_greedy_ones_and_is_served_when_they_go() {
-    let node = common::start(tight_budget()).await;
+    let mut config = tight_budget();
+    config.limits.max_request_bytes = 2 << 20;
+    let node = common::start(config).await;
     node.create_volume("v", 8 << 20, None).expect("volume");
+    let budget = || node.api_state().budget.view();
+    assert_eq!(
+        budget().reserved_inflight_bytes_per_conn,
+        1 << 20,
+        "the limits do not give the reserve this test assumes"
+    );
+    // Two 2 MiB charges (larger than a reserve: shared pool) fill the tenant's 4 MiB, held.
     let mut greedy_a = common::connect(&node, "v").await.expect("a");
     let mut greedy_b = common::connect(&node, "v").await.expect("b");
-    pipeline_unread(&mut greedy_a, 64).await;
-    pipeline_unread(&mut greedy_b, 64).await;
-    let tenant_full = || {
-        node.api_state()
-            .budget
-            .view()
+    write_never_finished(&mut greedy_a, 2 << 20).await;
+    write_never_finished(&mut greedy_b, 2 << 20).await;
+    let shared_of_tenant = || {
+        budget()
             .tenants
             .iter()
-            .any(|t| t.inflight_bytes - t.reserved_inflight_bytes == 4 << 20)
+            .map(|t| t.inflight_bytes - t.reserved_inflight_bytes)
+            .sum::<u64>()
     };
-    assert!(common::eventually(tenant_full).await);
-    // Two 1 MiB reads: the first fits the reserve, the second needs the shared pool.
+    assert!(common::eventually(|| shared_of_tenant() == 4 << 20).await);
+    // A 1 MiB read fits the reserve and is served; a 2 MiB read needs the shared pool.
     let mut third = common::connect(&node, "v").await.expect("third");
-    let first = third
+    let small = third
         .send_request(Req::new(NBD_CMD_READ, 0, 1 << 20), &[])
         .await;
-    let second = third
-        .send_request(Req::new(NBD_CMD_READ, 0, 1 << 20), &[])
+    let large = third
+        .send_request(Req::new(NBD_CMD_READ, 0, 2 << 20), &[])
         .await;
     let (cookie, error) = tokio::time::timeout(GUARD, third.read_simple_header())
         .await
-        .expect("the reserve did not serve the first read");
-    assert_eq!((cookie, error), (first, 0));
+        .expect("the reserve did not serve the 1 MiB read");
+    assert_eq!((cookie, error), (small, 0));
     third.read_payload(1 << 20).await;
+    // The large one waits (the only charge that can: the greedy sessions are reading payload).
     let waiting = || {
-        node.api_state()
-            .budget
-            .view()
+        budget()
             .tenants
             .iter()
             .map(|t| t.waiting_charges)
             .sum::<usize>()
     };
-    // The second waits behind the greedy ones (round robin inside the tenant) ...
-    assert!(common::eventually(|| waiting() >= 1).await);
+    assert!(common::eventually(|| waiting() == 1).await);
+    assert_eq!(
+        shared_of_tenant(),
+        4 << 20,
+        "a greedy charge was given back"
+    );
     // ... and is granted once they are gone.
     drop(greedy_a);
     drop(greedy_b);
     let (cookie, error) = tokio::time::timeout(GUARD, third.read_simple_header())
         .await
         .expect("the waiting read was never granted");
-    assert_eq!((cookie, error), (second, 0));
-    third.read_payload(1 << 20).await;
+    assert_eq!((cookie, error), (large, 0));
+    third.read_payload(2 << 20).await;
     third.disconnect().await;
     node.shutdown().await.expect("a clean stop");
 }
