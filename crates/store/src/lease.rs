@@ -26,14 +26,18 @@
 //! client, data and metadata alike, fails with `EBLOCKLISTED`, so a holder that was only
 //! paused (SIGSTOP, a long GC-like stall, a network partition) cannot land a late write. A
 //! clean shutdown unlocks, which removes the holder from the lock, so the next node has
-//! nobody to fence. Nothing a client writes into the pool chooses the address: the omap
+//! nobody to fence; so it unlocks only once nothing of this node can land any more: every
+//! new operation refused first, then the ones under way waited for (rados_inflight.rs;
+//! [`Lease::release`]). Nothing a client writes into the pool chooses the address: the omap
 //! value `owner` that earlier releases kept on the lease object (and fenced) is no longer
 //! read, and is removed at the next takeover.
 //!
 //! **Losing the lease.** A renewal that finds the lock gone or held by another, or no
 //! successful renewal for a whole lease duration (a watchdog thread checks this, since the
 //! renewer may be stuck waiting for an unresponsive cluster), means another node may be
-//! serving. The node then stops at once: the store's pool handle refuses every later data
+//! serving. The lease's age is read on `CLOCK_BOOTTIME`, which runs on while the machine is
+//! suspended, as the OSDs' clocks do, and the pool refuses every operation once the lease
+//! may have run out on it, before the watchdog looks (lease_clock.rs). The node then stops at once: the store's pool handle refuses every later data
 //! and metadata operation (`Pool::stop_io`), so no NBD request reaches the cluster any more,
 //! and the loss is recorded (`Lease::loss`) for the node to report (`GET /readyz` answers
 //! 503 naming it) before it exits with `LEASE_LOST_EXIT_STATUS` (node crate; docs/
@@ -46,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use crate::cls_lock_info::{LockHolder, decode_holders};
 use crate::error::StoreError;
+use crate::lease_clock::{LeaseClock, LeaseExpiry, boot_clock};
 use crate::lease_loss::LeaseLoss;
 use crate::rados::{OmapBatch, Pool};
 
@@ -59,6 +64,12 @@ const OLD_OWNER_KEY: &[u8] = b"owner";
 /// The loss of a lease, once it happened; shared by the renewer, the watchdog and the store.
 type SharedLoss = Arc<Mutex<Option<LeaseLoss>>>;
 
+/// How long a release waits for the operations under way to end before it unlocks (a
+/// fraction of the lease, which is renewed meanwhile); past it the lease is left to expire.
+fn drain_timeout(duration: Duration) -> Duration {
+    duration / 2
+}
+
 /// A held lease; renewed by a thread until dropped (which releases it) or lost.
 pub(crate) struct Lease {
     pool: Arc<Pool>,
@@ -67,6 +78,7 @@ pub(crate) struct Lease {
     /// The renewer and the watchdog (taken by `release`).
     threads: Mutex<Vec<JoinHandle<()>>>,
     loss: SharedLoss,
+    duration: Duration,
 }
 
 impl std::fmt::Debug for Lease {
@@ -89,6 +101,16 @@ impl Lease {
         duration: Duration,
         wait: Option<Duration>,
     ) -> Result<Lease, StoreError> {
+        Lease::acquire_with_clock(pool, duration, wait, boot_clock())
+    }
+
+    /// [`Lease::acquire`] with the lease's age read on `clock`.
+    pub(crate) fn acquire_with_clock(
+        pool: Arc<Pool>,
+        duration: Duration,
+        wait: Option<Duration>,
+        clock: LeaseClock,
+    ) -> Result<Lease, StoreError> {
         let addr = pool.client_addr().map_err(io_err)?;
         let cookie = CString::new(format!(
             "{}-{}",
@@ -104,7 +126,7 @@ impl Lease {
         // holder takes a whole lease to expire, much longer than a poll, so the last answer
         // names the holder whose expired lock the successful attempt replaces.
         let mut previous = recorded_holders(&pool);
-        let mut attempt = Instant::now();
+        let mut attempt = clock();
         while !pool
             .lock_exclusive(LEASE_OBJECT, LOCK_NAME, &cookie, duration, false)
             .map_err(io_err)?
@@ -132,7 +154,7 @@ impl Lease {
                 )));
             }
             std::thread::sleep(poll);
-            attempt = Instant::now();
+            attempt = clock();
         }
         // The lease runs from the moment the successful request was sent, at the latest.
         let renewed = Arc::new(Mutex::new(attempt));
@@ -169,7 +191,7 @@ impl Lease {
         // Fencing waits for the newest OSD map, which can take most of a lease on a loaded
         // cluster: renew before serving, so the node starts with a whole lease ahead of it
         // (and learns now, not mid-request, if the lease ran out while it fenced).
-        let sent = Instant::now();
+        let sent = clock();
         if !pool
             .lock_exclusive(LEASE_OBJECT, LOCK_NAME, &cookie, duration, true)
             .map_err(io_err)?
@@ -181,6 +203,7 @@ impl Lease {
             )));
         }
         *renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent;
+        pool.watch_lease_expiry(LeaseExpiry::new(Arc::clone(&clock), sent, duration));
         tracing::info!(
             store = pool.label.as_str(),
             client = addr.as_str(),
@@ -193,9 +216,12 @@ impl Lease {
         let renewer = {
             let (pool, cookie, stop) = (Arc::clone(&pool), cookie.clone(), Arc::clone(&stop));
             let (renewed, loss) = (Arc::clone(&renewed), Arc::clone(&loss));
+            let clock = Arc::clone(&clock);
             std::thread::Builder::new()
                 .name("rados-lease".into())
-                .spawn(move || renew_loop(&pool, &cookie, duration, &stop, &renewed, &loss))?
+                .spawn(move || {
+                    renew_loop(&pool, &cookie, duration, &stop, &renewed, &loss, &clock)
+                })?
         };
         // Apart from the renewer, which may be stuck in a call to a cluster that does not
         // answer (librados retries an operation for as long as it takes).
@@ -203,7 +229,7 @@ impl Lease {
             let (pool, stop, loss) = (Arc::clone(&pool), Arc::clone(&stop), Arc::clone(&loss));
             std::thread::Builder::new()
                 .name("rados-lease-watch".into())
-                .spawn(move || watch_loop(&pool, duration, &stop, &renewed, &loss))?
+                .spawn(move || watch_loop(&pool, duration, &stop, &renewed, &loss, &clock))?
         };
         Ok(Lease {
             pool,
@@ -211,6 +237,7 @@ impl Lease {
             stop,
             threads: Mutex::new(vec![renewer, watchdog]),
             loss,
+            duration,
         })
     }
 
@@ -241,32 +268,43 @@ fn stopped(stop: &(Mutex<bool>, Condvar), period: Duration) -> bool {
     *guard
 }
 
+/// Why a lease whose last renewal is a whole lease duration old is given up.
+const NO_RENEWAL_FOR_A_LEASE: &str = "no renewal succeeded for a whole lease duration (the \
+     cluster does not answer, or this machine was suspended)";
+
 fn renew_loop(
     pool: &Pool,
     cookie: &CStr,
     duration: Duration,
     stop: &(Mutex<bool>, Condvar),
-    renewed: &Mutex<Instant>,
+    renewed: &Mutex<Duration>,
     loss: &SharedLoss,
+    clock: &LeaseClock,
 ) {
     let last = || *renewed.lock().unwrap_or_else(|e| e.into_inner());
+    let age = || clock().saturating_sub(last());
     // A third of a lease after the last renewal that succeeded (at once if that is past), so
     // a slow renewal does not push the next one later.
     // Never closer than a sixteenth of a lease apart (a failing cluster is not hammered).
-    let next = || {
-        (duration / 3)
-            .saturating_sub(last().elapsed())
-            .max(duration / 16)
-    };
+    let next = || (duration / 3).saturating_sub(age()).max(duration / 16);
     let is_lost = || loss.lock().unwrap_or_else(|e| e.into_inner()).is_some();
     while !stopped(stop, next()) && !is_lost() {
-        let sent = Instant::now();
+        // A lease as old as a whole duration may be another node's by now (a suspend stops
+        // this thread with the clock running on): given up here as by the watchdog, whichever
+        // looks first, rather than renewed.
+        if age() >= duration {
+            return lose(pool, loss, NO_RENEWAL_FOR_A_LEASE);
+        }
+        let sent = clock();
         match pool.lock_exclusive(LEASE_OBJECT, LOCK_NAME, cookie, duration, true) {
             // (Not after the watchdog gave up: the node stopped serving then.)
-            Ok(true) if !is_lost() => *renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent,
+            Ok(true) if !is_lost() => {
+                *renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent;
+                pool.lease_renewed(sent, duration);
+            }
             Ok(true) => return,
             Ok(false) => return lose(pool, loss, "another node holds it now"),
-            Err(e) if last().elapsed() >= duration => return lose(pool, loss, &e.to_string()),
+            Err(e) if age() >= duration => return lose(pool, loss, &e.to_string()),
             Err(e) => tracing::warn!(error = %e, "renewing the store's lease failed; retrying"),
         }
     }
@@ -278,20 +316,17 @@ fn watch_loop(
     pool: &Pool,
     duration: Duration,
     stop: &(Mutex<bool>, Condvar),
-    renewed: &Mutex<Instant>,
+    renewed: &Mutex<Duration>,
     loss: &SharedLoss,
+    clock: &LeaseClock,
 ) {
     while !stopped(stop, duration / 8) {
         if loss.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
             return;
         }
         let last = *renewed.lock().unwrap_or_else(|e| e.into_inner());
-        if last.elapsed() >= duration {
-            return lose(
-                pool,
-                loss,
-                "no renewal succeeded for a whole lease duration (the cluster does not answer)",
-            );
+        if clock().saturating_sub(last) >= duration {
+            return lose(pool, loss, NO_RENEWAL_FOR_A_LEASE);
         }
     }
 }
@@ -316,16 +351,24 @@ fn lose(pool: &Pool, loss: &SharedLoss, why: &str) {
 }
 
 impl Lease {
-    /// Stops renewing and releases the lease (a clean stop: the unlock removes this node
-    /// from the lock, so the next node fences nobody); every later I/O of the store is
-    /// refused. Once only: later calls, and the drop, do nothing. Called at the end of a
-    /// clean shutdown rather than left to the drop, which may come only when the last
-    /// reference to the store goes, or not at all before the process exits.
+    /// Releases the lease at a clean stop, in the order that keeps a successor safe: every
+    /// new operation of the store is refused first, then the operations still under way
+    /// (a request's write, an asynchronous write's completion, a commit) are waited for,
+    /// renewing meanwhile; only then does renewing stop and the unlock remove this node from
+    /// the lock, so the next node that takes it at once (fencing nobody) finds nothing of
+    /// this node's still landing. If they do not end within half a lease, the lock is left to
+    /// expire: the next node then fences this one. Once only: later calls, and the drop, do
+    /// nothing. Called at the end of a clean shutdown rather than left to the drop, which may
+    /// come only when the last reference to the store goes, or not at all before the process
+    /// exits.
     pub(crate) fn release(&self) {
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         if threads.is_empty() {
             return;
         }
+        self.pool
+            .stop_io("it released the store's lease (clean shutdown)");
+        let drained = self.pool.wait_drained(drain_timeout(self.duration));
         {
             let (lock, cv) = &*self.stop;
             *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
@@ -337,11 +380,18 @@ impl Lease {
         if self.loss().is_some() {
             return; // not ours any more
         }
+        if !drained {
+            tracing::warn!(
+                store = self.pool.label.as_str(),
+                in_flight = self.pool.ops_in_flight(),
+                "operations of the store were still under way at release; leaving the lease \
+                 to expire (the next node fences this one)"
+            );
+            return;
+        }
         if let Err(e) = self.pool.unlock(LEASE_OBJECT, LOCK_NAME, &self.cookie) {
             tracing::warn!(error = %e, "releasing the store's lease failed; it expires by itself");
         }
-        self.pool
-            .stop_io("it released the store's lease (clean shutdown)");
         tracing::info!(
             store = self.pool.label.as_str(),
             "released the store's lease"
@@ -352,5 +402,110 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against the cluster of `HEADROOM_TEST_CEPH_CONF` (as `scripts/test` sets), each test in
+    //! a namespace of its own; skipped without one (a failure under HEADROOM_REQUIRE_TOOLS).
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    fn test_pool() -> Option<Arc<Pool>> {
+        let Some(conf) = std::env::var_os("HEADROOM_TEST_CEPH_CONF") else {
+            assert!(
+                std::env::var_os("HEADROOM_REQUIRE_TOOLS").is_none(),
+                "a test cluster is required (HEADROOM_REQUIRE_TOOLS is set) but \
+                 HEADROOM_TEST_CEPH_CONF is not"
+            );
+            eprintln!("SKIPPED: no HEADROOM_TEST_CEPH_CONF");
+            return None;
+        };
+        let pool = std::env::var("HEADROOM_TEST_CEPH_POOL").unwrap_or_else(|_| "headroom".into());
+        let id = std::env::var("HEADROOM_TEST_CEPH_ID").unwrap_or_else(|_| "admin".into());
+        let ns = crate::rados::new_namespace().unwrap();
+        Some(Arc::new(
+            Pool::connect(std::path::Path::new(&conf), &id, &pool, &ns).unwrap(),
+        ))
+    }
+
+    /// Polls `done` until it holds; a failure after a guard far longer than it takes.
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let guard = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < guard, "never: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn holds(pool: &Pool, lease: &Lease) -> bool {
+        pool.lockers(LEASE_OBJECT, LOCK_NAME)
+            .unwrap()
+            .iter()
+            .any(|h| h.cookie.as_bytes() == lease.cookie.to_bytes())
+    }
+
+    #[test]
+    fn a_release_unlocks_only_after_the_operations_under_way_have_ended() {
+        let Some(pool) = test_pool() else { return };
+        let wait = Some(Duration::from_secs(30));
+        let lease =
+            Arc::new(Lease::acquire(Arc::clone(&pool), Duration::from_secs(30), wait).unwrap());
+        assert!(holds(&pool, &lease));
+        // An operation under way: a write whose completion has not come back yet.
+        let op = pool.begin_op().unwrap();
+        let releasing = {
+            let lease = Arc::clone(&lease);
+            std::thread::spawn(move || lease.release())
+        };
+        // The release refuses new operations at once ...
+        wait_until("the release stops new operations", || {
+            pool.begin_op().is_err()
+        });
+        // ... but keeps the lock while one could still land after a successor took over.
+        assert!(
+            holds(&pool, &lease),
+            "unlocked while an operation of this node was under way"
+        );
+        drop(op);
+        releasing.join().unwrap();
+        assert!(
+            !holds(&pool, &lease),
+            "not unlocked once the operation ended"
+        );
+        assert!(lease.loss().is_none());
+    }
+
+    #[test]
+    fn a_lease_a_whole_duration_old_on_the_boot_clock_is_given_up() {
+        let Some(pool) = test_pool() else { return };
+        let suspended_ns = Arc::new(AtomicU64::new(0));
+        let clock: LeaseClock = {
+            let (boot, suspended_ns) = (boot_clock(), Arc::clone(&suspended_ns));
+            Arc::new(move || boot() + Duration::from_nanos(suspended_ns.load(Ordering::SeqCst)))
+        };
+        let duration = Duration::from_secs(4);
+        let wait = Some(Duration::from_secs(30));
+        let lease = Lease::acquire_with_clock(Arc::clone(&pool), duration, wait, clock).unwrap();
+        assert!(lease.loss().is_none() && pool.begin_op().is_ok());
+        // The machine was suspended for longer than a lease: the OSDs' clocks ran on, and
+        // `CLOCK_BOOTTIME` with them, while no thread of this node ran.
+        let jump_ns = u64::try_from(duration.as_nanos()).unwrap() + 1;
+        suspended_ns.store(jump_ns, Ordering::SeqCst);
+        // Not one more operation, before the watchdog or the renewer has looked ...
+        let refused = pool
+            .begin_op()
+            .expect_err("an operation was sent on a run-out lease");
+        assert!(
+            refused.to_string().contains("may have run out"),
+            "{refused}"
+        );
+        // ... and the lease is given up, by whichever looks first.
+        wait_until("the lease is given up", || lease.loss().is_some());
+        assert!(pool.begin_op().is_err(), "the store still takes I/O");
+        let why = lease.loss().unwrap().why;
+        assert!(why.contains("suspended"), "{why}");
     }
 }

@@ -30,6 +30,8 @@ mod fault;
 mod layout;
 #[cfg(feature = "rados")]
 mod lease;
+#[cfg(feature = "rados")]
+mod lease_clock;
 mod lease_loss;
 mod meta;
 mod meta_file;
@@ -39,6 +41,8 @@ pub mod mutants;
 mod name;
 #[cfg(feature = "rados")]
 mod rados;
+#[cfg(feature = "rados")]
+mod rados_inflight;
 #[cfg(feature = "rados")]
 mod rados_meta;
 mod signature;

@@ -52,6 +52,10 @@ use std::io;
 use std::io::Write as _;
 use std::path::Path;
 use std::ptr;
+use std::sync::Arc;
+
+use crate::lease_clock::LeaseExpiry;
+use crate::rados_inflight::{InFlight, OpGuard};
 
 /// The librados C calls we use (declarations from `rados/librados.h`, Ceph 16).
 mod ffi {
@@ -378,9 +382,15 @@ pub(crate) struct Pool {
     /// Declared after `io`: the context is destroyed before the connection shuts down.
     cluster: Cluster,
     pub(crate) label: String,
-    /// Set once the store's lease is lost (`stop_io`): from then on every operation fails
-    /// here, before it reaches the cluster.
+    /// Set once the store's lease is lost or released (`stop_io`): from then on every
+    /// operation fails here, before it reaches the cluster.
     stopped: std::sync::OnceLock<String>,
+    /// The data and metadata operations under way (rados_inflight.rs): a release waits for
+    /// them to end before it unlocks.
+    inflight: Arc<InFlight>,
+    /// When the store's lease runs out (lease_clock.rs), once held: no operation is sent
+    /// after that, even before the watchdog notices.
+    lease_expiry: std::sync::OnceLock<LeaseExpiry>,
 }
 
 // SAFETY: librados' cluster and I/O-context handles may be used from any thread and from
@@ -476,31 +486,67 @@ impl Pool {
             cluster,
             label: format!("rados:{pool}/{namespace}"),
             stopped: std::sync::OnceLock::new(),
+            inflight: Arc::default(),
+            lease_expiry: std::sync::OnceLock::new(),
         })
     }
 
     /// Refuses every later data and metadata operation of this pool handle, before it
     /// reaches the cluster (the store's lease is lost, lease.rs: another node may be serving
-    /// the store now). Operations already sent are not recalled.
+    /// the store now; or released). Operations already sent are not recalled: see
+    /// [`Pool::wait_drained`].
     pub(crate) fn stop_io(&self, why: &str) {
         let _ = self.stopped.set(why.to_owned());
     }
 
-    /// `Err` once `stop_io` was called.
-    fn refuse(&self) -> io::Result<()> {
-        match self.stopped.get() {
-            None => Ok(()),
-            Some(why) => Err(io::Error::other(format!(
+    /// Waits, at most `timeout`, until no operation admitted before `stop_io` is under way
+    /// (asynchronous ones until their completion has run); whether none is.
+    pub(crate) fn wait_drained(&self, timeout: std::time::Duration) -> bool {
+        self.inflight.wait_drained(timeout)
+    }
+
+    /// Data and metadata operations under way now.
+    pub(crate) fn ops_in_flight(&self) -> usize {
+        self.inflight.count()
+    }
+
+    /// Starts one operation: counted as under way until the guard drops, or `Err` once
+    /// `stop_io` was called (counted first, then checked: rados_inflight.rs).
+    pub(crate) fn begin_op(&self) -> io::Result<OpGuard> {
+        let guard = self.inflight.begin();
+        if let Some(why) = self.stopped.get() {
+            return Err(io::Error::other(format!(
                 "RADOS store {}: this node stopped serving it: {why}",
                 self.label
-            ))),
+            )));
+        }
+        if self.lease_expiry.get().is_some_and(LeaseExpiry::expired) {
+            return Err(io::Error::other(format!(
+                "RADOS store {}: this node's lease may have run out (no renewal for a whole \
+                 lease duration): not sending the operation",
+                self.label
+            )));
+        }
+        Ok(guard)
+    }
+
+    /// From now on, refuses every operation once the lease `expiry` describes may have run
+    /// out (lease_clock.rs). Once: the lease is taken once per pool handle.
+    pub(crate) fn watch_lease_expiry(&self, expiry: LeaseExpiry) {
+        let _ = self.lease_expiry.set(expiry);
+    }
+
+    /// A renewal sent at `sent` (on the lease's clock) succeeded.
+    pub(crate) fn lease_renewed(&self, sent: std::time::Duration, duration: std::time::Duration) {
+        if let Some(expiry) = self.lease_expiry.get() {
+            expiry.renewed(sent, duration);
         }
     }
 
     /// Reads `buf.len()` bytes at `off` of object `oid`; a missing object, or bytes past its
     /// end, read as zeros.
     pub(crate) fn read(&self, oid: &CStr, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.refuse()?;
+        let _op = self.begin_op()?;
         let mut done = 0usize;
         while done < buf.len() {
             let rest = &mut buf[done..];
@@ -529,7 +575,7 @@ impl Pool {
 
     /// Writes `data` at `off` of object `oid` (creating it), durably once this returns.
     pub(crate) fn write(&self, oid: &CStr, off: u64, data: &[u8]) -> io::Result<()> {
-        self.refuse()?;
+        let _op = self.begin_op()?;
         // SAFETY: valid context and NUL-terminated name; `data` is readable for its length.
         let ret = unsafe {
             ffi::rados_write(
@@ -545,7 +591,7 @@ impl Pool {
 
     /// Zeroes `[off, off + len)` of object `oid` (nothing to do where it does not exist).
     pub(crate) fn zero(&self, oid: &CStr, off: u64, len: u64) -> io::Result<()> {
-        self.refuse()?;
+        let _op = self.begin_op()?;
         // SAFETY: creates a fresh operation, released below on every path.
         let op = unsafe { ffi::rados_create_write_op() };
         if op.is_null() {
@@ -568,7 +614,7 @@ impl Pool {
 
     /// Removes object `oid`; a missing object is already removed.
     pub(crate) fn remove(&self, oid: &CStr) -> io::Result<()> {
-        self.refuse()?;
+        let _op = self.begin_op()?;
         // SAFETY: valid context and NUL-terminated name.
         let ret = unsafe { ffi::rados_remove(self.io, oid.as_ptr()) };
         if ret == -ENOENT {
@@ -583,7 +629,7 @@ impl Pool {
     /// callback and no buffer is involved: each completion is waited for, in order, before it
     /// is released, also after an error; then the first error is returned.
     pub(crate) fn remove_many(&self, oids: impl IntoIterator<Item = ObjectName>) -> io::Result<()> {
-        self.refuse()?;
+        let _op = self.begin_op()?;
         let mut in_flight: std::collections::VecDeque<ffi::CompletionT> =
             std::collections::VecDeque::with_capacity(REMOVE_WINDOW);
         let mut first_error: Option<io::Error> = None;
@@ -637,7 +683,7 @@ impl Pool {
 
     /// Whether object `oid` exists.
     pub(crate) fn exists(&self, oid: &CStr) -> io::Result<bool> {
-        self.refuse()?;
+        let _op = self.begin_op()?;
         let mut size = 0u64;
         let mut mtime: ffi::libc_time_t = 0;
         // SAFETY: valid context and name; out-pointers to locals.
@@ -650,7 +696,7 @@ impl Pool {
 
     /// The names of every object in this pool's namespace.
     pub(crate) fn list(&self) -> io::Result<Vec<String>> {
-        self.refuse()?;
+        let _op = self.begin_op()?;
         let mut ctx: ffi::ListCtxT = ptr::null_mut();
         // SAFETY: valid context; out-pointer to a local.
         check(
@@ -703,7 +749,7 @@ impl Pool {
     /// Applies `batch` to the omap of object `oid` (created if missing) in **one** write
     /// operation: RADOS applies all of it or none of it.
     pub(crate) fn omap_commit(&self, oid: &CStr, batch: &OmapBatch) -> io::Result<()> {
-        self.refuse()?;
+        let _op = self.begin_op()?;
         // SAFETY: creates a fresh operation, released below on every path.
         let op = unsafe { ffi::rados_create_write_op() };
         if op.is_null() {
@@ -760,7 +806,7 @@ impl Pool {
     /// Every omap entry of object `oid` whose key starts with `prefix` (`c""`: all), sorted
     /// by key; `None` when the object does not exist. Read in pages of `OMAP_PAGE` entries.
     pub(crate) fn omap_load(&self, oid: &CStr, prefix: &CStr) -> io::Result<Option<OmapEntries>> {
-        self.refuse()?;
+        let _op = self.begin_op()?;
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         loop {
             let after = match out.last() {
@@ -1063,6 +1109,8 @@ pub(crate) type AioCallback<B> = Box<dyn FnOnce(B, io::Result<()>) + Send + 'sta
 /// address does not change between submission and completion.
 struct AioOp<B> {
     buf: B,
+    /// Counts the operation as under way until the completion has run (dropped with the op).
+    _op: Option<OpGuard>,
     /// The bytes of `buf` the operation covers.
     range: std::ops::Range<usize>,
     done: Option<AioCallback<B>>,
@@ -1155,6 +1203,7 @@ impl Pool {
     ) {
         let mut op = Box::new(AioOp {
             buf,
+            _op: None,
             range,
             done: Some(done),
             read,
@@ -1164,8 +1213,9 @@ impl Pool {
                 done(op.buf, Err(e));
             }
         };
-        if let Err(e) = self.refuse() {
-            return fail(op, e);
+        match self.begin_op() {
+            Ok(guard) => op._op = Some(guard),
+            Err(e) => return fail(op, e),
         }
         let Some(slice) = op.buf.as_mut().get_mut(op.range.clone()) else {
             return fail(
