@@ -922,10 +922,32 @@ fn lease_holders(conf: &Path, pool: &str, ns: &str) -> Vec<String> {
 
 /// The addresses `ceph osd blocklist ls` lists.
 fn blocklisted(conf: &Path) -> Vec<String> {
+    blocklist_entries(conf)
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect()
+}
+
+/// `ceph osd blocklist ls`: each address with the day its entry expires (`YYYY-MM-DD`).
+fn blocklist_entries(conf: &Path) -> Vec<(String, String)> {
     ceph(conf, &["osd", "blocklist", "ls"])
         .lines()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let addr = words.next()?.to_owned();
+            let until = words.next()?.split('T').next()?.to_owned();
+            Some((addr, until))
+        })
         .collect()
+}
+
+/// The day (`YYYY-MM-DD`, UTC) `days` days from now, from `date` (the system's own).
+fn day_from_now(days: u32) -> String {
+    let out = Command::new("date")
+        .args(["-u", "-d", &format!("+{days} days"), "+%F"])
+        .output()
+        .expect("date");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
 /// `GET /readyz` of a server: (status, body).
@@ -1040,6 +1062,17 @@ fn the_fenced_address_is_the_one_the_osd_recorded_and_a_lost_lease_shows_in_read
     assert!(b.log().contains("fenced it (blocklisted)"), "{}", b.log());
     let fenced = blocklisted(&conf);
     assert!(fenced.contains(&a_addr), "A ({a_addr}) not in {fenced:?}");
+    // For 30 days (the blocklist must outlast any pause A could wake up from), not an hour.
+    let until = blocklist_entries(&conf)
+        .into_iter()
+        .find_map(|(addr, until)| (addr == a_addr).then_some(until));
+    let (earliest, latest) = (day_from_now(29), day_from_now(31));
+    assert!(
+        until
+            .as_ref()
+            .is_some_and(|u| *u >= earliest && *u <= latest),
+        "A's entry expires {until:?}, not in 30 days"
+    );
     assert!(
         !fenced.iter().any(|f| f == forged),
         "forged {forged} in {fenced:?}"

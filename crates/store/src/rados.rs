@@ -376,6 +376,17 @@ std::thread_local! {
     static IN_COMPLETION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// How long a fenced node stays blocklisted, seconds: 30 days, not librados' default hour.
+/// The blocklist is what keeps a fenced node's operations out once it runs again, those its
+/// librados had sent before a pause and resends after it included (the node's own checks
+/// stop only operations it has not sent yet: lease_clock.rs). So it has to outlast any pause
+/// a fenced node may wake up from: a stopped process or a suspended VM can sleep through an
+/// hour. An entry costs the OSD map a few dozen bytes, one per takeover of a node that did
+/// not release its lease, and names one client instance (address and nonce), so it never
+/// keeps out a restarted node. `ceph osd blocklist rm ADDR` ends one early once the fenced
+/// process is known to be gone (docs/operations.md, "Fencing").
+pub(crate) const FENCE_EXPIRY_S: u32 = 30 * 24 * 3600;
+
 /// One pool and namespace of a cluster: where one store's extent objects live.
 pub(crate) struct Pool {
     io: ffi::IoctxT,
@@ -922,7 +933,9 @@ impl Pool {
         let mut bytes = c.into_bytes_with_nul();
         // SAFETY: connected handle; a NUL-terminated buffer librados only reads.
         check(
-            unsafe { ffi::rados_blocklist_add(self.cluster.0, bytes.as_mut_ptr().cast(), 0) },
+            unsafe {
+                ffi::rados_blocklist_add(self.cluster.0, bytes.as_mut_ptr().cast(), FENCE_EXPIRY_S)
+            },
             &format!("blocklist add {addr}"),
         )?;
         // SAFETY: connected handle.
