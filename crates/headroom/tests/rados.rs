@@ -1157,9 +1157,29 @@ fn the_fenced_address_is_the_one_the_osd_recorded_and_a_lost_lease_shows_in_read
 }
 
 /// A node whose cephx user lacks a cap it needs fails at start with the RADOS error, at
-/// once: a user with every documented cap but `class lock` (the lease's lock calls).
+/// once: a user with every documented cap but `class lock` (the lease's lock calls), and one
+/// without `class-read` (the commits' lock assertion).
 #[test]
 fn a_user_without_the_lock_cap_is_refused_at_start() {
+    refused_at_start_with_osd_caps(
+        "nolock",
+        "allow rw class-read pool={pool} namespace=headroom-*",
+        "RADOS lock: Operation not permitted",
+    );
+}
+
+#[test]
+fn a_user_without_class_read_is_refused_at_start() {
+    refused_at_start_with_osd_caps(
+        "noclsread",
+        "allow rw pool={pool} namespace=headroom-*, allow pool={pool} namespace=headroom-* class lock",
+        "allow rw class-read pool=POOL namespace=headroom-*",
+    );
+}
+
+/// Starts a node as a fresh user with osd caps `osd_caps` (`{pool}` replaced) and the
+/// documented mon caps; asserts it fails at start, within 20 s, printing `refusal`.
+fn refused_at_start_with_osd_caps(tag: &str, osd_caps: &str, refusal: &str) {
     use std::time::{Duration, Instant};
 
     let scratch = tempfile::tempdir().unwrap();
@@ -1172,8 +1192,8 @@ fn a_user_without_the_lock_cap_is_refused_at_start() {
     else {
         return;
     };
-    let user = format!("headroom-nolock-{}", std::process::id());
-    let keyring = scratch.path().join("nolock.keyring");
+    let user = format!("headroom-{tag}-{}", std::process::id());
+    let keyring = scratch.path().join(format!("{tag}.keyring"));
     let key = ceph(
         &conf,
         &[
@@ -1183,7 +1203,7 @@ fn a_user_without_the_lock_cap_is_refused_at_start() {
             "mon",
             "allow r, allow command \"osd blocklist\" with blocklistop=add",
             "osd",
-            &format!("allow rw pool={pool} namespace=headroom-*"),
+            &osd_caps.replace("{pool}", &pool),
         ],
     );
     std::fs::write(&keyring, key).unwrap();
@@ -1208,11 +1228,7 @@ fn a_user_without_the_lock_cap_is_refused_at_start() {
     .map(|s| s.to_string())
     .collect();
     let started = Instant::now();
-    serve_refuses(
-        &scratch.path().join("data"),
-        &flags,
-        "RADOS lock: Operation not permitted",
-    );
+    serve_refuses(&scratch.path().join("data"), &flags, refusal);
     let took = started.elapsed();
     ceph(&conf, &["auth", "rm", &format!("client.{user}")]);
     assert!(

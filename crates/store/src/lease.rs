@@ -48,11 +48,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::cls_lock_assert::encode_assert_exclusive;
 use crate::cls_lock_info::{LockHolder, decode_holders};
 use crate::error::StoreError;
 use crate::lease_clock::{LeaseClock, LeaseExpiry, boot_clock};
 use crate::lease_loss::LeaseLoss;
 use crate::rados::{OmapBatch, Pool};
+use crate::rados_meta::META_OBJECT;
 
 const LEASE_OBJECT: &CStr = c"lease";
 const LOCK_NAME: &CStr = c"headroom";
@@ -204,6 +206,9 @@ impl Lease {
         }
         *renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent;
         pool.watch_lease_expiry(LeaseExpiry::new(Arc::clone(&clock), sent, duration));
+        lock_metadata_object(&pool, &cookie, duration).inspect_err(|_| {
+            let _ = pool.unlock(LEASE_OBJECT, LOCK_NAME, &cookie);
+        })?;
         tracing::info!(
             store = pool.label.as_str(),
             client = addr.as_str(),
@@ -245,6 +250,53 @@ impl Lease {
     pub(crate) fn loss(&self) -> Option<LeaseLoss> {
         self.loss.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+}
+
+/// Takes this node's lock on the metadata object too (with the lease's cookie and duration,
+/// renewed with it), and makes every metadata commit assert it (cls_lock_assert.rs). Called
+/// holding the lease, after fencing: any other holder of the metadata object's lock is a
+/// node that held the lease before (a clean release unlocks the metadata object first), so
+/// fenced or gone, and its lock is broken rather than waited out.
+fn lock_metadata_object(pool: &Pool, cookie: &CStr, duration: Duration) -> Result<(), StoreError> {
+    for _ in 0..3 {
+        if pool
+            .lock_exclusive(META_OBJECT, LOCK_NAME, cookie, duration, false)
+            .map_err(io_err)?
+        {
+            let assert_op = encode_assert_exclusive(LOCK_NAME.to_bytes(), cookie.to_bytes());
+            pool.guard_commits(META_OBJECT, assert_op);
+            // An empty commit, now, so that a user who may not run the assertion (it needs
+            // `class-read` with `rw`) is refused at start, not at its first real commit.
+            return match pool.omap_commit(META_OBJECT, &OmapBatch::default()) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    Err(StoreError::InvalidConfig(format!(
+                        "{e}: a metadata commit on {} carries cls_lock's assert_locked, which \
+                         the RADOS user's osd caps must allow in the same grant as the writes: \
+                         `allow rw class-read pool=POOL namespace=headroom-*` \
+                         (docs/operations.md, \"The cephx user\")",
+                        pool.label
+                    )))
+                }
+                Err(e) => Err(io_err(e)),
+            };
+        }
+        for holder in pool.lockers(META_OBJECT, LOCK_NAME).map_err(io_err)? {
+            pool.break_lock(META_OBJECT, LOCK_NAME, &holder.client, &holder.cookie)
+                .map_err(io_err)?;
+            tracing::warn!(
+                store = pool.label.as_str(),
+                previous_client = holder.client.as_str(),
+                previous_cookie = holder.cookie.as_str(),
+                "broke the previous holder's lock on the metadata object"
+            );
+        }
+    }
+    Err(StoreError::InvalidConfig(format!(
+        "the metadata object of {} stays locked by another node although this node holds \
+         the lease; refusing to serve",
+        pool.label
+    )))
 }
 
 /// The holders the lock's raw state records (expired ones too); `Err` when it exists but
@@ -299,6 +351,18 @@ fn renew_loop(
         match pool.lock_exclusive(LEASE_OBJECT, LOCK_NAME, cookie, duration, true) {
             // (Not after the watchdog gave up: the node stopped serving then.)
             Ok(true) if !is_lost() => {
+                // The metadata object's lock with it (its commits assert it): lost with it.
+                match pool.lock_exclusive(META_OBJECT, LOCK_NAME, cookie, duration, true) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return lose(pool, loss, "another node holds the metadata object now");
+                    }
+                    Err(e) if age() >= duration => return lose(pool, loss, &e.to_string()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "renewing the metadata object's lock failed; retrying");
+                        continue;
+                    }
+                }
                 *renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent;
                 pool.lease_renewed(sent, duration);
             }
@@ -389,8 +453,12 @@ impl Lease {
             );
             return;
         }
-        if let Err(e) = self.pool.unlock(LEASE_OBJECT, LOCK_NAME, &self.cookie) {
-            tracing::warn!(error = %e, "releasing the store's lease failed; it expires by itself");
+        // The metadata object first: a node that takes the lease then finds it free.
+        for object in [META_OBJECT, LEASE_OBJECT] {
+            if let Err(e) = self.pool.unlock(object, LOCK_NAME, &self.cookie) {
+                tracing::warn!(error = %e, "releasing the store's lease failed; it expires by itself");
+                return;
+            }
         }
         tracing::info!(
             store = self.pool.label.as_str(),
@@ -476,6 +544,53 @@ mod tests {
             "not unlocked once the operation ended"
         );
         assert!(lease.loss().is_none());
+    }
+
+    #[test]
+    fn a_metadata_commit_is_refused_by_the_osd_once_another_node_holds_the_lock() {
+        let Some(pool) = test_pool() else { return };
+        let wait = Some(Duration::from_secs(30));
+        let lease = Lease::acquire(Arc::clone(&pool), Duration::from_secs(30), wait).unwrap();
+        let batch = |value: &[u8]| crate::rados::OmapBatch {
+            set: vec![(b"k".to_vec(), value.to_vec())],
+            ..crate::rados::OmapBatch::default()
+        };
+        pool.omap_commit(META_OBJECT, &batch(b"1")).unwrap();
+        // Another node takes the metadata object's lock over without this one being fenced
+        // (its blocklist entry ended, or fencing failed): the OSD, not this node, says no.
+        let conf = std::env::var_os("HEADROOM_TEST_CEPH_CONF").unwrap();
+        let name = std::env::var("HEADROOM_TEST_CEPH_POOL").unwrap_or_else(|_| "headroom".into());
+        let id = std::env::var("HEADROOM_TEST_CEPH_ID").unwrap_or_else(|_| "admin".into());
+        let ns = pool.label.rsplit('/').next().unwrap().to_owned();
+        let other = Pool::connect(std::path::Path::new(&conf), &id, &name, &ns).unwrap();
+        let holders = other.lockers(META_OBJECT, LOCK_NAME).unwrap();
+        assert_eq!(holders.len(), 1, "{holders:?}");
+        assert_eq!(holders[0].cookie.as_bytes(), lease.cookie.to_bytes());
+        other
+            .break_lock(
+                META_OBJECT,
+                LOCK_NAME,
+                &holders[0].client,
+                &holders[0].cookie,
+            )
+            .unwrap();
+        let duration = Duration::from_secs(30);
+        assert!(
+            other
+                .lock_exclusive(META_OBJECT, LOCK_NAME, c"other", duration, false)
+                .unwrap()
+        );
+        let refused = pool
+            .omap_commit(META_OBJECT, &batch(b"2"))
+            .expect_err("a commit landed on a lock another node holds");
+        assert!(
+            refused.to_string().contains("no longer current"),
+            "{refused}"
+        );
+        // What the successor reads is what it may rely on: the refused commit left nothing.
+        let entries = other.omap_load(META_OBJECT, c"k").unwrap().unwrap();
+        assert_eq!(entries, vec![(b"k".to_vec(), b"1".to_vec())]);
+        other.unlock(META_OBJECT, LOCK_NAME, c"other").unwrap();
     }
 
     #[test]

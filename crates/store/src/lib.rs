@@ -17,6 +17,8 @@ mod alloc;
 pub mod arbiter;
 pub mod check;
 mod checksum;
+#[cfg(feature = "rados")]
+mod cls_lock_assert;
 #[cfg_attr(not(feature = "rados"), allow(dead_code))]
 mod cls_lock_info;
 mod commit_watch;

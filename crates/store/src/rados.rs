@@ -219,6 +219,21 @@ mod ffi {
             name: *const c_char,
             cookie: *const c_char,
         ) -> c_int;
+        pub fn rados_break_lock(
+            io: IoctxT,
+            oid: *const c_char,
+            name: *const c_char,
+            client: *const c_char,
+            cookie: *const c_char,
+        ) -> c_int;
+        pub fn rados_write_op_exec(
+            op: WriteOpT,
+            cls: *const c_char,
+            method: *const c_char,
+            in_buf: *const c_char,
+            in_len: usize,
+            prval: *mut c_int,
+        );
         pub fn rados_blocklist_add(
             cluster: RadosT,
             addr: *mut c_char,
@@ -402,6 +417,9 @@ pub(crate) struct Pool {
     /// When the store's lease runs out (lease_clock.rs), once held: no operation is sent
     /// after that, even before the watchdog notices.
     lease_expiry: std::sync::OnceLock<LeaseExpiry>,
+    /// The object whose commits carry a `cls_lock` assertion, and its input
+    /// (cls_lock_assert.rs), once the node holds the object's lock.
+    commit_guard: std::sync::OnceLock<(CString, Vec<u8>)>,
 }
 
 // SAFETY: librados' cluster and I/O-context handles may be used from any thread and from
@@ -499,6 +517,7 @@ impl Pool {
             stopped: std::sync::OnceLock::new(),
             inflight: Arc::default(),
             lease_expiry: std::sync::OnceLock::new(),
+            commit_guard: std::sync::OnceLock::new(),
         })
     }
 
@@ -545,6 +564,13 @@ impl Pool {
     /// out (lease_clock.rs). Once: the lease is taken once per pool handle.
     pub(crate) fn watch_lease_expiry(&self, expiry: LeaseExpiry) {
         let _ = self.lease_expiry.set(expiry);
+    }
+
+    /// From now on, every omap commit to `oid` carries `lock.assert_locked` with
+    /// `assert_op` (cls_lock_assert.rs) in the same operation: the OSD applies it only while
+    /// the lock it names is current. Once per pool handle.
+    pub(crate) fn guard_commits(&self, oid: &CStr, assert_op: Vec<u8>) {
+        let _ = self.commit_guard.set((oid.to_owned(), assert_op));
     }
 
     /// A renewal sent at `sent` (on the lease's clock) succeeded.
@@ -776,9 +802,25 @@ impl Pool {
         let val_ptrs: Vec<*const c_char> =
             batch.set.iter().map(|(_, v)| v.as_ptr().cast()).collect();
         let val_lens: Vec<usize> = batch.set.iter().map(|(_, v)| v.len()).collect();
+        let guard = self
+            .commit_guard
+            .get()
+            .filter(|(guarded, _)| guarded.as_c_str() == oid);
+        let mut assert_ret: c_int = 0;
         // SAFETY: `op` is live until released at the end; librados copies keys and values
-        // into the operation when each action is added; every array has the length passed.
+        // into the operation when each action is added; every array has the length passed;
+        // the assertion's input and `assert_ret` outlive the operate call.
         let ret = unsafe {
+            if let Some((_, input)) = guard {
+                ffi::rados_write_op_exec(
+                    op,
+                    c"lock".as_ptr(),
+                    c"assert_locked".as_ptr(),
+                    input.as_ptr().cast(),
+                    input.len(),
+                    &mut assert_ret,
+                );
+            }
             ffi::rados_write_op_create(op, 0, ptr::null());
             for (b, e) in &batch.rm_ranges {
                 ffi::rados_write_op_omap_rm_range2(
@@ -811,6 +853,13 @@ impl Pool {
             ffi::rados_release_write_op(op);
             ret
         };
+        if guard.is_some() && ret < 0 && assert_ret < 0 {
+            return Err(io::Error::other(format!(
+                "RADOS store {}: commit refused by the OSD: this node's lock on the metadata \
+                 object is no longer current (expired or taken over; errno {})",
+                self.label, -assert_ret
+            )));
+        }
         check(ret, "omap write").map(|_| ())
     }
 
@@ -1103,6 +1152,33 @@ impl Pool {
     }
 
     /// Releases lock `name` on `oid` held with `cookie` (nothing if it is not held).
+    /// Removes `client`'s (`client.<num>`) lock `name` with `cookie` from `oid`: a holder
+    /// that can no longer write (fenced) but whose lock has not expired yet.
+    pub(crate) fn break_lock(
+        &self,
+        oid: &CStr,
+        name: &CStr,
+        client: &str,
+        cookie: &str,
+    ) -> io::Result<()> {
+        let client = c_string(client, "lock holder")?;
+        let cookie = c_string(cookie, "lock cookie")?;
+        // SAFETY: valid context; NUL-terminated strings.
+        let ret = unsafe {
+            ffi::rados_break_lock(
+                self.io,
+                oid.as_ptr(),
+                name.as_ptr(),
+                client.as_ptr(),
+                cookie.as_ptr(),
+            )
+        };
+        if ret == -ENOENT {
+            return Ok(());
+        }
+        check(ret, "break lock").map(|_| ())
+    }
+
     pub(crate) fn unlock(&self, oid: &CStr, name: &CStr, cookie: &CStr) -> io::Result<()> {
         // SAFETY: valid context; NUL-terminated strings.
         let ret =

@@ -122,7 +122,9 @@ impl RadosMeta {
     }
 
     pub(crate) fn load(&self) -> Result<Option<Loaded>, StoreError> {
-        let Some(entries) = self.entries(c"")? else {
+        // An object without entries is a new store: the lease takes its lock on the object
+        // before the first commit (lease.rs), which creates it empty.
+        let Some(entries) = self.entries(c"")?.filter(|e| !e.is_empty()) else {
             return Ok(None);
         };
         let mut meta: BTreeMap<String, u64> = BTreeMap::new();
