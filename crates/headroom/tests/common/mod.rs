@@ -4,6 +4,7 @@
 //! the tests' API calls is here too ([`api_get`], [`api_post`], [`api_patch`], [`agent`]).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod guest;
 pub mod openmetrics;
 pub mod raw;
 

@@ -1,0 +1,239 @@
+//! End-to-end with a real Linux guest: the guest's disk is a Headroom volume on QEMU's NBD
+//! client (crates/headroom/tests/common/guest.rs boots it; scripts/build-guest builds it).
+//!
+//! * The guest makes an ext4 filesystem and writes files over one transport; the server is
+//!   killed with SIGKILL and restarted on the same data directory; a second boot over the other
+//!   transport finds the filesystem clean (`e2fsck -fn`) and every file intact (its checksum,
+//!   and byte for byte against the generator that wrote it). Both directions: TCP then the
+//!   Unix socket, and the Unix socket then TCP.
+//! * A `qemu:` QoS class seen from inside the guest: direct reads in the guest follow QEMU's
+//!   published timeline (burst, then average), second by second, in the server's statistics.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::guest::{Disk, Guest, GuestRun, can_boot};
+use common::{Server, api_get, api_post, report};
+use headroom_qos::{Preset, PreviewRequest, preview};
+use serde_json::json;
+
+/// A guest run's failure guard: a boot takes 5–20 s under TCG; this only catches a hung one.
+const BOOT_LIMIT: Duration = Duration::from_secs(240);
+
+/// Files phase 1 writes, and their size: 8 × 512 KiB = 4 MiB of data.
+const FILES: usize = 8;
+const FILE_KIB: usize = 512;
+
+/// Which door the guest's disk uses.
+#[derive(Clone, Copy, Debug)]
+enum Transport {
+    Tcp,
+    Unix,
+}
+
+fn disk(server: &Server, socket: &Path, transport: Transport, export: &str) -> Disk {
+    match transport {
+        Transport::Tcp => Disk::nbd_tcp(server.nbd, export),
+        Transport::Unix => Disk::nbd_unix(socket, export),
+    }
+}
+
+/// A file-backed server on `data` with the Unix socket at `socket` too.
+fn start(data: &Path, socket: &Path) -> Server {
+    Server::start_with(
+        data,
+        &[
+            "--devices",
+            "2",
+            "--device-size",
+            "1GiB",
+            "--nbd-unix",
+            socket.to_str().unwrap(),
+        ],
+    )
+}
+
+fn boot(disk: &Disk, phase: &str, params: &[(&str, String)], console: &Path) -> GuestRun {
+    let run = Guest::boot(disk, phase, params, console).wait(BOOT_LIMIT);
+    run.assert_ok();
+    run
+}
+
+/// Phase 1 over `first`, SIGKILL, restart, phase 2 over `second`.
+fn write_kill_verify(first: Transport, second: Transport) {
+    if !can_boot() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let socket = dir.path().join("nbd.sock");
+    let started = Instant::now();
+    let server = start(&data, &socket);
+    server.create_volume("guest", "256MiB");
+    let sizes = [
+        ("files", FILES.to_string()),
+        ("file_kib", FILE_KIB.to_string()),
+    ];
+
+    let written = boot(
+        &disk(&server, &socket, first, "guest"),
+        "write",
+        &sizes,
+        &dir.path().join("write.console"),
+    );
+    let written_files = written.files();
+    assert_eq!(written_files.len(), FILES, "{}", written.console);
+    let mut distinct: Vec<&String> = written_files.iter().map(|(sum, _)| sum).collect();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), FILES, "every file has its own content");
+
+    // A crash: nothing is flushed or closed on the way out.
+    server.kill9();
+    let server = start(&data, &socket);
+
+    let verified = boot(
+        &disk(&server, &socket, second, "guest"),
+        "verify",
+        &sizes,
+        &dir.path().join("verify.console"),
+    );
+    assert_eq!(
+        verified.result(),
+        [
+            "ok",
+            "phase=verify",
+            &format!("files={FILES}"),
+            "fsck=clean"
+        ],
+        "{}",
+        verified.console
+    );
+    // What the guest read back after the crash is what it wrote before it.
+    assert_eq!(verified.files(), written_files, "{}", verified.console);
+    server.stop();
+    report(&format!(
+        "linux guest {first:?} -> SIGKILL -> {second:?}: write boot {:.1} s, verify boot {:.1} s, in all {:.1} s",
+        written.took.as_secs_f64(),
+        verified.took.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+#[test]
+fn an_ext4_written_over_tcp_survives_a_sigkill_and_verifies_over_the_unix_socket() {
+    write_kill_verify(Transport::Tcp, Transport::Unix);
+}
+
+#[test]
+fn an_ext4_written_over_the_unix_socket_survives_a_sigkill_and_verifies_over_tcp() {
+    write_kill_verify(Transport::Unix, Transport::Tcp);
+}
+
+/// 1,000 IOPS for 5,000 credits (net drain 800 per second: the burst lasts 6.25 s), then 200.
+const GUEST_QEMU_CLASS: &str = "qemu:iops-total=200,iops-total-max=1000,iops-total-max-length=5";
+
+#[test]
+fn a_qemu_throttle_class_gives_qemus_timeline_to_direct_reads_in_the_guest() {
+    if !can_boot() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nbd.sock");
+    let server = start(&dir.path().join("data"), &socket);
+    let size_bytes = 64u64 << 20;
+    api_post(
+        &server,
+        "/v1/volumes",
+        json!({"name": "q", "size_bytes": size_bytes, "qos": {"preset": GUEST_QEMU_CLASS}}),
+    );
+    // 4 readers × 2,000 reads: 6,250 in the burst, the rest at 200 IOPS (~8.75 s).
+    let (jobs, ios_per_job) = (4u64, 2_000u64);
+    let run = boot(
+        &Disk::nbd_tcp(server.nbd, "q"),
+        "read",
+        &[
+            ("read_jobs", jobs.to_string()),
+            ("read_ios", ios_per_job.to_string()),
+        ],
+        &dir.path().join("read.console"),
+    );
+    let stats = api_get(&server, "/v1/stats?seconds=600");
+    let measured: Vec<f64> = stats["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|sample| {
+            sample["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == "q")
+                .and_then(|v| v["iops"].as_f64())
+                .unwrap_or(0.0)
+        })
+        .collect();
+    // The readers' seconds: from the first second with more than the boot's few reads of
+    // the partition table to the last second with any reads.
+    let first = measured
+        .iter()
+        .position(|&iops| iops > 100.0)
+        .unwrap_or_else(|| panic!("no second above 100 IOPS: {measured:?}"));
+    let last = measured.iter().rposition(|&iops| iops > 0.0).unwrap();
+    let active = &measured[first..=last];
+    let total: f64 = active.iter().sum();
+    let expected: Vec<u64> = preview(&PreviewRequest {
+        preset: Preset::parse(GUEST_QEMU_CLASS).unwrap(),
+        size_bytes,
+        demand_iops: Some(100_000),
+        demand_bytes_per_s: None,
+        io_size_bytes: 4096,
+        seconds: active.len() as u64,
+    })
+    .unwrap()
+    .iter()
+    .map(|row| row.iops)
+    .collect();
+    report(&format!(
+        "linux guest QoS ({GUEST_QEMU_CLASS}): boot {:.1} s; server IOPS per second {active:?}; QEMU's timeline {expected:?}",
+        run.took.as_secs_f64()
+    ));
+    assert!(
+        (total - (jobs * ios_per_job) as f64).abs() <= (jobs * ios_per_job) as f64 * 0.05,
+        "the server counted {total} reads, the guest made {}: {active:?}",
+        jobs * ios_per_job
+    );
+    let mut compared = 0;
+    // The first and last seconds are partial (the readers start and end inside them); the
+    // seconds next to the end of the burst mix both rates.
+    for second in 1..active.len().saturating_sub(1) {
+        let want = expected[second];
+        let near_change = [second - 1, second + 1]
+            .iter()
+            .filter_map(|&s| expected.get(s))
+            .any(|&e| e.abs_diff(want) > want / 10);
+        if near_change {
+            continue;
+        }
+        compared += 1;
+        let got = active[second];
+        assert!(
+            (got - want as f64).abs() <= want as f64 / 10.0,
+            "second {second}: {got} IOPS, QEMU's timeline says {want}\nmeasured {active:?}\nexpected {expected:?}"
+        );
+    }
+    assert!(
+        compared >= 8,
+        "only {compared} seconds compared: {active:?}"
+    );
+    // The burst ends near 6.25 s: 5 or 6 whole seconds above the average.
+    let burst_seconds = active.iter().filter(|&&v| v > 600.0).count();
+    assert!(
+        (5..=7).contains(&burst_seconds),
+        "{burst_seconds} seconds above 600 IOPS: {active:?}"
+    );
+    server.stop();
+}
