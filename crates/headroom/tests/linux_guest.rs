@@ -8,6 +8,8 @@
 //!   Unix socket, and the Unix socket then TCP.
 //! * A `qemu:` QoS class seen from inside the guest: direct reads in the guest follow QEMU's
 //!   published timeline (burst, then average), second by second, in the server's statistics.
+//! * The launcher's vhost-user-blk disk boots the same guest on QEMU's own backend
+//!   (qemu-storage-daemon), so a Headroom vhost-user-blk backend only has to replace it.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
 
 mod common;
@@ -16,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::guest::{Disk, Guest, GuestRun, can_boot};
-use common::{Server, api_get, api_post, report};
+use common::{Server, api_get, api_post, have_tool, report, run_ok, signal};
 use headroom_qos::{Preset, PreviewRequest, preview};
 use serde_json::json;
 
@@ -27,7 +29,8 @@ const BOOT_LIMIT: Duration = Duration::from_secs(240);
 const FILES: usize = 8;
 const FILE_KIB: usize = 512;
 
-/// Which door the guest's disk uses.
+/// Which door the guest's disk uses (a vhost-user-blk backend of the server would be one
+/// more, mapped to `Disk::vhost_user_blk`).
 #[derive(Clone, Copy, Debug)]
 enum Transport {
     Tcp,
@@ -236,4 +239,65 @@ fn a_qemu_throttle_class_gives_qemus_timeline_to_direct_reads_in_the_guest() {
         "{burst_seconds} seconds above 600 IOPS: {active:?}"
     );
     server.stop();
+}
+
+/// Kills a process by PID when dropped (a daemon the test started).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        signal(self.0, "KILL");
+    }
+}
+
+#[test]
+fn the_launchers_vhost_user_blk_disk_boots_on_qemus_own_backend() {
+    if !can_boot() || !have_tool("qemu-storage-daemon") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.raw");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let socket = dir.path().join("vhost.sock");
+    let pidfile = dir.path().join("qsd.pid");
+    // --daemonize returns once the export listens, so the socket is there when it returns.
+    run_ok(
+        std::process::Command::new("qemu-storage-daemon")
+            .arg("--daemonize")
+            .arg("--pidfile")
+            .arg(&pidfile)
+            .arg("--blockdev")
+            .arg(format!(
+                "driver=file,node-name=f0,filename={},cache.direct=on",
+                image.display()
+            ))
+            .arg("--export")
+            .arg(format!(
+                "type=vhost-user-blk,id=e0,node-name=f0,writable=on,num-queues=2,addr.type=unix,addr.path={}",
+                socket.display()
+            )),
+    );
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _daemon = KillOnDrop(pid);
+    let sizes = [
+        ("files", FILES.to_string()),
+        ("file_kib", FILE_KIB.to_string()),
+    ];
+    let disk = Disk::vhost_user_blk(&socket);
+    let written = boot(&disk, "write", &sizes, &dir.path().join("write.console"));
+    assert_eq!(written.files().len(), FILES, "{}", written.console);
+    let verified = boot(&disk, "verify", &sizes, &dir.path().join("verify.console"));
+    assert_eq!(verified.files(), written.files(), "{}", verified.console);
+    report(&format!(
+        "linux guest on vhost-user-blk (qemu-storage-daemon): write boot {:.1} s, verify boot {:.1} s",
+        written.took.as_secs_f64(),
+        verified.took.as_secs_f64()
+    ));
 }
