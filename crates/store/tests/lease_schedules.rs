@@ -695,30 +695,13 @@ fn the_old_protocol_loses_acknowledged_writes() {
     );
 }
 
-/// Each protection is needed: without it alone, the explorer finds the race it closes.
-#[test]
-fn without_a_safe_release_a_late_write_of_the_released_node_lands() {
-    let protocol = Protocol {
-        safe_release: false,
-        ..Protocol::NEW
-    };
-    let found = explore(protocol, WITHIN_BLOCKLIST, 0..schedules() * 4);
+/// Asserts that without one protection (`protocol`), some of four times the CI's schedules
+/// under `faults` end with reverted data: the race that protection closes.
+fn data_lost_without(protocol: Protocol, faults: Faults, what: &str) {
+    let found = explore(protocol, faults, 0..schedules() * 4);
     assert!(
         found.iter().any(|(_, a)| a.data_reverted > 0),
-        "no reverted data without the safe release: {found:?}"
-    );
-}
-
-#[test]
-fn with_the_blocklist_of_an_hour_a_node_paused_longer_lands_its_writes() {
-    let protocol = Protocol {
-        blocklist_ms: HOUR_MS,
-        ..Protocol::NEW
-    };
-    let found = explore(protocol, WITHIN_BLOCKLIST, 0..schedules() * 4);
-    assert!(
-        found.iter().any(|(_, a)| a.data_reverted > 0),
-        "nothing lost with an hour's blocklist: {found:?}"
+        "nothing lost without {what}: {found:?}"
     );
 }
 
@@ -729,6 +712,26 @@ const LONG_SUSPENDS: Faults = Faults {
     pause_max_ms: 60 * DAY_MS,
     delay_max_ms: 3 * HOUR_MS,
 };
+
+// Each protection is needed: without it alone, the explorer finds the race it closes.
+
+#[test]
+fn without_a_safe_release_a_late_write_of_the_released_node_lands() {
+    let protocol = Protocol {
+        safe_release: false,
+        ..Protocol::NEW
+    };
+    data_lost_without(protocol, WITHIN_BLOCKLIST, "the safe release");
+}
+
+#[test]
+fn with_the_blocklist_of_an_hour_a_node_paused_longer_lands_its_writes() {
+    let protocol = Protocol {
+        blocklist_ms: HOUR_MS,
+        ..Protocol::NEW
+    };
+    data_lost_without(protocol, WITHIN_BLOCKLIST, "a 30-day blocklist");
+}
 
 #[test]
 fn after_a_suspend_past_the_blocklist_the_shipped_protocol_still_loses_nothing() {
@@ -742,11 +745,7 @@ fn without_the_boot_clock_a_resumed_node_writes_over_its_successor() {
         boot_clock: false,
         ..Protocol::NEW
     };
-    let found = explore(protocol, LONG_SUSPENDS, 0..schedules() * 4);
-    assert!(
-        found.iter().any(|(_, a)| a.data_reverted > 0),
-        "nothing lost without the boot clock: {found:?}"
-    );
+    data_lost_without(protocol, LONG_SUSPENDS, "the boot clock");
 }
 
 #[test]
@@ -755,11 +754,7 @@ fn without_the_expiry_check_a_resumed_node_writes_before_its_watchdog_looks() {
         expiry_check: false,
         ..Protocol::NEW
     };
-    let found = explore(protocol, LONG_SUSPENDS, 0..schedules() * 4);
-    assert!(
-        found.iter().any(|(_, a)| a.data_reverted > 0),
-        "nothing lost without the expiry check: {found:?}"
-    );
+    data_lost_without(protocol, LONG_SUSPENDS, "the expiry check");
 }
 
 /// Past every blocklist (an operation that arrives months late), the metadata still holds:
