@@ -362,13 +362,22 @@ impl Harness {
         let log = std::fs::read_to_string(log_path).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(60).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
+        // A replay need not fail again (timing is not in the seed): whatever the server
+        // warned of, anywhere in its log, comes with the failure.
+        let warned: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .take(40)
+            .collect();
         panic!(
             "crash consistency FAILED at cycle {} (seed {}; replay: HEADROOM_CRASH_SEED={} \
-             HEADROOM_CRASH_CYCLES={}): {what}\nserver log (last lines):\n{}",
+             HEADROOM_CRASH_CYCLES={}): {what}\nserver log (warnings and errors):\n{}\nserver \
+             log (last lines):\n{}",
             self.cycle,
             self.seed,
             self.seed,
             self.cycle + 1,
+            warned.join("\n"),
             tail.join("\n")
         );
     }

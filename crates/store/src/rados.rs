@@ -551,6 +551,11 @@ impl Pool {
             )));
         }
         if self.lease_expiry.get().is_some_and(LeaseExpiry::expired) {
+            tracing::warn!(
+                store = self.label.as_str(),
+                "refusing an operation: no renewal of the store's lease for a whole lease \
+                 duration (the renewer is late, or the machine was suspended)"
+            );
             return Err(io::Error::other(format!(
                 "RADOS store {}: this node's lease may have run out (no renewal for a whole \
                  lease duration): not sending the operation",
@@ -854,6 +859,12 @@ impl Pool {
             ret
         };
         if guard.is_some() && ret < 0 && assert_ret < 0 {
+            tracing::error!(
+                store = self.label.as_str(),
+                errno = -assert_ret,
+                "a metadata commit was refused by the OSD: this node's lock on the metadata \
+                 object is no longer current"
+            );
             return Err(io::Error::other(format!(
                 "RADOS store {}: commit refused by the OSD: this node's lock on the metadata \
                  object is no longer current (expired or taken over; errno {})",
