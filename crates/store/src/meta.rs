@@ -114,6 +114,10 @@ pub(crate) struct VolumeRecord {
     /// records of older builds and of 1-replica volumes, so those are written as before.
     #[serde(default = "one_replica", skip_serializing_if = "is_one_replica")]
     pub replicas: u8,
+    /// Where the volume is attached besides NBD (opaque JSON owned by the node layer: its
+    /// vhost-user sockets); absent in records of older builds and of unattached volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachments: Option<String>,
 }
 
 fn one_replica() -> u8 {
@@ -982,6 +986,7 @@ mod tests {
             tenant: Some("alice".into()),
             read_only: true,
             replicas: 1,
+            attachments: None,
         };
         let p = PhysExtent {
             device: 0,
@@ -1064,6 +1069,7 @@ mod tests {
             tenant: None,
             read_only: false,
             replicas: 1,
+            attachments: None,
         };
         assert_eq!(l.volumes, vec![(3, rec.clone())]);
         assert_eq!(serde_json::to_string(&rec).unwrap(), old_json);

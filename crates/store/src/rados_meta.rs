@@ -353,6 +353,7 @@ mod tests {
             tenant: Some("alice".into()),
             read_only: true,
             replicas: 1,
+            attachments: None,
         };
         let phys = |index| PhysExtent { device: 0, index };
         m.commit(

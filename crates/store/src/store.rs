@@ -1840,6 +1840,7 @@ impl Store {
             tenant: options.tenant,
             read_only: options.read_only,
             replicas,
+            attachments: None,
         };
         // Failed devices do not matter here: the new volume has no data yet.
         self.shared.commit(
@@ -1960,6 +1961,20 @@ impl Store {
         let vol = self.lookup(name)?;
         vol.set_qos(qos)?;
         tracing::info!(volume = name, "volume QoS set");
+        Ok(vol.info())
+    }
+
+    /// Replaces where a volume is attached besides NBD (opaque JSON of the node's, `None`
+    /// clears it); durable when this returns. `NotFound` for an unknown name.
+    pub fn set_volume_attachments(
+        &self,
+        name: &str,
+        attachments: Option<String>,
+    ) -> Result<VolumeInfo, StoreError> {
+        let _serial = lock(&self.management);
+        let vol = self.lookup(name)?;
+        vol.set_attachments(attachments)?;
+        tracing::info!(volume = name, "volume attachments set");
         Ok(vol.info())
     }
 

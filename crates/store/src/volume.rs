@@ -146,6 +146,8 @@ pub struct Volume {
     /// Opaque QoS settings; changed only under the store's management mutex, after the commit
     /// that made the change durable.
     qos: Mutex<Option<String>>,
+    /// Opaque attachments (the node's vhost-user sockets); changed like `qos`.
+    attachments: Mutex<Option<String>>,
     /// Fixed at creation.
     tenant: Option<String>,
     /// Fixed at creation.
@@ -337,6 +339,7 @@ impl Volume {
             name: record.name,
             created_unix_s: record.created_unix_s,
             qos: Mutex::new(record.qos),
+            attachments: Mutex::new(record.attachments),
             tenant: record.tenant,
             read_only: record.read_only,
             replicas: record.replicas,
@@ -446,7 +449,25 @@ impl Volume {
             tenant: self.tenant.clone(),
             read_only: self.read_only,
             replicas: self.replicas,
+            attachments: self.attachments(),
         }
+    }
+
+    /// The volume's opaque attachments (see `Store::set_volume_attachments`).
+    pub fn attachments(&self) -> Option<String> {
+        lock(&self.attachments).clone()
+    }
+
+    /// Replaces the attachments (caller serialises management operations): durable first,
+    /// then visible.
+    pub(crate) fn set_attachments(&self, attachments: Option<String>) -> Result<(), StoreError> {
+        self.check_live()?;
+        let mut record = self.record(self.size_bytes(), self.qos());
+        record.attachments = attachments.clone();
+        self.shared
+            .commit(&[MetaOp::PutVolume(self.id, record)], false)?;
+        *lock(&self.attachments) = attachments;
+        Ok(())
     }
 
     /// Replaces the QoS settings (caller serialises management operations): durable first,
