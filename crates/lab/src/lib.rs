@@ -40,6 +40,7 @@ mod rng;
 pub mod scratch;
 pub mod server;
 pub mod session;
+pub mod vhost_user;
 
 pub use arrival::{ArrivalKind, Arrivals};
 pub use client::{Export, LabError, NbdClient};

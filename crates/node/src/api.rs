@@ -21,6 +21,7 @@
 //! for its life; `GET /v1/volumes?tenant=ID` lists one tenant's volumes (see `session` for
 //! what a tenant's NBD client may see).
 
+mod attachments;
 pub mod audit_log;
 pub mod auth;
 pub mod body;
@@ -220,6 +221,8 @@ pub struct ApiState {
     pub api_connections: Arc<conn::ApiConnections>,
     /// The bounded readiness probe of `GET /readyz`.
     pub readiness: Arc<crate::readiness::ReadinessProbe>,
+    /// The vhost-user-blk attachments (`/v1/volumes/{name}/attachments`).
+    pub attachments: Arc<crate::vhost_user::Attachments>,
 }
 
 /// Body of `GET /v1/connections`: the NBD connections and what they hold.
@@ -374,6 +377,7 @@ fn routes() -> Router<ApiState> {
         .merge(tenants::routes())
         .merge(tokens::routes())
         .merge(repair::routes())
+        .merge(attachments::routes())
         .route("/v1/connections", get(connections))
         .route("/v1/volumes", get(list_volumes).post(create_volume))
         .route(

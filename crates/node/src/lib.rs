@@ -39,6 +39,7 @@ pub mod timeline;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod tls_config;
+pub mod vhost_user;
 pub mod volume_qos;
 
 pub use config::{Limits, NodeConfig, StoreBackend, TlsConfig, UnixSocketConfig};

@@ -31,8 +31,8 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["repair", "scrub", "paced", "arbitration"],
     ),
     (
-        "transports: NBD (negotiation, TLS, the reader and the reply writer) and in memory",
-        &["session", "memory_transport"],
+        "transports: NBD (negotiation, TLS, the reader and the reply writer), in memory, vhost-user-blk",
+        &["session", "memory_transport", "vhost_user"],
     ),
     (
         "pipeline: permits and budget, splitting, scheduling, execution, completion",

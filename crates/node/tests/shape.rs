@@ -36,6 +36,7 @@ const REQUEST_PATH: &[&str] = &[
     "coalesce",
     "emulated",
     "server",
+    "vhost_user",
 ];
 
 /// Folders on the request path wherever they are (`session/pipeline/`, a `transport/`).

@@ -7,7 +7,8 @@
 //! credit balances across restarts and the volumes registered with the scheduler
 //! (`credits.rs`); the limits and file descriptors, which also cap the API's connections
 //! (`fd_limits.rs`); the NBD accept loops and their sessions (`accept.rs`), the NBD Unix
-//! socket's file (`unix_socket.rs`); the running node's
+//! socket's file (`unix_socket.rs`) and the same rules for vhost-user sockets
+//! (`vhost_socket.rs`); the running node's
 //! handles (`running.rs`) and shutdown (`shutdown.rs`). The API listener is served by
 //! `crate::api::serve`, started last here with the state its handlers share.
 
@@ -23,6 +24,7 @@ mod running;
 mod shutdown;
 mod store;
 mod unix_socket;
+mod vhost_socket;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -111,6 +113,8 @@ pub struct RunningNode {
     api_token: crate::api::ApiToken,
     /// What the API listener serves (`api_state`).
     api_state: crate::api::ApiState,
+    /// The vhost-user-blk attachments (`crate::vhost_user`).
+    attachments: Arc<crate::vhost_user::Attachments>,
 }
 
 impl Node {
@@ -190,6 +194,12 @@ impl Node {
         );
         let sampler_task = tokio::spawn(Arc::clone(&timeline).run(stop_rx.clone()));
         let (rebuild, scrub) = assembly::start_background(&config, &store, &io, &scheduler)?;
+        let attachments = Arc::new(crate::vhost_user::Attachments::new(
+            Arc::clone(&store),
+            Arc::clone(&pipeline),
+            Box::new(vhost_socket::VhostSocketBinder),
+        ));
+        attachments.restore().await;
         let api_state = crate::api::ApiState {
             rebuild: Some(rebuild),
             scrub: Some(scrub),
@@ -207,6 +217,7 @@ impl Node {
             arbitration: arbitration_status,
             api_connections,
             readiness: Arc::default(),
+            attachments: Arc::clone(&attachments),
         };
         let api_task = tokio::spawn(crate::api::serve(api_listener, api_state.clone(), stop_rx));
         log_listeners(nbd_addr, nbd_unix.as_deref(), api_addr, &config);
@@ -226,6 +237,7 @@ impl Node {
             arbitration,
             api_token: credentials.api_token,
             api_state,
+            attachments,
         })
     }
 }

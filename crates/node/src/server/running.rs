@@ -57,6 +57,25 @@ impl RunningNode {
         )
     }
 
+    /// Serves `volume` on a vhost-user-blk socket (`spec`), stored with the volume, as
+    /// `POST /v1/volumes/{name}/attachments` does: listening when this returns.
+    pub async fn attach_vhost_user(
+        &self,
+        volume: &str,
+        spec: crate::vhost_user::AttachmentSpec,
+    ) -> Result<(), crate::vhost_user::AttachmentError> {
+        self.attachments.attach(volume, spec).await
+    }
+
+    /// Ends a vhost-user attachment (`DELETE /v1/volumes/{name}/attachments`).
+    pub async fn detach_vhost_user(
+        &self,
+        volume: &str,
+        path: &std::path::Path,
+    ) -> Result<(), crate::vhost_user::AttachmentError> {
+        self.attachments.detach(volume, path).await
+    }
+
     /// The QoS scheduler, if a policy is on.
     pub fn scheduler(&self) -> Option<&Arc<Scheduler<IoJob>>> {
         self.scheduler.as_ref()

@@ -31,6 +31,9 @@ impl RunningNode {
         for task in self.tasks {
             let _ = task.await;
         }
+        // Their frontends disconnected and sockets removed; they stay stored for the next
+        // start.
+        self.attachments.stop_all().await;
         if let Some(saver) = self.saver {
             saver.stop();
         }

@@ -1,0 +1,187 @@
+//! The driver's side of one split virtqueue in shared memory: the descriptor table, the
+//! available ring the driver fills and the used ring the device fills, as a guest's
+//! virtio driver keeps them.
+//!
+//! Why written here rather than taken from a crate: rust-vmm's virtqueue crate is the
+//! device's side (it pops what a driver made available); a client of a vhost-user device in
+//! the lab needs the driver's side, which is a few dozen lines of the virtio spec (2.7,
+//! "Split Virtqueues"). Indices are read and written with atomic loads and stores, since the
+//! device runs on other threads over the same memory; EVENT_IDX is honoured by writing
+//! `used_event` before waiting.
+
+use std::sync::atomic::Ordering;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::VhostUserError;
+
+/// VRING_DESC_F_NEXT and VRING_DESC_F_WRITE.
+const DESC_F_NEXT: u16 = 1;
+const DESC_F_WRITE: u16 = 2;
+
+/// One buffer of a chain: where it is in shared memory, how long, and whether the device
+/// writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Buffer {
+    pub addr: u64,
+    pub len: u32,
+    pub device_writes: bool,
+}
+
+/// Where a queue's rings lie in the shared memory.
+#[derive(Clone, Copy, Debug)]
+pub struct RingLayout {
+    pub size: u16,
+    pub desc_table: u64,
+    pub avail_ring: u64,
+    pub used_ring: u64,
+}
+
+impl RingLayout {
+    /// Bytes the three parts take, each 4 KiB aligned, from `base`.
+    pub fn at(base: u64, size: u16) -> RingLayout {
+        let size_bytes = u64::from(size);
+        let align = |n: u64| n.div_ceil(4096) * 4096;
+        let desc_table = base;
+        let avail_ring = desc_table + align(16 * size_bytes);
+        let used_ring = avail_ring + align(6 + 2 * size_bytes);
+        RingLayout {
+            size,
+            desc_table,
+            avail_ring,
+            used_ring,
+        }
+    }
+
+    /// Bytes from `desc_table` to the end of the used ring.
+    pub fn span_bytes(&self) -> u64 {
+        let used_bytes = 6 + 8 * u64::from(self.size);
+        self.used_ring + used_bytes.div_ceil(4096) * 4096 - self.desc_table
+    }
+}
+
+/// The driver's state of one queue.
+#[derive(Debug)]
+pub struct DriverQueue {
+    pub layout: RingLayout,
+    free: Vec<u16>,
+    next_avail: u16,
+    last_used: u16,
+    /// Descriptors of each chain in flight, by head (returned to `free` when used).
+    chains: Vec<Vec<u16>>,
+}
+
+fn mem_err(err: impl std::fmt::Display) -> VhostUserError {
+    VhostUserError::Memory(err.to_string())
+}
+
+impl DriverQueue {
+    pub fn new(layout: RingLayout) -> DriverQueue {
+        DriverQueue {
+            layout,
+            free: (0..layout.size).rev().collect(),
+            next_avail: 0,
+            last_used: 0,
+            chains: vec![Vec::new(); usize::from(layout.size)],
+        }
+    }
+
+    /// Descriptors free for new chains.
+    pub fn free_descriptors(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Writes `buffers` as one chain and makes it available; its head.
+    pub fn push(
+        &mut self,
+        mem: &GuestMemoryMmap<()>,
+        buffers: &[Buffer],
+    ) -> Result<u16, VhostUserError> {
+        if buffers.is_empty() || buffers.len() > self.free.len() {
+            return Err(VhostUserError::QueueFull);
+        }
+        let indices: Vec<u16> = (0..buffers.len()).filter_map(|_| self.free.pop()).collect();
+        for (i, (buffer, &index)) in buffers.iter().zip(&indices).enumerate() {
+            let mut flags = if buffer.device_writes {
+                DESC_F_WRITE
+            } else {
+                0
+            };
+            let next = match indices.get(i + 1) {
+                Some(&next) => {
+                    flags |= DESC_F_NEXT;
+                    next
+                }
+                None => 0,
+            };
+            let mut raw = [0u8; 16];
+            raw[0..8].copy_from_slice(&buffer.addr.to_le_bytes());
+            raw[8..12].copy_from_slice(&buffer.len.to_le_bytes());
+            raw[12..14].copy_from_slice(&flags.to_le_bytes());
+            raw[14..16].copy_from_slice(&next.to_le_bytes());
+            let at = self.layout.desc_table + 16 * u64::from(index);
+            mem.write_slice(&raw, GuestAddress(at)).map_err(mem_err)?;
+        }
+        let head = indices[0];
+        self.chains[usize::from(head)] = indices;
+        let slot = self.next_avail % self.layout.size;
+        let ring_at = self.layout.avail_ring + 4 + 2 * u64::from(slot);
+        mem.store(head, GuestAddress(ring_at), Ordering::Release)
+            .map_err(mem_err)?;
+        self.next_avail = self.next_avail.wrapping_add(1);
+        mem.store(
+            self.next_avail,
+            GuestAddress(self.layout.avail_ring + 2),
+            Ordering::SeqCst,
+        )
+        .map_err(mem_err)?;
+        Ok(head)
+    }
+
+    /// The next used chain, if the device has returned one: its head and the bytes it wrote.
+    pub fn pop_used(
+        &mut self,
+        mem: &GuestMemoryMmap<()>,
+    ) -> Result<Option<(u16, u32)>, VhostUserError> {
+        let used_idx: u16 = mem
+            .load(GuestAddress(self.layout.used_ring + 2), Ordering::Acquire)
+            .map_err(mem_err)?;
+        if used_idx == self.last_used {
+            return Ok(None);
+        }
+        let slot = self.last_used % self.layout.size;
+        let elem_at = self.layout.used_ring + 4 + 8 * u64::from(slot);
+        let id: u32 = mem
+            .load(GuestAddress(elem_at), Ordering::Acquire)
+            .map_err(mem_err)?;
+        let len: u32 = mem
+            .load(GuestAddress(elem_at + 4), Ordering::Acquire)
+            .map_err(mem_err)?;
+        self.last_used = self.last_used.wrapping_add(1);
+        let head = u16::try_from(id)
+            .ok()
+            .filter(|h| *h < self.layout.size)
+            .ok_or(VhostUserError::Protocol("a used id past the queue"))?;
+        let chain = std::mem::take(&mut self.chains[usize::from(head)]);
+        if chain.is_empty() {
+            return Err(VhostUserError::Protocol("a used id that was not in flight"));
+        }
+        self.free.extend(chain);
+        Ok(Some((head, len)))
+    }
+
+    /// Whether the device has used a chain not yet popped.
+    pub fn pop_used_pending(&self, mem: &GuestMemoryMmap<()>) -> Result<bool, VhostUserError> {
+        let used_idx: u16 = mem
+            .load(GuestAddress(self.layout.used_ring + 2), Ordering::SeqCst)
+            .map_err(mem_err)?;
+        Ok(used_idx != self.last_used)
+    }
+
+    /// Asks the device to signal once it has used the next chain (EVENT_IDX's `used_event`).
+    pub fn arm_used_event(&self, mem: &GuestMemoryMmap<()>) -> Result<(), VhostUserError> {
+        let at = self.layout.avail_ring + 4 + 2 * u64::from(self.layout.size);
+        mem.store(self.last_used, GuestAddress(at), Ordering::SeqCst)
+            .map_err(mem_err)
+    }
+}

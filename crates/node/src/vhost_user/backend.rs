@@ -1,0 +1,217 @@
+//! The vhost-user-blk device one frontend connection talks to: what it offers (features,
+//! protocol features, queues, the config space) and what it does when a queue is kicked
+//! (pop each available chain, parse it, hand it to its queue's submitter).
+//!
+//! Why the event thread only parses: rust-vmm's framework calls `handle_event` on its own
+//! thread for every kick, and that thread must not wait (for a request slot, for budget, for
+//! a scheduler decision), or every queue it serves stops. So it reads each chain into a
+//! request (`vhost_user::request`, bounded and checked), counts it in flight and passes it
+//! on; the pipeline's waiting happens in the queue's tasks (`vhost_user::queue`). The
+//! protocol itself (SET_MEM_TABLE, ADD/REM_MEM_REG, the vring addresses, kick and call fds)
+//! is the framework's: memory it maps is replaced under `GuestMemoryAtomic`, and a request
+//! in flight keeps the mapping it was read against.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use headroom_store::Volume;
+use tokio::sync::mpsc;
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::{VhostUserBackend, VringT};
+use virtio_queue::QueueT;
+use vm_memory::GuestAddressSpace;
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
+};
+
+use super::queue::{self, Arrived, InFlight, Mem, QueueContext, Vring};
+use super::request::parse;
+use super::wire::{BlkConfig, ID_BYTES, features};
+use crate::pipeline::Pipeline;
+use crate::sync::lock;
+
+/// Descriptors per queue the driver may set up at most.
+pub const MAX_QUEUE_SIZE: usize = 256;
+/// How long `GET_VRING_BASE` waits for the queue's requests in flight.
+const STOP_WAIT: Duration = Duration::from_secs(30);
+/// Largest DISCARD or WRITE_ZEROES one request may name (the pipeline cuts it into pieces).
+pub const MAX_RANGE_BYTES: u32 = 1 << 30;
+
+/// One queue's way to its tasks.
+#[derive(Debug)]
+struct QueueLink {
+    arrivals: mpsc::UnboundedSender<Arrived>,
+    in_flight: Arc<InFlight>,
+}
+
+/// The device behind one frontend connection.
+#[derive(Debug)]
+pub(super) struct BlkBackend {
+    queues: Vec<QueueLink>,
+    config: [u8; super::wire::CONFIG_BYTES],
+    read_only: bool,
+    max_data_bytes: u32,
+    event_idx: AtomicBool,
+    mem: Mutex<Option<Mem>>,
+}
+
+impl BlkBackend {
+    /// A device of `volume` with `num_queues` queues, each with its tasks on the node's
+    /// runtime.
+    pub(super) fn new(pipeline: &Arc<Pipeline>, volume: &Arc<Volume>, num_queues: u16) -> Self {
+        let mut id = [0u8; ID_BYTES];
+        let name = volume.name().as_bytes();
+        let cut = name.len().min(ID_BYTES);
+        id[..cut].copy_from_slice(&name[..cut]);
+        let queues = (0..num_queues)
+            .map(|_| {
+                let (arrivals, receiver) = mpsc::unbounded_channel();
+                let in_flight = Arc::new(InFlight::default());
+                queue::start(
+                    QueueContext {
+                        pipeline: Arc::clone(pipeline),
+                        volume: Arc::clone(volume),
+                        in_flight: Arc::clone(&in_flight),
+                        id,
+                    },
+                    receiver,
+                );
+                QueueLink {
+                    arrivals,
+                    in_flight,
+                }
+            })
+            .collect();
+        let config = BlkConfig {
+            capacity_bytes: volume.size_bytes(),
+            num_queues,
+            max_discard_bytes: MAX_RANGE_BYTES,
+        }
+        .encode();
+        BlkBackend {
+            queues,
+            config,
+            read_only: volume.read_only(),
+            max_data_bytes: pipeline.limits.max_request_bytes,
+            event_idx: AtomicBool::new(false),
+            mem: Mutex::new(None),
+        }
+    }
+
+    /// Pops every available chain of `vring` and passes it on.
+    fn drain(&self, link: &QueueLink, vring: &Vring, mem: &Mem) {
+        let memory = mem.memory();
+        let mut state = vring.get_mut();
+        let queue = state.get_queue_mut();
+        while let Some(chain) = queue.pop_descriptor_chain(memory.clone()) {
+            let head = chain.head_index();
+            let parsed = parse(head, chain, &*memory, self.max_data_bytes, MAX_RANGE_BYTES);
+            link.in_flight.popped();
+            let arrived = Arrived {
+                parsed,
+                mem: memory.clone(),
+                vring: vring.clone(),
+            };
+            if let Err(mpsc::error::SendError(arrived)) = link.arrivals.send(arrived) {
+                // The queue's tasks are gone (the node is stopping): nothing will answer it.
+                tracing::debug!("vhost-user-blk: a chain arrived after its queue stopped");
+                drop(arrived);
+            }
+        }
+    }
+}
+
+impl VhostUserBackend for BlkBackend {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        self.queues.len()
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        features(self.read_only)
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Release);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let start = offset as usize;
+        let end = start.saturating_add(size as usize);
+        self.config
+            .get(start..end)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    fn update_memory(&self, mem: Mem) -> io::Result<()> {
+        *lock(&self.mem) = Some(mem);
+        Ok(())
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        if let Some(link) = self.queues.get(queue_index as usize)
+            && !link.in_flight.wait_drained(STOP_WAIT)
+        {
+            tracing::warn!(
+                "vhost-user-blk: queue {queue_index} stopped with requests still in flight"
+            );
+        }
+        Ok(())
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Vring],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Ok(());
+        }
+        let index = usize::from(device_event);
+        let (Some(link), Some(vring)) = (self.queues.get(index), vrings.get(index)) else {
+            return Ok(());
+        };
+        let Some(mem) = lock(&self.mem).clone() else {
+            return Ok(());
+        };
+        if !self.event_idx.load(Ordering::Acquire) {
+            self.drain(link, vring, &mem);
+            return Ok(());
+        }
+        // With EVENT_IDX: no kicks while draining, then look once more after re-enabling
+        // them, so a chain made available in between is not left waiting for a kick that
+        // will not come.
+        loop {
+            let _ = vring.disable_notification();
+            self.drain(link, vring, &mem);
+            match vring.enable_notification() {
+                Ok(true) => continue,
+                _ => break,
+            }
+        }
+        Ok(())
+    }
+}
