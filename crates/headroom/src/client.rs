@@ -208,6 +208,28 @@ impl Api {
         self.expect_success(response)
     }
 
+    /// `POST /v1/volumes/{name}/attachments`: serves the volume on a vhost-user-blk socket;
+    /// the volume's attachments as the API answered.
+    pub fn attach(&self, name: &str, attachment: &Value) -> Result<Value> {
+        let url = format!("{}/attachments", self.volume_url(name));
+        let response = self
+            .authorized(self.agent.post(url))
+            .send_json(attachment)
+            .map_err(|err| self.unreachable(err))?;
+        self.decode(response)
+    }
+
+    /// `DELETE /v1/volumes/{name}/attachments` of the socket at `vhost_user`.
+    pub fn detach(&self, name: &str, vhost_user: &str) -> Result<()> {
+        let url = format!("{}/attachments", self.volume_url(name));
+        let response = self
+            .authorized(self.agent.delete(url))
+            .force_send_body()
+            .send_json(serde_json::json!({ "vhost_user": vhost_user }))
+            .map_err(|err| self.unreachable(err))?;
+        self.expect_success(response)
+    }
+
     /// `POST /v1/tenants`.
     pub fn create_tenant(&self, id: &str) -> Result<TenantView> {
         let response = self

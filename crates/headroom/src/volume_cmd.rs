@@ -105,6 +105,42 @@ pub enum VolumeCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Serve a volume as a vhost-user-blk device on a Unix socket (for QEMU's
+    /// vhost-user-blk-pci; docs/operations.md). Stored: a restart serves it again.
+    Attach {
+        name: String,
+        /// The socket's path (a stale socket there is replaced; any other file is refused).
+        #[arg(long, value_name = "PATH")]
+        vhost_user: String,
+        /// Virtqueues offered, 1 to 16 (QEMU's `num-queues` may not exceed it).
+        #[arg(long, default_value_t = 1)]
+        num_queues: u16,
+        /// The socket file's permission bits, in octal (e.g. 0660); default: the umask's.
+        #[arg(long, value_parser = parse_mode)]
+        mode: Option<u32>,
+        /// The socket file's owner and group (numbers); default: the server's.
+        #[arg(long)]
+        uid: Option<u32>,
+        #[arg(long)]
+        gid: Option<u32>,
+        /// Print the API's JSON (the volume's attachments) instead of a sentence.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Stop serving a volume on a vhost-user socket: its frontend is disconnected and the
+    /// socket removed.
+    Detach {
+        name: String,
+        #[arg(long, value_name = "PATH")]
+        vhost_user: String,
+        /// Print `{"detached": NAME, "vhost_user": PATH}` instead of a sentence.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Delete a volume and free its space.
     Delete {
         name: String,
@@ -299,6 +335,43 @@ pub fn run(command: VolumeCommand) -> Result<()> {
                 format_size(view.info.size_bytes)
             );
         }
+        VolumeCommand::Attach {
+            name,
+            vhost_user,
+            num_queues,
+            mode,
+            uid,
+            gid,
+            json,
+            api,
+        } => {
+            let body = serde_json::json!({
+                "vhost_user": vhost_user,
+                "num_queues": num_queues,
+                "mode": mode,
+                "uid": uid,
+                "gid": gid,
+            });
+            let answer = api.client()?.attach(&name, &body)?;
+            if json {
+                return print_json(&answer);
+            }
+            outln!("attached {name} at {vhost_user} (vhost-user-blk, {num_queues} queues)");
+        }
+        VolumeCommand::Detach {
+            name,
+            vhost_user,
+            json,
+            api,
+        } => {
+            api.client()?.detach(&name, &vhost_user)?;
+            if json {
+                return print_json(
+                    &serde_json::json!({ "detached": name, "vhost_user": vhost_user }),
+                );
+            }
+            outln!("detached {name} from {vhost_user}");
+        }
         VolumeCommand::Delete { name, json, api } => {
             api.client()?.delete(&name)?;
             if json {
@@ -308,6 +381,15 @@ pub fn run(command: VolumeCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Permission bits in octal (`0660`, `660` or `0o660`), at most `0o777`.
+fn parse_mode(text: &str) -> std::result::Result<u32, String> {
+    let digits = text.trim_start_matches("0o");
+    match u32::from_str_radix(digits, 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err(format!("{text:?}: permission bits in octal, at most 0777")),
+    }
 }
 
 fn print_list(volumes: &[VolumeView]) {
