@@ -7,7 +7,7 @@
 //! slots, the byte budget, splitting, the scheduler) and the same replies, with only what is
 //! the transport's own here: how a request is described and validated, and how a reply is
 //! delivered. The in-process harness (`crates/node/tests/`) drives the node through it where
-//! the NBD wire is not what a test is about, and vhost-user-blk will be the third.
+//! the NBD wire is not what a test is about; vhost-user-blk (`node::vhost_user`) is the third.
 //!
 //! Requests are validated by the `nbd` crate's pure checker (`nbd::validate_request`: range,
 //! flags, read-only, the maximum payload), as NBD's are, so both transports refuse the same

@@ -1,9 +1,9 @@
 //! The request path below every transport: permits and budget, splitting, scheduling,
 //! execution against the store, completion. A transport (NBD in `node::session`, the in-memory
-//! one in `node::memory_transport`; vhost-user-blk next) parses its wire, validates each
-//! request into an `nbd::ValidRequest` and hands it to its [`Intake`]; the replies come back
-//! as [`Reply`] values with their [`ReplyBody`], which the transport encodes for its wire and
-//! then drops, releasing the request's permits. Nothing here reads a socket or knows a framing.
+//! one in `node::memory_transport`, vhost-user-blk in `node::vhost_user`) parses its wire,
+//! validates each request into an `nbd::ValidRequest` and hands it to its [`Intake`]; the
+//! replies come back as [`Reply`] values with their [`ReplyBody`], which the transport encodes
+//! for its wire and then drops, releasing the request's permits. Nothing here reads a socket or knows a framing.
 //!
 //! The request vocabulary is the `nbd` crate's validated request (command, offset, length,
 //! flags) and its errno: a pure type, no I/O, and NBD's command set covers virtio-blk's (IN,
