@@ -347,6 +347,12 @@ async fn attach_replaces_a_stale_socket_refuses_a_file_is_stored_and_detach_remo
         .await
         .unwrap_err();
     assert!(matches!(err, AttachmentError::NumQueues(0)), "{err}");
+    let err = node
+        .attach_vhost_user("disk", spec(Path::new("relative.sock"), 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AttachmentError::RelativePath(_)), "{err}");
+    assert!(!Path::new("relative.sock").exists());
     assert!(!path.exists());
     // A socket nobody listens on (what a killed server leaves): replaced.
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());

@@ -45,6 +45,7 @@ fn attachment_error(err: AttachmentError) -> ApiError {
         AttachmentError::UnknownVolume(_) => (StatusCode::NOT_FOUND, "not_found"),
         AttachmentError::NotAttached(..) => (StatusCode::NOT_FOUND, "not_attached"),
         AttachmentError::NumQueues(_) => (StatusCode::BAD_REQUEST, "invalid_num_queues"),
+        AttachmentError::RelativePath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
         AttachmentError::Taken(..) => (StatusCode::CONFLICT, "already_attached"),
         AttachmentError::Socket(_) => (StatusCode::CONFLICT, "invalid_socket"),
         AttachmentError::Serve(_) | AttachmentError::Store(_) => {
@@ -86,7 +87,7 @@ pub(super) async fn list_attachments(
     request_body = AttachmentSpec,
     params(("name" = String, Path, description = "Volume name")),
     responses((status = 201, body = AttachmentsView),
-        (status = 400, description = "num_queues out of range (nothing touched), or a path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
+        (status = 400, description = "num_queues out of range or a relative socket path (nothing touched), or a path parameter that does not parse (`invalid_path`)", body = ApiErrorBody),
         (status = 401, description = "No or wrong token", body = ApiErrorBody),
         (status = 404, description = "No such volume", body = ApiErrorBody),
         (status = 409, description = "The path is attached already, is not a socket, is a live socket, or the mode/owner cannot be given", body = ApiErrorBody),

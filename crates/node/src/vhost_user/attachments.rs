@@ -9,7 +9,7 @@
 //! is not a socket and never unlink it, replace a stale one, set the mode and owner before
 //! `listen`) are the node's, shared with the NBD Unix socket (`crates/node/src/server/vhost_socket.rs`), and this
 //! layer must not name the node's. Every input is checked before anything is touched: the
-//! volume exists, the path is well formed and not attached already, the queue count is in
+//! volume exists, the path is absolute, well formed and not attached already, the queue count is in
 //! range, the owner can be given (the binder's check).
 
 use std::collections::BTreeMap;
@@ -82,6 +82,10 @@ pub enum AttachmentError {
     UnknownVolume(String),
     #[error("num_queues {0}: must be 1 to {MAX_NUM_QUEUES}")]
     NumQueues(u16),
+    #[error(
+        "{0}: the socket's path must be absolute (a relative one would name a file in the server's working directory)"
+    )]
+    RelativePath(PathBuf),
     #[error("{0} is already an attachment of volume {1:?}")]
     Taken(PathBuf, String),
     #[error("volume {0:?} is not attached at {1}")]
@@ -235,6 +239,9 @@ impl Attachments {
     async fn start(&self, volume: &str, spec: &AttachmentSpec) -> Result<(), AttachmentError> {
         if spec.num_queues == 0 || spec.num_queues > MAX_NUM_QUEUES {
             return Err(AttachmentError::NumQueues(spec.num_queues));
+        }
+        if !spec.vhost_user.is_absolute() {
+            return Err(AttachmentError::RelativePath(spec.vhost_user.clone()));
         }
         let opened = self
             .store
