@@ -31,17 +31,26 @@ const FILE_KIB: usize = 512;
 
 /// Which door the guest's disk uses (a vhost-user-blk backend of the server would be one
 /// more, mapped to `Disk::vhost_user_blk`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Transport {
     Tcp,
     Unix,
+    /// Headroom's vhost-user-blk backend: the volume attached at `vhost.sock` beside the
+    /// NBD socket (stored with the volume, so a restarted server listens there again).
+    VhostUser,
 }
 
 fn disk(server: &Server, socket: &Path, transport: Transport, export: &str) -> Disk {
     match transport {
         Transport::Tcp => Disk::nbd_tcp(server.nbd, export),
         Transport::Unix => Disk::nbd_unix(socket, export),
+        Transport::VhostUser => Disk::vhost_user_blk(&vhost_socket(socket)),
     }
+}
+
+/// Where a test's volume is attached over vhost-user-blk: beside the NBD socket.
+fn vhost_socket(nbd_socket: &Path) -> std::path::PathBuf {
+    nbd_socket.with_file_name("vhost.sock")
 }
 
 /// A file-backed server on `data` with the Unix socket at `socket` too.
@@ -76,6 +85,14 @@ fn write_kill_verify(first: Transport, second: Transport) {
     let started = Instant::now();
     let server = start(&data, &socket);
     server.create_volume("guest", "256MiB");
+    if [first, second].contains(&Transport::VhostUser) {
+        let path = vhost_socket(&socket);
+        api_post(
+            &server,
+            "/v1/volumes/guest/attachments",
+            json!({"vhost_user": path, "num_queues": 2}),
+        );
+    }
     let sizes = [
         ("files", FILES.to_string()),
         ("file_kib", FILE_KIB.to_string()),
@@ -134,6 +151,14 @@ fn an_ext4_written_over_tcp_survives_a_sigkill_and_verifies_over_the_unix_socket
 #[test]
 fn an_ext4_written_over_the_unix_socket_survives_a_sigkill_and_verifies_over_tcp() {
     write_kill_verify(Transport::Unix, Transport::Tcp);
+}
+
+/// Headroom's own vhost-user-blk backend under a real guest: written over it, SIGKILL, and
+/// verified over it again, on the attachment the restarted server restored by itself.
+#[test]
+fn an_ext4_written_over_vhost_user_blk_survives_a_sigkill_and_verifies_on_the_restored_attachment()
+{
+    write_kill_verify(Transport::VhostUser, Transport::VhostUser);
 }
 
 /// 1,000 IOPS for 5,000 credits (net drain 800 per second: the burst lasts 6.25 s), then 200.
