@@ -8,6 +8,9 @@
 //!   Unix socket, and the Unix socket then TCP.
 //! * A `qemu:` QoS class seen from inside the guest: direct reads in the guest follow QEMU's
 //!   published timeline (burst, then average), second by second, in the server's statistics.
+//! * A running guest rides through a crash of the server over Headroom's vhost-user-blk
+//!   backend: QEMU reconnects, the chains the dead server had taken are taken again, and
+//!   nothing the guest synced is lost.
 //! * The launcher's vhost-user-blk disk boots the same guest on QEMU's own backend
 //!   (qemu-storage-daemon), so a Headroom vhost-user-blk backend only has to replace it.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on failure by design
@@ -166,6 +169,124 @@ fn an_ext4_written_over_the_unix_socket_survives_a_sigkill_and_verifies_over_tcp
 fn an_ext4_written_over_vhost_user_blk_survives_a_sigkill_and_verifies_on_the_restored_attachment()
 {
     write_kill_verify(Transport::VhostUser, Transport::VhostUser);
+}
+
+/// Files the reconnect test's guest writes one by one (16 × 256 KiB), and after which one
+/// the server is killed under it.
+const CHURN_FILES: usize = 16;
+const CHURN_FILE_KIB: usize = 256;
+const KILL_AFTER: usize = 4;
+
+/// A running guest rides through a crash of the server: it writes and syncs files one by one
+/// over Headroom's vhost-user-blk backend, the server is killed with SIGKILL after the
+/// fourth and restarted on the same data directory (the attachment restored by itself), QEMU
+/// reconnects, and the guest's I/O resumes where it stood: the chains the dead server had
+/// taken and not answered are popped again from the used index (the backend returns chains
+/// in the order it popped them, `crates/node/src/vhost_user/used_order.rs`). The guest then
+/// writes the rest, drops its page cache and compares every file with its generator, and a
+/// second boot finds the filesystem clean and every file as written.
+#[test]
+fn a_guest_writing_over_vhost_user_blk_rides_through_a_sigkill_and_restart_of_the_server() {
+    if !can_boot() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let socket = dir.path().join("nbd.sock");
+    let started = Instant::now();
+    let server = start(&data, &socket);
+    server.create_volume("guest", "256MiB");
+    let vhost = vhost_socket(&socket);
+    api_post(
+        &server,
+        "/v1/volumes/guest/attachments",
+        json!({"vhost_user": vhost, "num_queues": 2}),
+    );
+    let sizes = [
+        ("files", CHURN_FILES.to_string()),
+        ("file_kib", CHURN_FILE_KIB.to_string()),
+    ];
+    let guest = Guest::boot(
+        &Disk::vhost_user_blk_reconnecting(&vhost),
+        "churn",
+        &sizes,
+        &dir.path().join("churn.console"),
+    );
+    assert!(
+        guest.wait_for_line(&format!("HR-SYNCED {KILL_AFTER}"), BOOT_LIMIT),
+        "the guest never synced file {KILL_AFTER}"
+    );
+    // The guest is writing the next file: the server freezes under it, and dies once the
+    // guest has chains on the ring it will not get back (read from guest memory over QMP).
+    signal(server.pid(), "STOP");
+    let deadline = Instant::now() + BOOT_LIMIT;
+    let (avail, used) = loop {
+        let (avail, used) = guest
+            .vhost_ring_indices(0)
+            .expect("the ring's indices over QMP");
+        if avail != used || Instant::now() >= deadline {
+            break (avail, used);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_ne!(
+        avail, used,
+        "the guest put no chain on the frozen server's ring"
+    );
+    server.kill9();
+    let server = start(&data, &socket);
+    let churned = guest.wait(BOOT_LIMIT);
+    churned.assert_ok();
+    let synced = churned.lines("HR-SYNCED");
+    assert_eq!(synced.len(), CHURN_FILES, "{}", churned.console);
+    let written_files = churned.files();
+    assert_eq!(written_files.len(), CHURN_FILES, "{}", churned.console);
+    // The files after the kill went to the restarted server.
+    let metrics = common::metrics_text(&server.api);
+    let served = common::openmetrics::value(
+        &common::openmetrics::parse(&metrics),
+        "headroom_volume_ops_total",
+        &[("volume", "guest"), ("op", "write")],
+    )
+    .unwrap_or(0.0);
+    assert!(
+        served > 0.0,
+        "the restarted server served the guest's writes:\n{metrics}"
+    );
+    // The restarted backend took the unanswered chains again, from the used index on.
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
+    let taken_again: u32 = log
+        .lines()
+        .filter_map(|line| {
+            line.split_once("): ")?
+                .1
+                .strip_suffix(" chains taken again")
+        })
+        .filter_map(|count| count.parse::<u32>().ok())
+        .sum();
+    assert!(
+        taken_again >= u32::from(avail.wrapping_sub(used)),
+        "{} chains were on the ring at the kill, {taken_again} taken again; log:\n{log}",
+        avail.wrapping_sub(used)
+    );
+    let verified = boot(
+        &Disk::vhost_user_blk(&vhost),
+        "verify",
+        &[
+            ("files", CHURN_FILES.to_string()),
+            ("file_kib", CHURN_FILE_KIB.to_string()),
+        ],
+        &dir.path().join("verify.console"),
+    );
+    assert_eq!(verified.files(), written_files, "{}", verified.console);
+    server.stop();
+    report(&format!(
+        "linux guest over vhost-user-blk through a SIGKILL and restart: {} chains unanswered at the kill, {taken_again} taken again; churn {:.1} s, verify {:.1} s, in all {:.1} s",
+        avail.wrapping_sub(used),
+        churned.took.as_secs_f64(),
+        verified.took.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    ));
 }
 
 /// 1,000 IOPS for 5,000 credits (net drain 800 per second: the burst lasts 6.25 s), then 200.

@@ -322,6 +322,104 @@ async fn a_ceiling_holds_vhost_user_requests_back_until_the_nodes_time_moves() {
     node.shutdown().await.unwrap();
 }
 
+/// A chain the node answers at once (a read past the end, refused by the checker) is not
+/// returned used before the reads popped ahead of it that the ceiling still holds: the used
+/// ring follows the pop order, which is what lets a guest's frontend resubmit exactly the
+/// unanswered chains after the node restarts (`vhost_user::used_order`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chains_come_back_used_in_the_order_they_were_popped_even_when_answered_out_of_order() {
+    let (clock, time) = Clock::manual(1_000 * MS);
+    let node = Node::start_with_clock(common::config(), clock)
+        .await
+        .unwrap();
+    let qos = QosSpec {
+        baseline_iops: Some(100),
+        ceiling_iops: Some(100),
+        ..QosSpec::default()
+    };
+    const SIZE_BYTES: u64 = 64 * MIB;
+    node.create_volume("ordered", SIZE_BYTES, Some(qos))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vhost.sock");
+    node.attach_vhost_user("ordered", spec(&path, 1))
+        .await
+        .unwrap();
+    let scheduler = node.scheduler().unwrap().clone();
+    let id = node.store().open_volume("ordered").unwrap().id();
+    let handle = scheduler.handle(id).unwrap();
+    const HELD: usize = 16;
+    let client_path = path.clone();
+    let (mut client, mut heads) = tokio::task::spawn_blocking(move || {
+        let mut client =
+            VhostUserBlkClient::connect(&client_path, ClientOptions::default()).unwrap();
+        let heads: Vec<u16> = (0..HELD as u64)
+            .map(|i| {
+                let read = BlkOp::Read {
+                    offset: i * 4096,
+                    len: 4096,
+                };
+                client.submit(0, &read).unwrap()
+            })
+            .collect();
+        (client, heads)
+    })
+    .await
+    .unwrap();
+    assert!(
+        common::eventually(|| scheduler.queued_requests(&handle) >= HELD - 4).await,
+        "the ceiling holds the reads back ({} held)",
+        scheduler.queued_requests(&handle)
+    );
+    // Popped last, answered first: the pipeline refuses it as soon as it arrives.
+    let refused = {
+        let (head, returned) = tokio::task::spawn_blocking(move || {
+            let past_end = BlkOp::Read {
+                offset: SIZE_BYTES,
+                len: 4096,
+            };
+            let head = client.submit(0, &past_end).unwrap();
+            (head, client)
+        })
+        .await
+        .unwrap();
+        client = returned;
+        head
+    };
+    heads.push(refused);
+    let metrics = node.api_state().metrics.get(id).unwrap();
+    let read_at = VolumeOp::ALL
+        .iter()
+        .position(|o| *o == VolumeOp::Read)
+        .unwrap();
+    assert!(
+        common::eventually(|| metrics.ops()[read_at].errors == 1).await,
+        "the read past the end is answered (refused) while the others are held"
+    );
+    let mut ticks = 0u64;
+    while scheduler.queued_requests(&handle) > 0 {
+        time.advance(10 * MS);
+        scheduler.wake_due();
+        ticks += 1;
+        assert!(ticks <= 1_000, "the ceiling never let the rest through");
+    }
+    let used = tokio::task::spawn_blocking(move || {
+        let used: Vec<BlkCompletion> = (0..=HELD).map(|_| client.wait(0).unwrap()).collect();
+        client.disconnect().unwrap();
+        used
+    })
+    .await
+    .unwrap();
+    let used_heads: Vec<u16> = used.iter().map(|done| done.head).collect();
+    assert_eq!(used_heads, heads, "used in the order submitted");
+    let statuses: Vec<u8> = used.iter().map(|done| done.status).collect();
+    let mut expected = vec![S_OK; HELD];
+    expected.push(S_IOERR);
+    assert_eq!(statuses, expected);
+    scheduler.check_invariants().unwrap();
+    node.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attach_replaces_a_stale_socket_refuses_a_file_is_stored_and_detach_removes_it() {
     let node = common::start_with_volume("disk", 4 * MIB).await;

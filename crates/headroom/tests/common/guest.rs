@@ -114,6 +114,16 @@ impl Disk {
     /// A vhost-user-blk backend listening on `socket`: the guest's memory is a shared memfd
     /// (the backend maps it to reach the virtqueues and buffers).
     pub fn vhost_user_blk(socket: &Path) -> Disk {
+        Disk::vhost_user_blk_with(socket, "")
+    }
+
+    /// [`Disk::vhost_user_blk`] whose QEMU reconnects (every 100 ms) when the backend goes
+    /// away, so the guest keeps running while the backend restarts.
+    pub fn vhost_user_blk_reconnecting(socket: &Path) -> Disk {
+        Disk::vhost_user_blk_with(socket, ",reconnect-ms=100")
+    }
+
+    fn vhost_user_blk_with(socket: &Path, chardev_options: &str) -> Disk {
         let memory_mib = 384;
         Disk {
             describe: format!("vhost-user-blk {}", socket.display()),
@@ -123,7 +133,7 @@ impl Disk {
                 "-numa".into(),
                 "node,memdev=mem".into(),
                 "-chardev".into(),
-                format!("socket,id=c0,path={}", socket.display()),
+                format!("socket,id=c0,path={}{chardev_options}", socket.display()),
                 "-device".into(),
                 "vhost-user-blk-pci,chardev=c0,num-queues=2".into(),
             ],
@@ -172,6 +182,11 @@ impl Guest {
             .args(["-m", &format!("{}M", disk.memory_mib)])
             .arg("-serial")
             .arg(format!("file:{}", console_path.display()))
+            .arg("-qmp")
+            .arg(format!(
+                "unix:{},server=on,wait=off",
+                console_path.with_extension("qmp").display()
+            ))
             .arg("-kernel")
             .arg(dir.join("vmlinuz"))
             .arg("-initrd")
@@ -206,6 +221,49 @@ impl Guest {
         self.pid
     }
 
+    /// The driver's available index and the device's used index of queue `queue` of the
+    /// guest's vhost-user-blk device, read from guest memory: chains the backend has not
+    /// returned are the difference.
+    pub fn vhost_ring_indices(&self, queue: u64) -> std::io::Result<(u16, u16)> {
+        let mut qmp = Qmp::connect(&self.console_path.with_extension("qmp"))?;
+        let devices = qmp.execute("x-query-virtio", serde_json::json!({}))?;
+        let path = devices
+            .as_array()
+            .and_then(|all| all.iter().find(|d| d["name"] == "virtio-blk"))
+            .map(|d| d["path"].clone())
+            .ok_or_else(|| std::io::Error::other(format!("no vhost-user-blk in {devices}")))?;
+        let ring = qmp.execute(
+            "x-query-virtio-vhost-queue-status",
+            serde_json::json!({"path": path, "queue": queue}),
+        )?;
+        let address = |name: &str| {
+            ring[name]
+                .as_u64()
+                .ok_or_else(|| std::io::Error::other(format!("no {name} in {ring}")))
+        };
+        // The split ring's `idx` is the second 16-bit word of the avail and used rings.
+        let avail = qmp.guest_u16(address("avail-phys")? + 2)?;
+        let used = qmp.guest_u16(address("used-phys")? + 2)?;
+        Ok((avail, used))
+    }
+
+    /// Waits until the console has a line `line` (the guest announcing a point of its phase),
+    /// at most `limit`; whether it came. Reads the console file every 20 ms: the file is
+    /// where QEMU puts the serial port, and the line is the event waited for.
+    pub fn wait_for_line(&self, line: &str, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            let console = std::fs::read_to_string(&self.console_path).unwrap_or_default();
+            if console.lines().any(|l| l.trim_end_matches('\r') == line) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits for the guest to power off (QEMU exits); `limit` only guards against a hung
     /// guest: past it QEMU is killed and the test fails with the console so far.
     pub fn wait(mut self, limit: Duration) -> GuestRun {
@@ -227,12 +285,105 @@ impl Guest {
                 }
             }
             Ok(Err(err)) => panic!("waiting for QEMU: {err}"),
-            Err(_) => panic!(
-                "the guest ({}) did not power off within {limit:?}\nstderr:\n{stderr}\nconsole:\n{console}",
-                self.describe
-            ),
+            Err(_) => {
+                let queues = virtio_queues(&self.console_path.with_extension("qmp"));
+                panic!(
+                    "the guest ({}) did not power off within {limit:?}\nvirtqueues (QMP):\n{queues}\nstderr:\n{stderr}\nconsole:\n{console}",
+                    self.describe
+                )
+            }
         }
     }
+}
+
+/// A QMP connection to a guest's QEMU (`-qmp unix:…`): commands and their answers, each
+/// read bounded by a timeout.
+struct Qmp {
+    reader: std::io::BufReader<std::os::unix::net::UnixStream>,
+    writer: std::os::unix::net::UnixStream,
+}
+
+impl Qmp {
+    fn connect(path: &Path) -> std::io::Result<Qmp> {
+        let stream = std::os::unix::net::UnixStream::connect(path)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut qmp = Qmp {
+            reader: std::io::BufReader::new(stream.try_clone()?),
+            writer: stream,
+        };
+        qmp.execute("qmp_capabilities", serde_json::json!({}))?;
+        Ok(qmp)
+    }
+
+    /// Runs `command`; its `return` (an `error` answer is an error).
+    fn execute(
+        &mut self,
+        command: &str,
+        arguments: serde_json::Value,
+    ) -> std::io::Result<serde_json::Value> {
+        use std::io::{BufRead, Write};
+        let request = serde_json::json!({"execute": command, "arguments": arguments});
+        writeln!(self.writer, "{request}")?;
+        loop {
+            let mut line = String::new();
+            if self.reader.read_line(&mut line)? == 0 {
+                return Err(std::io::Error::other("QMP closed"));
+            }
+            let mut value: serde_json::Value =
+                serde_json::from_str(&line).map_err(std::io::Error::other)?;
+            // Skip the greeting and asynchronous events.
+            if let Some(error) = value.get("error") {
+                return Err(std::io::Error::other(format!("{command}: {error}")));
+            }
+            if let Some(answer) = value.get_mut("return") {
+                return Ok(answer.take());
+            }
+        }
+    }
+
+    /// A 16-bit word of guest memory at the physical address `at` (HMP's `xp`).
+    fn guest_u16(&mut self, at: u64) -> std::io::Result<u16> {
+        let out = self.execute(
+            "human-monitor-command",
+            serde_json::json!({"command-line": format!("xp /1hx {at:#x}")}),
+        )?;
+        // "00000000000ff002: 0x00cc"
+        let text = out.as_str().unwrap_or_default();
+        text.rsplit("0x")
+            .next()
+            .and_then(|hex| u16::from_str_radix(hex.trim(), 16).ok())
+            .ok_or_else(|| std::io::Error::other(format!("xp answered {text:?}")))
+    }
+}
+
+/// What QEMU says of every virtio device's queues (the indices in the rings, and for a vhost
+/// device what the backend last reported): the first thing to read when a guest's I/O stops.
+/// An error is part of the text, never a panic.
+fn virtio_queues(qmp: &Path) -> String {
+    let ask = || -> std::io::Result<String> {
+        let mut qmp = Qmp::connect(qmp)?;
+        let mut text = String::new();
+        let devices = qmp.execute("x-query-virtio", serde_json::json!({}))?;
+        for device in devices.as_array().cloned().unwrap_or_default() {
+            let path = device["path"].clone();
+            let status = qmp.execute("x-query-virtio-status", serde_json::json!({"path": path}))?;
+            let queues = status["num-vqs"].as_u64().unwrap_or(1);
+            text.push_str(&format!("{device}\n"));
+            for queue in 0..queues {
+                for command in [
+                    "x-query-virtio-queue-status",
+                    "x-query-virtio-vhost-queue-status",
+                ] {
+                    let state = qmp
+                        .execute(command, serde_json::json!({"path": path, "queue": queue}))
+                        .unwrap_or_else(|err| serde_json::json!(err.to_string()));
+                    text.push_str(&format!("  {command} {queue}: {state}\n"));
+                }
+            }
+        }
+        Ok(text)
+    };
+    ask().unwrap_or_else(|err| format!("(QMP at {}: {err})", qmp.display()))
 }
 
 impl Drop for Guest {

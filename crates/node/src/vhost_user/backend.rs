@@ -27,8 +27,9 @@ use vmm_sys_util::event::{
     EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
 };
 
-use super::queue::{self, Arrived, InFlight, Mem, QueueContext, Vring};
+use super::queue::{self, Arrived, Mem, QueueContext, Vring};
 use super::request::parse;
+use super::used_order::UsedOrder;
 use super::wire::{BlkConfig, ID_BYTES, features};
 use crate::pipeline::Pipeline;
 use crate::sync::lock;
@@ -44,7 +45,10 @@ pub const MAX_RANGE_BYTES: u32 = 1 << 30;
 #[derive(Debug)]
 struct QueueLink {
     arrivals: mpsc::UnboundedSender<Arrived>,
-    in_flight: Arc<InFlight>,
+    order: Arc<UsedOrder>,
+    /// Whether this connection has drained the queue before: the first drain says where the
+    /// ring stood (a frontend reconnecting after a crash hands over a ring already in use).
+    drained_before: AtomicBool,
 }
 
 /// The device behind one frontend connection.
@@ -69,19 +73,20 @@ impl BlkBackend {
         let queues = (0..num_queues)
             .map(|_| {
                 let (arrivals, receiver) = mpsc::unbounded_channel();
-                let in_flight = Arc::new(InFlight::default());
+                let order = Arc::new(UsedOrder::default());
                 queue::start(
                     QueueContext {
                         pipeline: Arc::clone(pipeline),
                         volume: Arc::clone(volume),
-                        in_flight: Arc::clone(&in_flight),
+                        order: Arc::clone(&order),
                         id,
                     },
                     receiver,
                 );
                 QueueLink {
                     arrivals,
-                    in_flight,
+                    order,
+                    drained_before: AtomicBool::new(false),
                 }
             })
             .collect();
@@ -106,12 +111,31 @@ impl BlkBackend {
         let memory = mem.memory();
         let mut state = vring.get_mut();
         let queue = state.get_queue_mut();
+        if !link.drained_before.swap(true, Ordering::AcqRel) {
+            let next_avail = queue.next_avail();
+            let avail = queue
+                .avail_idx(&*memory, Ordering::Acquire)
+                .ok()
+                .map(|i| i.0);
+            let used = queue
+                .used_idx(&*memory, Ordering::Acquire)
+                .ok()
+                .map(|i| i.0);
+            if next_avail != 0 || used.is_some_and(|used| used != 0) {
+                tracing::info!(
+                    "vhost-user-blk: a queue resumes at available index {next_avail} \
+                     (the driver's: {avail:?}, used: {used:?}): {} chains taken again",
+                    avail.map_or(0, |avail| avail.wrapping_sub(next_avail))
+                );
+            }
+        }
         while let Some(chain) = queue.pop_descriptor_chain(memory.clone()) {
             let head = chain.head_index();
             let parsed = parse(head, chain, &*memory, self.max_data_bytes, MAX_RANGE_BYTES);
-            link.in_flight.popped();
+            let seq = link.order.popped();
             let arrived = Arrived {
                 parsed,
+                seq,
                 mem: memory.clone(),
                 vring: vring.clone(),
             };
@@ -171,7 +195,7 @@ impl VhostUserBackend for BlkBackend {
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         if let Some(link) = self.queues.get(queue_index as usize)
-            && !link.in_flight.wait_drained(STOP_WAIT)
+            && !link.order.wait_drained(STOP_WAIT)
         {
             tracing::warn!(
                 "vhost-user-blk: queue {queue_index} stopped with requests still in flight"

@@ -11,6 +11,8 @@
 //! - `request`: a descriptor chain read into a request, every bound checked;
 //! - `backend`: the device rust-vmm's vhost-user framework drives (features, queues, kicks);
 //! - `queue`: one virtqueue's submitter and completer tasks over its `Intake`;
+//! - `used_order`: chains returned used in the order they were popped (what makes a restart
+//!   of the node safe for a running guest);
 //! - `listener`: the socket's accepting thread and the handle that stops it;
 //! - `attachments`: which volume is on which socket, stored with the volume, restored at
 //!   start.
@@ -24,6 +26,7 @@ mod backend;
 mod listener;
 mod queue;
 mod request;
+mod used_order;
 mod wire;
 
 pub use attachments::{

@@ -10,12 +10,10 @@
 //! budget share a connection gets, and all of them meet at the same scheduler and the same
 //! per-volume QoS as every NBD client of the volume.
 //!
-//! A chain stays counted in flight ([`InFlight`]) from the moment it is popped to the moment
-//! it is returned used, so `GET_VRING_BASE` (the frontend stopping the queue) can wait for
-//! what the guest handed over.
+//! Every chain is returned used in the order it was popped, through the queue's
+//! [`UsedOrder`] (why: `vhost_user::used_order`), whichever task answers it.
 
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use headroom_nbd as nbd;
 use headroom_nbd::consts;
@@ -26,6 +24,7 @@ use vhost_user_backend::{VringRwLock, VringT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
 
 use super::request::{BlkRequest, Kind, Parsed, Segment};
+use super::used_order::UsedOrder;
 use super::wire::{ID_BYTES, Status};
 use crate::buffers::BufferPool;
 use crate::pipeline::{Intake, Pipeline, ReplyBody, ReplyReceiver, Submission};
@@ -38,6 +37,8 @@ pub(super) type Vring = VringRwLock<Mem>;
 /// A chain handed from the vring's event thread to its queue's submitter.
 pub(super) struct Arrived {
     pub(super) parsed: Parsed,
+    /// Its place in the queue's pop order ([`UsedOrder::popped`]).
+    pub(super) seq: u64,
     /// The guest memory the chain was read against (kept mapped until it is used).
     pub(super) mem: MemGuard,
     pub(super) vring: Vring,
@@ -59,45 +60,6 @@ impl std::fmt::Debug for Pending {
     }
 }
 
-/// Chains of one queue popped and not yet returned used.
-#[derive(Debug, Default)]
-pub(super) struct InFlight {
-    count: Mutex<usize>,
-    drained: Condvar,
-}
-
-impl InFlight {
-    pub(super) fn popped(&self) {
-        *lock(&self.count) += 1;
-    }
-
-    fn used(&self) {
-        let mut count = lock(&self.count);
-        *count = count.saturating_sub(1);
-        if *count == 0 {
-            self.drained.notify_all();
-        }
-    }
-
-    /// Waits until every popped chain is used, at most `limit`; whether they all were.
-    pub(super) fn wait_drained(&self, limit: Duration) -> bool {
-        let count = lock(&self.count);
-        let (count, _) = self
-            .drained
-            .wait_timeout_while(count, limit, |n| *n > 0)
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *count == 0
-    }
-}
-
-/// Returns `head` used with `written_bytes` (the bytes the device wrote, status included).
-pub(super) fn complete(vring: &Vring, in_flight: &InFlight, head: u16, written_bytes: u32) {
-    if let Err(err) = vring.add_used(head, written_bytes) {
-        tracing::warn!("vhost-user-blk: returning descriptor {head} used: {err}");
-    }
-    in_flight.used();
-}
-
 /// Signals the driver if it asked to be (EVENT_IDX) or always without it.
 pub(super) fn notify(vring: &Vring) {
     if vring.needs_notification().unwrap_or(true)
@@ -114,6 +76,7 @@ fn write_status(mem: &MemGuard, addr: GuestAddress, status: Status) {
 
 /// A request in the pipeline, as the completer needs it.
 struct Pending {
+    seq: u64,
     head: u16,
     mem: MemGuard,
     vring: Vring,
@@ -130,7 +93,7 @@ type PendingMap = Arc<Mutex<FxHashMap<u64, Pending>>>;
 pub(super) struct QueueContext {
     pub(super) pipeline: Arc<Pipeline>,
     pub(super) volume: Arc<Volume>,
-    pub(super) in_flight: Arc<InFlight>,
+    pub(super) order: Arc<UsedOrder>,
     /// GET_ID's answer (the volume's name, cut or NUL-padded to 20 bytes).
     pub(super) id: [u8; ID_BYTES],
 }
@@ -145,7 +108,7 @@ pub(super) fn start(context: QueueContext, arrivals: mpsc::UnboundedReceiver<Arr
     let completer = runtime.spawn(complete_replies(
         replies,
         Arc::clone(&pending),
-        Arc::clone(&context.in_flight),
+        Arc::clone(&context.order),
         buffers,
     ));
     runtime.spawn(async move {
@@ -212,10 +175,11 @@ fn scatter(mem: &MemGuard, segments: &[Segment], data: &[u8]) -> bool {
 }
 
 /// Answers IOERR at once for a request that cannot go on.
-fn fail_now(mem: &MemGuard, vring: &Vring, in_flight: &InFlight, request: &BlkRequest) {
+fn fail_now(mem: &MemGuard, vring: &Vring, order: &UsedOrder, seq: u64, request: &BlkRequest) {
     write_status(mem, request.status, Status::IoErr);
-    complete(vring, in_flight, request.head, 1);
-    notify(vring);
+    if order.finish(vring, seq, request.head, 1) {
+        notify(vring);
+    }
 }
 
 /// GET_ID: the transport's own request, answered at once (the volume's name).
@@ -224,13 +188,48 @@ fn answer_get_id(arrived: &Arrived, request: &BlkRequest, context: &QueueContext
     let ok = scatter(&arrived.mem, &request.data, &context.id[..room]);
     let status = if ok { Status::Ok } else { Status::IoErr };
     write_status(&arrived.mem, request.status, status);
-    complete(
+    if context.order.finish(
         &arrived.vring,
-        &context.in_flight,
+        arrived.seq,
         request.head,
         request.length_bytes + 1,
-    );
-    notify(&arrived.vring);
+    ) {
+        notify(&arrived.vring);
+    }
+}
+
+/// A refused chain: its head, where its status goes, the status and why.
+type Refusal = (u16, GuestAddress, Status, &'static str);
+
+/// What the submitter does with a chain: `None` when it is answered here and now (GET_ID, a
+/// chain with no status byte), else the request to run or the refusal to answer.
+fn triage(
+    arrived: &Arrived,
+    context: &QueueContext,
+) -> Option<(Option<BlkRequest>, Option<Refusal>)> {
+    match &arrived.parsed {
+        Parsed::Request(request) if request.kind == Kind::GetId => {
+            answer_get_id(arrived, request, context);
+            None
+        }
+        Parsed::Request(request) => Some((Some(request.clone()), None)),
+        Parsed::Refused {
+            head,
+            status_addr,
+            status,
+            why,
+        } => {
+            tracing::debug!("vhost-user-blk: descriptor {head} refused: {why}");
+            Some((None, Some((*head, *status_addr, *status, *why))))
+        }
+        Parsed::Unanswerable { head, .. } => {
+            // Used with nothing written: there is no status byte to write.
+            if context.order.finish(&arrived.vring, arrived.seq, *head, 0) {
+                notify(&arrived.vring);
+            }
+            None
+        }
+    }
 }
 
 async fn submit_arrivals(
@@ -246,42 +245,26 @@ async fn submit_arrivals(
         structured_replies: true,
         allocation_context_id: None,
     };
-    let in_flight = &context.in_flight;
+    let order = &context.order;
     let mut next_cookie: u64 = 1;
     while let Some(arrived) = arrivals.recv().await {
         let arrival_ns = intake.now_ns();
-        let (request, refusal) = match &arrived.parsed {
-            Parsed::Request(request) if request.kind == Kind::GetId => {
-                answer_get_id(&arrived, request, &context);
-                continue;
-            }
-            Parsed::Request(request) => (Some(request.clone()), None),
-            Parsed::Refused {
-                head,
-                status_addr,
-                status,
-                why,
-            } => {
-                tracing::debug!("vhost-user-blk: descriptor {head} refused: {why}");
-                (None, Some((*head, *status_addr, *status, *why)))
-            }
-            Parsed::Unanswerable { head, .. } => {
-                // Used with nothing written (the event thread answers these itself).
-                complete(&arrived.vring, in_flight, *head, 0);
-                notify(&arrived.vring);
-                continue;
-            }
+        let Some((request, refusal)) = triage(&arrived, &context) else {
+            continue;
         };
         let Some(slot) = intake.request_slot().await else {
             break;
         };
         let cookie = next_cookie;
         next_cookie += 1;
-        let Arrived { mem, vring, .. } = arrived;
+        let Arrived {
+            mem, vring, seq, ..
+        } = arrived;
         if let Some((head, status_addr, status, why)) = refusal {
             lock(&pending).insert(
                 cookie,
                 Pending {
+                    seq,
                     head,
                     mem,
                     vring,
@@ -297,6 +280,7 @@ async fn submit_arrivals(
         let Some(request) = request else { continue };
         let nbd_header = header(&request, cookie);
         let pending_of = |mem, vring| Pending {
+            seq,
             head: request.head,
             mem,
             vring,
@@ -322,7 +306,7 @@ async fn submit_arrivals(
             Ok(None) => break,
             Err(err) => {
                 tracing::warn!("vhost-user-blk: {err}");
-                fail_now(&mem, &vring, in_flight, &request);
+                fail_now(&mem, &vring, order, seq, &request);
                 continue;
             }
         };
@@ -331,7 +315,7 @@ async fn submit_arrivals(
                 let mut buffer = intake.payload_buffer(valid.length);
                 if !gather(&mem, &request.data, buffer.as_mut_slice()) {
                     drop(permits);
-                    fail_now(&mem, &vring, in_flight, &request);
+                    fail_now(&mem, &vring, order, seq, &request);
                     continue;
                 }
                 Some(buffer)
@@ -356,7 +340,7 @@ async fn submit_arrivals(
 async fn complete_replies(
     mut replies: ReplyReceiver,
     pending: PendingMap,
-    in_flight: Arc<InFlight>,
+    order: Arc<UsedOrder>,
     buffers: Arc<BufferPool>,
 ) {
     let mut batch = Vec::new();
@@ -392,11 +376,13 @@ async fn complete_replies(
                 }
             };
             write_status(&request.mem, request.status_addr, status);
-            complete(&request.vring, &in_flight, request.head, written + 1);
+            let returned = order.finish(&request.vring, request.seq, request.head, written + 1);
             if let ReplyBody::Data { data, .. } = reply.body {
                 buffers.put(data);
             }
-            signal = Some(request.vring);
+            if returned {
+                signal = Some(request.vring);
+            }
             // Dropping the rest of the reply (its permits) is delivery.
         }
         if let Some(vring) = &signal {
