@@ -161,6 +161,7 @@ impl Harness {
             clock,
             runtime: runtime.handle().clone(),
             reads: ReadRouter::new(headroom_qos::routing::ReadRouting::Primary),
+            work: Default::default(),
         });
         let runner = Arc::new(IoRunner(Arc::clone(&io)));
         let scheduler = headroom_node::scheduler::Scheduler::start(

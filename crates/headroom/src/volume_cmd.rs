@@ -123,6 +123,10 @@ pub enum VolumeCommand {
         uid: Option<u32>,
         #[arg(long)]
         gid: Option<u32>,
+        /// Adaptive polling: the longest each queue keeps looking at its ring after
+        /// draining it before asking for kicks again, µs (0 to 1000; default 0: event mode).
+        #[arg(long)]
+        poll_us: Option<u32>,
         /// Print the API's JSON (the volume's attachments) instead of a sentence.
         #[arg(long)]
         json: bool,
@@ -342,6 +346,7 @@ pub fn run(command: VolumeCommand) -> Result<()> {
             mode,
             uid,
             gid,
+            poll_us,
             json,
             api,
         } => {
@@ -351,6 +356,7 @@ pub fn run(command: VolumeCommand) -> Result<()> {
                 "mode": mode,
                 "uid": uid,
                 "gid": gid,
+                "poll_us": poll_us,
             });
             let answer = api.client()?.attach(&name, &body)?;
             if json {

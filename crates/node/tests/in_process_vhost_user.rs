@@ -34,6 +34,7 @@ fn spec(path: &Path, num_queues: u16) -> AttachmentSpec {
         mode: Some(0o600),
         uid: None,
         gid: None,
+        poll_us: None,
     }
 }
 
@@ -177,6 +178,54 @@ async fn writes_read_back_and_flush_discard_write_zeroes_and_get_id_answer() {
     node.shutdown().await.unwrap();
 }
 
+/// A device that polls its rings (`poll_us`) answers as one that waits for kicks: every
+/// write reads back, over two queues, and the statistics count each request once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polling_device_answers_every_request_as_an_event_driven_one() {
+    let node = common::start_with_volume("polled", 64 * MIB).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vhost.sock");
+    let polling = AttachmentSpec {
+        poll_us: Some(200),
+        ..spec(&path, 2)
+    };
+    node.attach_vhost_user("polled", polling).await.unwrap();
+    let options = ClientOptions {
+        num_queues: 2,
+        ..ClientOptions::default()
+    };
+    const BLOCKS: u64 = 64;
+    with_client(&path, options, move |client| {
+        for i in 0..BLOCKS {
+            let q = (i % 2) as usize;
+            let data = pattern(4096, i as u8);
+            ok(client
+                .call(
+                    q,
+                    &BlkOp::Write {
+                        offset: i * 4096,
+                        data,
+                    },
+                )
+                .unwrap());
+        }
+        for i in 0..BLOCKS {
+            let q = ((i + 1) % 2) as usize;
+            let read = BlkOp::Read {
+                offset: i * 4096,
+                len: 4096,
+            };
+            assert_eq!(ok(client.call(q, &read).unwrap()), pattern(4096, i as u8));
+        }
+    })
+    .await;
+    let id = node.store().open_volume("polled").unwrap().id();
+    let stats = node.api_state().metrics.get(id).unwrap().ops();
+    assert_eq!(count(&stats, VolumeOp::Write), BLOCKS);
+    assert_eq!(count(&stats, VolumeOp::Read), BLOCKS);
+    node.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_descriptors_are_answered_with_ioerr_or_unsupp_and_the_queue_goes_on() {
     let (node, _dir, path) = attached("disk", 4 * MIB, 1).await;
@@ -297,8 +346,21 @@ async fn a_ceiling_holds_vhost_user_requests_back_until_the_nodes_time_moves() {
         scheduler.queued_requests(&handle)
     );
     let held = scheduler.queued_requests(&handle);
+    // Until every read is answered (counted when its reply is handed back): a read still on
+    // its way to the scheduler when the others drained would be held by the frozen clock.
+    let metrics = node.api_state().metrics.get(id).unwrap();
     let mut ticks = 0u64;
-    while scheduler.queued_requests(&handle) > 0 {
+    let answered = || count(&metrics.ops(), VolumeOp::Read);
+    while answered() < SENT as u64 {
+        if scheduler.queued_requests(&handle) == 0 {
+            // Nothing held: wait for the reads in flight to be answered or to be held.
+            let moved = common::eventually(|| {
+                answered() == SENT as u64 || scheduler.queued_requests(&handle) > 0
+            })
+            .await;
+            assert!(moved, "{} of {SENT} reads answered, none held", answered());
+            continue;
+        }
         time.advance(10 * MS);
         scheduler.wake_due();
         ticks += 1;
@@ -396,8 +458,18 @@ async fn chains_come_back_used_in_the_order_they_were_popped_even_when_answered_
         common::eventually(|| metrics.ops()[read_at].errors == 1).await,
         "the read past the end is answered (refused) while the others are held"
     );
+    // Until every read is answered (the refused one counted as an error).
     let mut ticks = 0u64;
-    while scheduler.queued_requests(&handle) > 0 {
+    let answered = || metrics.ops()[read_at].ops;
+    while answered() < HELD as u64 + 1 {
+        if scheduler.queued_requests(&handle) == 0 {
+            let moved = common::eventually(|| {
+                answered() == HELD as u64 + 1 || scheduler.queued_requests(&handle) > 0
+            })
+            .await;
+            assert!(moved, "{} reads answered, none held", answered());
+            continue;
+        }
         time.advance(10 * MS);
         scheduler.wake_due();
         ticks += 1;
@@ -445,6 +517,15 @@ async fn attach_replaces_a_stale_socket_refuses_a_file_is_stored_and_detach_remo
         .await
         .unwrap_err();
     assert!(matches!(err, AttachmentError::NumQueues(0)), "{err}");
+    let too_long_a_poll = AttachmentSpec {
+        poll_us: Some(headroom_node::vhost_user::MAX_POLL_US + 1),
+        ..spec(&path, 1)
+    };
+    let err = node
+        .attach_vhost_user("disk", too_long_a_poll)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AttachmentError::PollUs(1001)), "{err}");
     let err = node
         .attach_vhost_user("disk", spec(Path::new("relative.sock"), 1))
         .await

@@ -45,6 +45,7 @@ fn attachment_error(err: AttachmentError) -> ApiError {
         AttachmentError::UnknownVolume(_) => (StatusCode::NOT_FOUND, "not_found"),
         AttachmentError::NotAttached(..) => (StatusCode::NOT_FOUND, "not_attached"),
         AttachmentError::NumQueues(_) => (StatusCode::BAD_REQUEST, "invalid_num_queues"),
+        AttachmentError::PollUs(_) => (StatusCode::BAD_REQUEST, "invalid_poll_us"),
         AttachmentError::RelativePath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
         AttachmentError::Taken(..) => (StatusCode::CONFLICT, "already_attached"),
         AttachmentError::Socket(_) => (StatusCode::CONFLICT, "invalid_socket"),

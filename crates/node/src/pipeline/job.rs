@@ -393,6 +393,7 @@ pub(super) fn run_job(
             }
         }
     };
+    let task = io.work.counted(task);
     match &io.lanes {
         Some(lanes) => {
             if let Err(task) = lanes.get(lane).submit(Box::new(task)) {
@@ -462,6 +463,7 @@ fn start_async(
                 let io = Arc::clone(&io);
                 move || run_ready(&io, Some(&scheduler), released)
             };
+            let task = io.work.counted(task);
             match &io.lanes {
                 Some(lanes) => {
                     if let Err(task) = lanes.get(Lane::Data).submit(Box::new(task)) {

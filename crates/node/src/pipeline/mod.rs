@@ -31,6 +31,7 @@ mod block_status;
 mod emulation;
 mod intake;
 mod job;
+mod off_thread;
 mod reply;
 mod routing;
 mod runtime;
@@ -42,6 +43,7 @@ pub use block_status::{BLOCK_STATUS_MAX_DESCRIPTORS, BLOCK_STATUS_MAX_WALK_BYTES
 pub use emulation::Emulation;
 pub(crate) use intake::{Intake, ReplyReceiver, Submission};
 pub use job::{ClientJob, Grant, GrantSlot, IoJob, IoRunner, PendingGrant};
+pub use off_thread::OffThreadWork;
 pub(crate) use reply::{Reply, ReplyBody};
 pub use routing::ReadRouter;
 pub use runtime::IoRuntime;

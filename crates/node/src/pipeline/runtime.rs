@@ -9,6 +9,7 @@ use crate::clock::Clock;
 use crate::exec::Lanes;
 
 use super::emulation::Emulation;
+use super::off_thread::OffThreadWork;
 use super::routing::ReadRouter;
 
 /// Where and how block I/O runs once it may run.
@@ -28,4 +29,6 @@ pub struct IoRuntime {
     pub runtime: tokio::runtime::Handle,
     /// Which copy of a replicated volume serves each read.
     pub reads: ReadRouter,
+    /// The tasks handed to the lanes or the blocking pool, counted until they are gone.
+    pub work: Arc<OffThreadWork>,
 }

@@ -228,6 +228,7 @@ fn a_grant_waits_for_the_policy_and_its_completion_is_charged_to_its_volume() {
         clock: Clock::new(),
         runtime: runtime.handle().clone(),
         reads: ReadRouter::new(ReadRouting::Primary),
+        work: Default::default(),
     });
     let runner = Arc::new(IoRunner(Arc::clone(&io)));
     let scheduler = Scheduler::start(
@@ -278,6 +279,7 @@ fn io_without_executor(runtime: &tokio::runtime::Runtime) -> IoRuntime {
         clock: Clock::new(),
         runtime: runtime.handle().clone(),
         reads: ReadRouter::new(ReadRouting::Primary),
+        work: Default::default(),
     }
 }
 

@@ -96,6 +96,7 @@ pub(super) fn start_io(
         clock,
         runtime: tokio::runtime::Handle::current(),
         reads: crate::pipeline::ReadRouter::new(config.read_routing),
+        work: Default::default(),
     }))
 }
 

@@ -9,6 +9,9 @@ use headroom_store::StoreError;
 use super::credits::save_credits;
 use super::{NodeError, RunningNode};
 
+/// How long a stop waits for the I/O tasks off the runtime (a FLUSH's fsync at most).
+const OFF_THREAD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl RunningNode {
     /// Stops serving NBD and nothing else: the listener closes (new connections are
     /// refused) and every open connection is closed; the management API keeps answering
@@ -45,7 +48,12 @@ impl RunningNode {
         }
         let store = Arc::clone(&self.store);
         let scheduler = self.scheduler.clone();
+        let io = Arc::clone(&self.pipeline.io);
         tokio::task::spawn_blocking(move || {
+            // What the lanes and the blocking pool still run lets go of its volume first.
+            if !io.work.wait_idle(OFF_THREAD_WAIT) {
+                tracing::warn!("stopping with I/O tasks still running off the runtime");
+            }
             store.flush_all().map_err(NodeError::Flush)?;
             if let Some(scheduler) = &scheduler {
                 save_credits(&store, scheduler, true, 0)?;

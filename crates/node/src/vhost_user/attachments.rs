@@ -21,8 +21,9 @@ use std::sync::{Arc, Mutex};
 use headroom_store::Store;
 use serde::{Deserialize, Serialize};
 
+use super::backend::DeviceOptions;
 use super::listener::{Attachment, serve};
-use super::{MAX_NUM_QUEUES, VhostUserError};
+use super::{MAX_NUM_QUEUES, MAX_POLL_US, VhostUserError};
 use crate::pipeline::Pipeline;
 use crate::sync::lock;
 
@@ -44,6 +45,10 @@ pub struct AttachmentSpec {
     pub uid: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gid: Option<u32>,
+    /// Adaptive polling: the longest a queue keeps looking at its ring after draining it
+    /// before it asks the driver for kicks again, µs (0 to 1,000; absent or 0: event mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_us: Option<u32>,
 }
 
 fn one_queue() -> u16 {
@@ -82,6 +87,8 @@ pub enum AttachmentError {
     UnknownVolume(String),
     #[error("num_queues {0}: must be 1 to {MAX_NUM_QUEUES}")]
     NumQueues(u16),
+    #[error("poll_us {0}: must be 0 to {MAX_POLL_US}")]
+    PollUs(u32),
     #[error(
         "{0}: the socket's path must be absolute (a relative one would name a file in the server's working directory)"
     )]
@@ -240,6 +247,10 @@ impl Attachments {
         if spec.num_queues == 0 || spec.num_queues > MAX_NUM_QUEUES {
             return Err(AttachmentError::NumQueues(spec.num_queues));
         }
+        let poll_us = spec.poll_us.unwrap_or(0);
+        if poll_us > MAX_POLL_US {
+            return Err(AttachmentError::PollUs(poll_us));
+        }
         if !spec.vhost_user.is_absolute() {
             return Err(AttachmentError::RelativePath(spec.vhost_user.clone()));
         }
@@ -267,7 +278,10 @@ impl Attachments {
             spec.vhost_user.clone(),
             &self.pipeline,
             opened,
-            spec.num_queues,
+            DeviceOptions {
+                num_queues: spec.num_queues,
+                poll_us,
+            },
         )?;
         tracing::info!(
             "vhost-user-blk: volume {volume:?} attached at {}",

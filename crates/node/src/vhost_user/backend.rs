@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use headroom_store::Volume;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_queue::QueueT;
@@ -27,6 +27,7 @@ use vmm_sys_util::event::{
     EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
 };
 
+use super::poll::PollWindow;
 use super::queue::{self, Arrived, Mem, QueueContext, Vring};
 use super::request::parse;
 use super::used_order::UsedOrder;
@@ -49,6 +50,18 @@ struct QueueLink {
     /// Whether this connection has drained the queue before: the first drain says where the
     /// ring stood (a frontend reconnecting after a crash hands over a ring already in use).
     drained_before: AtomicBool,
+    /// How long the event thread keeps looking at the ring after draining it.
+    poll: PollWindow,
+    /// Stops the queue's tasks ([`BlkBackend::close`]), and the handle they end with.
+    close: Mutex<Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>>,
+}
+
+/// What a device offers beyond its volume.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceOptions {
+    pub num_queues: u16,
+    /// The adaptive polling window's maximum, µs (0: event mode; `vhost_user::poll`).
+    pub poll_us: u32,
 }
 
 /// The device behind one frontend connection.
@@ -63,9 +76,17 @@ pub(super) struct BlkBackend {
 }
 
 impl BlkBackend {
-    /// A device of `volume` with `num_queues` queues, each with its tasks on the node's
-    /// runtime.
-    pub(super) fn new(pipeline: &Arc<Pipeline>, volume: &Arc<Volume>, num_queues: u16) -> Self {
+    /// A device of `volume` with `options.num_queues` queues, each with its tasks on the
+    /// node's runtime.
+    pub(super) fn new(
+        pipeline: &Arc<Pipeline>,
+        volume: &Arc<Volume>,
+        options: DeviceOptions,
+    ) -> Self {
+        let DeviceOptions {
+            num_queues,
+            poll_us,
+        } = options;
         let mut id = [0u8; ID_BYTES];
         let name = volume.name().as_bytes();
         let cut = name.len().min(ID_BYTES);
@@ -74,7 +95,8 @@ impl BlkBackend {
             .map(|_| {
                 let (arrivals, receiver) = mpsc::unbounded_channel();
                 let order = Arc::new(UsedOrder::default());
-                queue::start(
+                let (close, closed) = oneshot::channel();
+                let tasks = queue::start(
                     QueueContext {
                         pipeline: Arc::clone(pipeline),
                         volume: Arc::clone(volume),
@@ -82,11 +104,14 @@ impl BlkBackend {
                         id,
                     },
                     receiver,
+                    closed,
                 );
                 QueueLink {
                     arrivals,
                     order,
                     drained_before: AtomicBool::new(false),
+                    poll: PollWindow::new(poll_us),
+                    close: Mutex::new(Some((close, tasks))),
                 }
             })
             .collect();
@@ -104,6 +129,20 @@ impl BlkBackend {
             event_idx: AtomicBool::new(false),
             mem: Mutex::new(None),
         }
+    }
+
+    /// Stops every queue's tasks once the frontend is gone: they take nothing more, deliver
+    /// the replies of what they submitted and end; the handles to wait for (on the node's
+    /// runtime, from the accepting thread).
+    pub(super) fn close(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        self.queues
+            .iter()
+            .filter_map(|link| lock(&link.close).take())
+            .map(|(close, tasks)| {
+                let _ = close.send(());
+                tasks
+            })
+            .collect()
     }
 
     /// Pops every available chain of `vring` and passes it on.
@@ -221,16 +260,20 @@ impl VhostUserBackend for BlkBackend {
         let Some(mem) = lock(&self.mem).clone() else {
             return Ok(());
         };
-        if !self.event_idx.load(Ordering::Acquire) {
+        let polling = link.poll.window_ns() > 0;
+        if !self.event_idx.load(Ordering::Acquire) && !polling {
             self.drain(link, vring, &mem);
             return Ok(());
         }
-        // With EVENT_IDX: no kicks while draining, then look once more after re-enabling
+        // No kicks while draining (and while polling), then look once more after re-enabling
         // them, so a chain made available in between is not left waiting for a kick that
         // will not come.
         loop {
             let _ = vring.disable_notification();
             self.drain(link, vring, &mem);
+            if link.poll.spin(|| has_chains(vring, &mem)) {
+                continue;
+            }
             match vring.enable_notification() {
                 Ok(true) => continue,
                 _ => break,
@@ -238,4 +281,14 @@ impl VhostUserBackend for BlkBackend {
         }
         Ok(())
     }
+}
+
+/// Whether the driver has made chains available that are not popped yet.
+fn has_chains(vring: &Vring, mem: &Mem) -> bool {
+    let memory = mem.memory();
+    let state = vring.get_ref();
+    let queue = state.get_queue();
+    queue
+        .avail_idx(&*memory, Ordering::Acquire)
+        .is_ok_and(|avail| avail.0 != queue.next_avail())
 }

@@ -19,7 +19,7 @@ use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use super::VhostUserError;
-use super::backend::BlkBackend;
+use super::backend::{BlkBackend, DeviceOptions};
 use crate::pipeline::Pipeline;
 use crate::sync::lock;
 
@@ -41,14 +41,14 @@ impl std::fmt::Debug for ShutdownHandleDebug {
     }
 }
 
-/// Serves `volume` with `num_queues` queues on `listener` (already bound at `path`, with its
+/// Serves `volume` as a device of `options` on `listener` (already bound at `path`, with its
 /// mode and owner, and listening).
 pub fn serve(
     listener: std::os::unix::net::UnixListener,
     path: PathBuf,
     pipeline: &Arc<Pipeline>,
     volume: Arc<Volume>,
-    num_queues: u16,
+    options: DeviceOptions,
 ) -> Result<Attachment, VhostUserError> {
     listener
         .set_nonblocking(false)
@@ -67,7 +67,7 @@ pub fn serve(
                     &mut listener,
                     &pipeline,
                     &volume,
-                    num_queues,
+                    options,
                     &stopping,
                     &current,
                 )
@@ -86,45 +86,66 @@ fn accept_loop(
     listener: &mut Listener,
     pipeline: &Arc<Pipeline>,
     volume: &Arc<Volume>,
-    num_queues: u16,
+    options: DeviceOptions,
     stopping: &AtomicBool,
     current: &Mutex<Option<ShutdownHandleDebug>>,
 ) {
     while !stopping.load(Ordering::Acquire) {
-        let backend = Arc::new(BlkBackend::new(pipeline, volume, num_queues));
-        let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let name = format!("vhost-user {}", volume.name());
-        let mut daemon = match VhostUserDaemon::new(name, backend, memory) {
-            Ok(daemon) => daemon,
-            Err(err) => {
-                tracing::error!("vhost-user-blk {}: {err}", volume.name());
-                return;
-            }
-        };
-        if let Err(err) = daemon.start(listener) {
-            tracing::warn!(
-                "vhost-user-blk {}: accepting a frontend: {err}",
-                volume.name()
-            );
-            continue;
+        let backend = Arc::new(BlkBackend::new(pipeline, volume, options));
+        let queues = Arc::clone(&backend);
+        let served = serve_one(listener, backend, volume, stopping, current);
+        // The daemon and its vring threads are gone; the queues' tasks are stopped and
+        // waited for, so that what they hold (the volume, the pipeline, the store) is let go
+        // before a stop of the attachment returns.
+        for tasks in queues.close() {
+            let _ = pipeline.io.runtime.block_on(tasks);
         }
+        if !served {
+            return;
+        }
+    }
+}
+
+/// Accepts one frontend on `listener` and serves it with `backend` until it leaves or the
+/// attachment stops; `false` if the daemon could not even be made (nothing more to try).
+fn serve_one(
+    listener: &mut Listener,
+    backend: Arc<BlkBackend>,
+    volume: &Arc<Volume>,
+    stopping: &AtomicBool,
+    current: &Mutex<Option<ShutdownHandleDebug>>,
+) -> bool {
+    let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+    let name = format!("vhost-user {}", volume.name());
+    let mut daemon = match VhostUserDaemon::new(name, backend, memory) {
+        Ok(daemon) => daemon,
+        Err(err) => {
+            tracing::error!("vhost-user-blk {}: {err}", volume.name());
+            return false;
+        }
+    };
+    if let Err(err) = daemon.start(listener) {
+        tracing::warn!(
+            "vhost-user-blk {}: accepting a frontend: {err}",
+            volume.name()
+        );
+        return true;
+    }
+    if stopping.load(Ordering::Acquire) {
+        daemon.request_shutdown();
+    } else {
+        *lock(current) = daemon.shutdown_handle().map(ShutdownHandleDebug);
+        // A stop between the check above and the handle being stored.
         if stopping.load(Ordering::Acquire) {
             daemon.request_shutdown();
-        } else {
-            *lock(current) = daemon.shutdown_handle().map(ShutdownHandleDebug);
-            // A stop between the check above and the handle being stored.
-            if stopping.load(Ordering::Acquire) {
-                daemon.request_shutdown();
-            }
         }
-        tracing::info!("vhost-user-blk {}: a frontend connected", volume.name());
-        if let Err(err) = daemon.wait() {
-            tracing::info!("vhost-user-blk {}: the frontend left: {err}", volume.name());
-        }
-        *lock(current) = None;
-        // Dropping the daemon stops its vring threads; the queues' tasks end once their
-        // replies are delivered.
     }
+    tracing::info!("vhost-user-blk {}: a frontend connected", volume.name());
+    if let Err(err) = daemon.wait() {
+        tracing::info!("vhost-user-blk {}: the frontend left: {err}", volume.name());
+    }
+    *lock(current) = None;
+    true
 }
 
 impl Attachment {

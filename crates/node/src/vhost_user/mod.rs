@@ -10,6 +10,7 @@
 //! - `wire`: the virtio-blk feature bits, statuses and config space;
 //! - `request`: a descriptor chain read into a request, every bound checked;
 //! - `backend`: the device rust-vmm's vhost-user framework drives (features, queues, kicks);
+//! - `poll`: the adaptive polling window a queue spins in before it asks for kicks again;
 //! - `queue`: one virtqueue's submitter and completer tasks over its `Intake`;
 //! - `used_order`: chains returned used in the order they were popped (what makes a restart
 //!   of the node safe for a running guest);
@@ -24,6 +25,7 @@
 mod attachments;
 mod backend;
 mod listener;
+mod poll;
 mod queue;
 mod request;
 mod used_order;
@@ -32,8 +34,9 @@ mod wire;
 pub use attachments::{
     AttachmentError, AttachmentSpec, Attachments, BindError, BoundSocket, SocketBinder,
 };
-pub use backend::{MAX_QUEUE_SIZE, MAX_RANGE_BYTES};
+pub use backend::{DeviceOptions, MAX_QUEUE_SIZE, MAX_RANGE_BYTES};
 pub use listener::{Attachment, serve};
+pub use poll::MAX_POLL_US;
 
 /// Most queues one attachment may offer.
 pub const MAX_NUM_QUEUES: u16 = 16;

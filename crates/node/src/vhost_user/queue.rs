@@ -19,7 +19,7 @@ use headroom_nbd as nbd;
 use headroom_nbd::consts;
 use headroom_store::Volume;
 use rustc_hash::FxHashMap;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use vhost_user_backend::{VringRwLock, VringT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
 
@@ -99,8 +99,15 @@ pub(super) struct QueueContext {
 }
 
 /// Starts a queue's submitter and completer on the node's runtime; they end once `arrivals`
-/// is closed and every reply has been delivered.
-pub(super) fn start(context: QueueContext, arrivals: mpsc::UnboundedReceiver<Arrived>) {
+/// is closed or `close` fires (or its sender is dropped), and every reply of what was
+/// submitted has been delivered. The handle ends with them: the accepting thread waits for
+/// it, so nothing of the queue (its volume, the pipeline, the store under them) outlives
+/// the attachment's stop.
+pub(super) fn start(
+    context: QueueContext,
+    arrivals: mpsc::UnboundedReceiver<Arrived>,
+    close: oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
     let runtime = context.pipeline.io.runtime.clone();
     let (intake, replies) = Intake::open(&context.pipeline, Arc::clone(&context.volume), None);
     let pending: PendingMap = Arc::default();
@@ -112,11 +119,11 @@ pub(super) fn start(context: QueueContext, arrivals: mpsc::UnboundedReceiver<Arr
         buffers,
     ));
     runtime.spawn(async move {
-        let intake = submit_arrivals(context, intake, arrivals, pending).await;
+        let intake = submit_arrivals(context, intake, arrivals, close, pending).await;
         let account = intake.close();
         let _ = completer.await;
         drop(account);
-    });
+    })
 }
 
 /// The NBD request a virtio-blk one is.
@@ -236,6 +243,7 @@ async fn submit_arrivals(
     context: QueueContext,
     mut intake: Intake,
     mut arrivals: mpsc::UnboundedReceiver<Arrived>,
+    mut close: oneshot::Receiver<()>,
     pending: PendingMap,
 ) -> Intake {
     let limits = nbd::ExportLimits {
@@ -247,7 +255,15 @@ async fn submit_arrivals(
     };
     let order = &context.order;
     let mut next_cookie: u64 = 1;
-    while let Some(arrived) = arrivals.recv().await {
+    loop {
+        let arrived = tokio::select! {
+            biased;
+            _ = &mut close => break,
+            arrived = arrivals.recv() => match arrived {
+                Some(arrived) => arrived,
+                None => break,
+            },
+        };
         let arrival_ns = intake.now_ns();
         let Some((request, refusal)) = triage(&arrived, &context) else {
             continue;
