@@ -309,7 +309,7 @@ pub fn run(spec: &VhostLoadSpec) -> Result<VhostLoadReport, VhostLoadError> {
 
 fn check(spec: &VhostLoadSpec) -> Result<(), VhostLoadError> {
     let refuse = |why: String| Err(VhostLoadError::Spec(why));
-    if spec.block_bytes == 0 || spec.block_bytes % 512 != 0 {
+    if spec.block_bytes == 0 || !spec.block_bytes.is_multiple_of(512) {
         return refuse(format!(
             "block size {} bytes: must be a positive multiple of 512",
             spec.block_bytes
