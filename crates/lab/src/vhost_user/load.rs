@@ -362,48 +362,108 @@ impl QueueCounts {
 /// One queue's closed loop: every slot in flight, each used one counted and posted again
 /// (with a fresh offset) until the window ends, then the rest drained.
 fn drive(
-    mut queue: QueueDriver,
+    queue: QueueDriver,
     spec: &VhostLoadSpec,
-    mut offsets: Offsets,
+    offsets: Offsets,
     window: Window,
 ) -> Result<QueueCounts, VhostLoadError> {
-    let writes = spec.pattern.writes();
-    let request_type = if writes { T_OUT } else { T_IN };
-    let block_bytes = spec.block_bytes;
+    let mut driver = QueueLoop::new(queue, spec, offsets)?;
     let now = Instant::now();
-    let mut slots = Vec::with_capacity(usize::from(spec.iodepth));
-    // Written once: what every WRITE of the slot sends.
-    let mut fill = vec![0u8; block_bytes as usize];
-    let mut rng = SplitMix64::new(offsets.rng.next_u64());
-    for _ in 0..spec.iodepth {
-        let header_addr = queue.reserve(16)?;
-        let status_addr = queue.reserve(1)?;
-        let data_addr = queue.reserve(block_bytes)?;
-        if writes {
-            for chunk in fill.chunks_mut(8) {
-                let bytes = rng.next_u64().to_le_bytes();
-                chunk.copy_from_slice(&bytes[..chunk.len()]);
-            }
-            queue.write_mem(data_addr, &fill)?;
-        }
-        slots.push(Slot {
-            header_addr,
-            data_addr,
-            status_addr,
-            started: now,
-        });
+    for i in 0..driver.slots.len() {
+        driver.post(i, now)?;
     }
-    let mut slot_of_head = vec![u16::MAX; usize::from(queue.size())];
-    let mut counts = QueueCounts::new()?;
-    let post = |queue: &mut QueueDriver,
-                slot_of_head: &mut [u16],
-                slots: &mut [Slot],
-                offsets: &mut Offsets,
-                i: usize,
-                now: Instant|
-     -> Result<(), VhostUserError> {
-        let slot = &mut slots[i];
-        queue.write_header(slot.header_addr, request_type, offsets.next() / 512)?;
+    driver.kick()?;
+    let mut reaped: Vec<Reaped> = Vec::with_capacity(usize::from(driver.queue.size()));
+    loop {
+        reaped.clear();
+        driver.queue.reap(&mut reaped)?;
+        if reaped.is_empty() {
+            if driver.queue.in_flight() == 0 {
+                return Ok(driver.counts);
+            }
+            driver.counts.waits += 1;
+            if !driver.queue.wait_call(ANSWER_TIMEOUT_MS)? {
+                return Err(VhostUserError::Timeout.into());
+            }
+            continue;
+        }
+        let now = Instant::now();
+        let stopping = now >= window.end;
+        for r in &reaped {
+            let i = driver.complete(r, now, now >= window.start && !stopping)?;
+            if !stopping {
+                driver.post(i, now)?;
+            }
+        }
+        if !stopping {
+            driver.kick()?;
+        }
+    }
+}
+
+/// One queue's state while it is driven: its slots (a request's buffers each) and which slot
+/// each chain in flight is.
+struct QueueLoop {
+    queue: QueueDriver,
+    slots: Vec<Slot>,
+    /// By head: the slot of the chain in flight (u16::MAX: none).
+    slot_of_head: Vec<u16>,
+    offsets: Offsets,
+    writes: bool,
+    block_bytes: u32,
+    counts: QueueCounts,
+}
+
+impl QueueLoop {
+    /// Reserves every slot's header, status and data in the queue's memory, a WRITE's data
+    /// filled once with random bytes (what every WRITE of the slot sends).
+    fn new(
+        mut queue: QueueDriver,
+        spec: &VhostLoadSpec,
+        mut offsets: Offsets,
+    ) -> Result<QueueLoop, VhostLoadError> {
+        let writes = spec.pattern.writes();
+        let block_bytes = spec.block_bytes;
+        let now = Instant::now();
+        let mut slots = Vec::with_capacity(usize::from(spec.iodepth));
+        let mut fill = vec![0u8; block_bytes as usize];
+        let mut rng = SplitMix64::new(offsets.rng.next_u64());
+        for _ in 0..spec.iodepth {
+            let header_addr = queue.reserve(16)?;
+            let status_addr = queue.reserve(1)?;
+            let data_addr = queue.reserve(block_bytes)?;
+            if writes {
+                for chunk in fill.chunks_mut(8) {
+                    let bytes = rng.next_u64().to_le_bytes();
+                    chunk.copy_from_slice(&bytes[..chunk.len()]);
+                }
+                queue.write_mem(data_addr, &fill)?;
+            }
+            slots.push(Slot {
+                header_addr,
+                data_addr,
+                status_addr,
+                started: now,
+            });
+        }
+        let slot_of_head = vec![u16::MAX; usize::from(queue.size())];
+        Ok(QueueLoop {
+            queue,
+            slots,
+            slot_of_head,
+            offsets,
+            writes,
+            block_bytes,
+            counts: QueueCounts::new()?,
+        })
+    }
+
+    /// Posts slot `i`'s request at a fresh offset (not kicked).
+    fn post(&mut self, i: usize, now: Instant) -> Result<(), VhostUserError> {
+        let request_type = if self.writes { T_OUT } else { T_IN };
+        let slot = &mut self.slots[i];
+        self.queue
+            .write_header(slot.header_addr, request_type, self.offsets.next() / 512)?;
         let buffers = [
             Buffer {
                 addr: slot.header_addr,
@@ -412,8 +472,8 @@ fn drive(
             },
             Buffer {
                 addr: slot.data_addr,
-                len: block_bytes,
-                device_writes: !writes,
+                len: self.block_bytes,
+                device_writes: !self.writes,
             },
             Buffer {
                 addr: slot.status_addr,
@@ -421,81 +481,52 @@ fn drive(
                 device_writes: true,
             },
         ];
-        let head = queue.post_chain(&buffers, slot.status_addr)?;
+        let head = self.queue.post_chain(&buffers, slot.status_addr)?;
         // i < iodepth <= u16::MAX.
-        slot_of_head[usize::from(head)] = i as u16;
+        self.slot_of_head[usize::from(head)] = i as u16;
         slot.started = now;
         Ok(())
-    };
-    let now = Instant::now();
-    for i in 0..slots.len() {
-        post(
-            &mut queue,
-            &mut slot_of_head,
-            &mut slots,
-            &mut offsets,
-            i,
-            now,
-        )?;
     }
-    if queue.kick()? {
-        counts.kicks += 1;
-    }
-    let mut reaped: Vec<Reaped> = Vec::with_capacity(usize::from(queue.size()));
-    loop {
-        reaped.clear();
-        queue.reap(&mut reaped)?;
-        if reaped.is_empty() {
-            if queue.in_flight() == 0 {
-                break;
-            }
-            counts.waits += 1;
-            if !queue.wait_call(ANSWER_TIMEOUT_MS)? {
-                return Err(VhostUserError::Timeout.into());
-            }
-            continue;
+
+    fn kick(&mut self) -> Result<(), VhostUserError> {
+        if self.queue.kick()? {
+            self.counts.kicks += 1;
         }
-        let now = Instant::now();
-        let stopping = now >= window.end;
-        for r in &reaped {
-            let i = usize::from(
-                *slot_of_head
-                    .get(usize::from(r.head))
-                    .filter(|i| **i != u16::MAX)
-                    .ok_or(VhostUserError::Protocol("a used chain not submitted"))?,
-            );
-            slot_of_head[usize::from(r.head)] = u16::MAX;
-            counts.all_completions += 1;
-            match r.status {
-                S_OK => {
-                    // Counted if it completed inside the window (as fio counts after its
-                    // ramp), its latency with it.
-                    if now >= window.start && !stopping {
-                        let ns = now.duration_since(slots[i].started).as_nanos();
-                        counts
-                            .latency_ns
-                            .saturating_record(u64::try_from(ns).unwrap_or(u64::MAX));
-                        counts.completions += 1;
-                    }
+        Ok(())
+    }
+
+    /// Counts a used chain (in the window's figures if `in_window`, as fio counts after its
+    /// ramp, its latency with it); its slot, free again.
+    fn complete(
+        &mut self,
+        r: &Reaped,
+        now: Instant,
+        in_window: bool,
+    ) -> Result<usize, VhostUserError> {
+        let i = usize::from(
+            *self
+                .slot_of_head
+                .get(usize::from(r.head))
+                .filter(|i| **i != u16::MAX)
+                .ok_or(VhostUserError::Protocol("a used chain not submitted"))?,
+        );
+        self.slot_of_head[usize::from(r.head)] = u16::MAX;
+        let counts = &mut self.counts;
+        counts.all_completions += 1;
+        match r.status {
+            S_OK => {
+                if in_window {
+                    let ns = now.duration_since(self.slots[i].started).as_nanos();
+                    counts
+                        .latency_ns
+                        .saturating_record(u64::try_from(ns).unwrap_or(u64::MAX));
+                    counts.completions += 1;
                 }
-                S_IOERR => counts.errors_ioerr += 1,
-                S_UNSUPP => counts.errors_unsupp += 1,
-                _ => counts.errors_other += 1,
             }
-            if !stopping {
-                post(
-                    &mut queue,
-                    &mut slot_of_head,
-                    &mut slots,
-                    &mut offsets,
-                    i,
-                    now,
-                )?;
-            }
+            S_IOERR => counts.errors_ioerr += 1,
+            S_UNSUPP => counts.errors_unsupp += 1,
+            _ => counts.errors_other += 1,
         }
-        if !stopping && queue.kick()? {
-            counts.kicks += 1;
-        }
+        Ok(i)
     }
-    Ok(counts)
 }
