@@ -5,6 +5,11 @@
 //! command parses the flags, gives the lab this binary (to start as `serve`) and the API
 //! client, shows what the lab does not honour and a progress bar on stderr, and prints the
 //! report in the JSON shape of `sim run` (or a table), with `--out` files and plots.
+//!
+//! `headroom lab vhost-load`: the lab's closed-loop generator over vhost-user-blk
+//! ([`headroom_lab::vhost_user::load`]) against any backend's socket, Headroom's or
+//! qemu-storage-daemon's; this command parses the flags and prints the report (a table, or
+//! JSON for scripts such as scripts/bench-vhost), and fails when any request failed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +19,7 @@ use anyhow::{Context, Result};
 use clap::Subcommand;
 use headroom_lab::api::{ApiFailure, Connector, NodeInfo, ServerApi};
 use headroom_lab::report::LabReport;
+use headroom_lab::vhost_user::load::{self, Pattern, VhostLoadSpec};
 use headroom_lab::{Session, SessionSpec};
 use headroom_node::api::{ApiToken, CreateVolume};
 use headroom_qos::QosSpec;
@@ -22,7 +28,8 @@ use headroom_sim::plot::{Series, line_chart};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::client::{Api, ApiCallError};
-use crate::output::{emit, print_json};
+use crate::output::{Fields, emit, human_bytes, print_json};
+use crate::size::parse_size;
 use crate::token;
 
 #[derive(Subcommand, Debug)]
@@ -53,10 +60,157 @@ pub enum LabCommand {
         #[arg(long, env = "HEADROOM_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Closed-loop load on a vhost-user-blk socket (any backend: Headroom's `volume attach
+    /// --vhost-user`, qemu-storage-daemon's vhost-user-blk export): IOPS, MB/s, latency.
+    VhostLoad {
+        /// The backend's vhost-user-blk socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// randread, randwrite, read (sequential) or write (sequential).
+        #[arg(long, default_value = "randread", value_parser = parse_pattern)]
+        rw: Pattern,
+        /// Request size (a multiple of 512).
+        #[arg(long, default_value = "4k", value_parser = parse_size)]
+        bs: u64,
+        /// Requests in flight per queue.
+        #[arg(long, default_value_t = 32)]
+        iodepth: u16,
+        /// Virtqueues, each driven by a thread of its own over one connection.
+        #[arg(long, default_value_t = 1)]
+        queues: u16,
+        /// The measured window, seconds.
+        #[arg(long = "runtime-s", default_value_t = 5.0)]
+        runtime_s: f64,
+        /// Load before the window, not counted, seconds.
+        #[arg(long = "ramp-s", default_value_t = 1.0)]
+        ramp_s: f64,
+        /// The range addressed from offset 0 (default: the device's capacity).
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        /// Seed of the random offsets.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Print the JSON report instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_pattern(text: &str) -> Result<Pattern, String> {
+    Pattern::parse(text)
+        .ok_or_else(|| format!("unknown --rw {text:?}: randread, randwrite, read or write"))
+}
+
+fn seconds(what: &str, s: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(s).map_err(|_| anyhow::anyhow!("{what} {s}: not a duration"))
+}
+
+/// `lab vhost-load`: runs the generator, prints its report, fails if a request failed.
+fn vhost_load(command: LabCommand) -> Result<()> {
+    let LabCommand::VhostLoad {
+        socket,
+        rw,
+        bs,
+        iodepth,
+        queues,
+        runtime_s,
+        ramp_s,
+        size,
+        seed,
+        json,
+    } = command
+    else {
+        anyhow::bail!("not a vhost-load command");
+    };
+    let spec = VhostLoadSpec {
+        socket: socket.clone(),
+        pattern: rw,
+        block_bytes: u32::try_from(bs).context("--bs too large")?,
+        iodepth,
+        queues,
+        runtime: seconds("--runtime-s", runtime_s)?,
+        ramp: seconds("--ramp-s", ramp_s)?,
+        size_bytes: size,
+        seed,
+    };
+    let report =
+        load::run(&spec).with_context(|| format!("vhost-user-blk load on {}", socket.display()))?;
+    if json {
+        print_json(&report)?;
+    } else {
+        let mut fields = Fields::new();
+        fields.add(
+            "load",
+            format!(
+                "{} {} QD{} x {} queue(s), {:.1} s after {:.1} s ramp",
+                report.rw,
+                human_bytes(u64::from(report.block_bytes)),
+                report.iodepth,
+                report.queues,
+                report.runtime_s,
+                report.ramp_s
+            ),
+        );
+        fields.add(
+            "device",
+            format!(
+                "{} ({} addressed), queue size {}, EVENT_IDX {}",
+                human_bytes(report.capacity_bytes),
+                human_bytes(report.size_bytes),
+                report.queue_size,
+                if report.event_idx { "on" } else { "off" }
+            ),
+        );
+        fields.add("IOPS", format!("{:.0}", report.iops));
+        fields.add("MB/s", format!("{:.1}", report.mb_per_s));
+        fields.add(
+            "latency",
+            format!(
+                "p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
+                report.p50_us, report.p99_us, report.p999_us, report.max_us
+            ),
+        );
+        fields.add(
+            "errors",
+            format!(
+                "{} (IOERR {}, UNSUPP {}, other {})",
+                report.errors, report.errors_ioerr, report.errors_unsupp, report.errors_other
+            ),
+        );
+        fields.add(
+            "requests",
+            format!(
+                "{} in the window, {} in all; {} kicks, {} waits",
+                report.completions, report.all_completions, report.kicks, report.waits
+            ),
+        );
+        fields.add(
+            "generator CPU",
+            format!(
+                "{:.0} ns per I/O ({:.2} cores)",
+                report.generator_cpu_ns_per_io, report.generator_cpu_cores
+            ),
+        );
+        emit(&fields.render());
+    }
+    if report.errors > 0 {
+        anyhow::bail!(
+            "{} of {} requests failed (IOERR {}, UNSUPP {}, other {})",
+            report.errors,
+            report.all_completions,
+            report.errors_ioerr,
+            report.errors_unsupp,
+            report.errors_other
+        );
+    }
+    Ok(())
 }
 
 /// Runs the command.
 pub fn run(command: LabCommand) -> Result<()> {
+    if matches!(command, LabCommand::VhostLoad { .. }) {
+        return vhost_load(command);
+    }
     let LabCommand::Run {
         file,
         seed,
@@ -65,7 +219,10 @@ pub fn run(command: LabCommand) -> Result<()> {
         out,
         target,
         token,
-    } = command;
+    } = command
+    else {
+        anyhow::bail!("not a run command");
+    };
     let session = Session::prepare(SessionSpec {
         file: file.clone(),
         seed,

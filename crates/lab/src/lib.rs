@@ -21,6 +21,11 @@
 //! client ([`api`]); the servers are processes guarded by PID ([`process`]) with scratch
 //! directories of their own ([`scratch`]), their counters read from `GET /metrics`
 //! ([`openmetrics`]). Failures are [`RunError`]s.
+//!
+//! And a second wire: [`vhost_user`], a vhost-user-blk frontend that drives a device's
+//! virtqueues as a guest's driver does (the node's tests use it), with a closed-loop load
+//! generator over it ([`vhost_user::load`], `headroom lab vhost-load`) for any backend's
+//! socket, Headroom's or qemu-storage-daemon's.
 
 pub mod api;
 pub mod arrival;

@@ -3,13 +3,16 @@
 //! drives its virtqueues as a virtio-blk driver would (`virtqueue`).
 //!
 //! Why in the lab: it is the second way to load a Headroom node after NBD (`NbdClient`), so
-//! the node's tests use it to prove its vhost-user-blk door, and a load generator over
-//! vhost-user for `lab run` can use it next (not built yet). Everything is blocking: one
-//! thread per client, which is how the node's tests drive it.
+//! the node's tests use it to prove its vhost-user-blk door, and the vhost-user load
+//! generator (`load`, `headroom lab vhost-load`) drives any vhost-user-blk backend with it.
+//! Everything is blocking: the tests drive all queues from one thread through the client;
+//! the load generator takes the queues out ([`VhostUserBlkClient::into_queues`], each a
+//! [`QueueDriver`]) and drives each from a thread of its own over the one connection.
 
+pub mod load;
+mod queue;
 mod virtqueue;
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -23,6 +26,7 @@ use vm_memory::{
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+pub use queue::{QueueDriver, Reaped};
 pub use virtqueue::{Buffer, DriverQueue, RingLayout};
 
 /// virtio-blk request types.
@@ -44,10 +48,10 @@ const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 const F_BLK: u64 = (1 << 2) | (1 << 6) | (1 << 9) | (1 << 12) | (1 << 13) | (1 << 14) | (1 << 5);
 
 /// Bytes of the shared memory set aside for the rings, from its start.
-const RINGS_BYTES: u64 = 1 << 20;
+pub(crate) const RINGS_BYTES: u64 = 1 << 20;
 /// How long [`VhostUserBlkClient::wait`] waits for a used chain before it calls the device
 /// dead (a bound on a broken device, not a pace).
-const ANSWER_TIMEOUT_MS: i32 = 30_000;
+pub(crate) const ANSWER_TIMEOUT_MS: i32 = 30_000;
 
 /// Why the client failed.
 #[derive(Debug, thiserror::Error)]
@@ -112,31 +116,11 @@ pub struct BlkCompletion {
     pub written_bytes: u32,
 }
 
-/// What the client must remember of a chain in flight.
-#[derive(Debug)]
-struct InFlight {
-    status_addr: u64,
-    read_back: Option<(u64, u32)>,
-}
-
-#[derive(Debug)]
-struct ClientQueue {
-    ring: DriverQueue,
-    kick: EventFd,
-    call: EventFd,
-    /// Waits on `call` with a bound.
-    call_wait: Epoll,
-    arena_start: u64,
-    arena_end: u64,
-    arena_next: u64,
-    in_flight: HashMap<u16, InFlight>,
-}
-
 /// A connected, negotiated vhost-user-blk device.
 pub struct VhostUserBlkClient {
     frontend: Frontend,
     mem: GuestMemoryMmap<()>,
-    queues: Vec<ClientQueue>,
+    queues: Vec<QueueDriver>,
     config: Vec<u8>,
     acked_features: u64,
 }
@@ -150,7 +134,7 @@ impl std::fmt::Debug for VhostUserBlkClient {
     }
 }
 
-fn mem_err(err: impl std::fmt::Display) -> VhostUserError {
+pub(crate) fn mem_err(err: impl std::fmt::Display) -> VhostUserError {
     VhostUserError::Memory(err.to_string())
 }
 
@@ -239,16 +223,16 @@ impl VhostUserBlkClient {
                 EpollEvent::new(EventSet::IN, 0),
             )?;
             let arena_start = RINGS_BYTES + arena_bytes * q as u64;
-            queues.push(ClientQueue {
-                ring: DriverQueue::new(layout),
+            queues.push(QueueDriver::new(
+                mem.clone(),
+                DriverQueue::new(layout),
                 kick,
                 call,
                 call_wait,
+                acked_features & F_EVENT_IDX != 0,
                 arena_start,
-                arena_end: arena_start + arena_bytes,
-                arena_next: arena_start,
-                in_flight: HashMap::new(),
-            });
+                arena_start + arena_bytes,
+            ));
         }
         Ok(VhostUserBlkClient {
             frontend,
@@ -294,14 +278,7 @@ impl VhostUserBlkClient {
     /// Room for `len` bytes in queue `q`'s buffers (all of them free again once every chain
     /// of the queue is used).
     pub fn alloc(&mut self, q: usize, len: u32) -> Result<u64, VhostUserError> {
-        let queue = &mut self.queues[q];
-        let at = queue.arena_next.next_multiple_of(64);
-        let end = at + u64::from(len.max(1));
-        if end > queue.arena_end {
-            return Err(VhostUserError::QueueFull);
-        }
-        queue.arena_next = end;
-        Ok(at)
+        self.queues[q].alloc(len)
     }
 
     /// Writes `data` into the shared memory at `addr`.
@@ -328,10 +305,7 @@ impl VhostUserBlkClient {
         sector: u64,
     ) -> Result<Buffer, VhostUserError> {
         let addr = self.alloc(q, 16)?;
-        let mut h = [0u8; 16];
-        h[0..4].copy_from_slice(&request_type.to_le_bytes());
-        h[8..16].copy_from_slice(&sector.to_le_bytes());
-        self.write_mem(addr, &h)?;
+        self.queues[q].write_header(addr, request_type, sector)?;
         Ok(Buffer {
             addr,
             len: 16,
@@ -360,17 +334,7 @@ impl VhostUserBlkClient {
         status_addr: u64,
         read_back: Option<(u64, u32)>,
     ) -> Result<u16, VhostUserError> {
-        let queue = &mut self.queues[q];
-        let head = queue.ring.push(&self.mem, buffers)?;
-        queue.in_flight.insert(
-            head,
-            InFlight {
-                status_addr,
-                read_back,
-            },
-        );
-        queue.kick.write(1)?;
-        Ok(head)
+        self.queues[q].submit_chain(buffers, status_addr, read_back)
     }
 
     /// Builds `op`'s chain on queue `q` and submits it.
@@ -438,44 +402,7 @@ impl VhostUserBlkClient {
 
     /// Waits for the next chain queue `q`'s device returns used (in the device's order).
     pub fn wait(&mut self, q: usize) -> Result<BlkCompletion, VhostUserError> {
-        let event_idx = self.event_idx();
-        loop {
-            let queue = &mut self.queues[q];
-            if let Some((head, written_bytes)) = queue.ring.pop_used(&self.mem)? {
-                let done = queue
-                    .in_flight
-                    .remove(&head)
-                    .ok_or(VhostUserError::Protocol("a used chain not submitted"))?;
-                // Read below before anything new is built there.
-                if queue.in_flight.is_empty() {
-                    queue.arena_next = queue.arena_start;
-                }
-                let status = self.read_mem(done.status_addr, 1)?[0];
-                let data = match done.read_back {
-                    Some((addr, len)) => self.read_mem(addr, len)?,
-                    None => Vec::new(),
-                };
-                return Ok(BlkCompletion {
-                    head,
-                    status,
-                    data,
-                    written_bytes,
-                });
-            }
-            if event_idx {
-                queue.ring.arm_used_event(&self.mem)?;
-                // A chain used between the look above and arming would not be signalled.
-                if queue.ring.pop_used_pending(&self.mem)? {
-                    continue;
-                }
-            }
-            let mut events = [EpollEvent::default()];
-            let ready = queue.call_wait.wait(ANSWER_TIMEOUT_MS, &mut events)?;
-            if ready == 0 {
-                return Err(VhostUserError::Timeout);
-            }
-            let _ = queue.call.read();
-        }
+        self.queues[q].wait()
     }
 
     /// Submits `op` on queue `q` and waits for it (nothing else may be in flight there).
@@ -490,13 +417,59 @@ impl VhostUserBlkClient {
 
     /// Chains of queue `q` in flight.
     pub fn in_flight(&self, q: usize) -> usize {
-        self.queues[q].in_flight.len()
+        self.queues[q].in_flight()
+    }
+
+    /// Hands the queues out, each to be driven on its own (a thread per queue, as a guest's
+    /// blk-mq does), and keeps the protocol socket in the [`VhostUserConnection`]. Queue `q`
+    /// is the vector's `q`-th.
+    pub fn into_queues(self) -> (VhostUserConnection, Vec<QueueDriver>) {
+        let capacity_bytes = self.capacity_bytes();
+        let connection = VhostUserConnection {
+            frontend: self.frontend,
+            num_queues: self.queues.len(),
+            capacity_bytes,
+        };
+        (connection, self.queues)
     }
 
     /// Says goodbye: the device may stop its queues (GET_VRING_BASE) before the socket
     /// closes.
     pub fn disconnect(self) -> Result<(), VhostUserError> {
         for q in 0..self.queues.len() {
+            self.frontend.get_vring_base(q)?;
+        }
+        Ok(())
+    }
+}
+
+/// The protocol socket of a device whose queues were handed out
+/// ([`VhostUserBlkClient::into_queues`]).
+pub struct VhostUserConnection {
+    frontend: Frontend,
+    num_queues: usize,
+    capacity_bytes: u64,
+}
+
+impl std::fmt::Debug for VhostUserConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VhostUserConnection")
+            .field("num_queues", &self.num_queues)
+            .field("capacity_bytes", &self.capacity_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VhostUserConnection {
+    /// The capacity the config space reported at connect, in bytes.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    /// Stops every queue (GET_VRING_BASE) before the socket closes; the queues' drivers
+    /// should have nothing in flight by then.
+    pub fn disconnect(self) -> Result<(), VhostUserError> {
+        for q in 0..self.num_queues {
             self.frontend.get_vring_base(q)?;
         }
         Ok(())

@@ -6,8 +6,11 @@
 //! device's side (it pops what a driver made available); a client of a vhost-user device in
 //! the lab needs the driver's side, which is a few dozen lines of the virtio spec (2.7,
 //! "Split Virtqueues"). Indices are read and written with atomic loads and stores, since the
-//! device runs on other threads over the same memory; EVENT_IDX is honoured by writing
-//! `used_event` before waiting.
+//! device runs on other threads over the same memory; EVENT_IDX is honoured both ways, as
+//! Linux's `virtio_ring` does: `used_event` is written before waiting, and a kick is sent
+//! only when the device's `avail_event` asks for one. Nothing here allocates once the queue
+//! exists (a chain's descriptors are linked through `next`, not kept in a vector of its
+//! own), so a load generator can push and pop millions of chains without touching the heap.
 
 use std::sync::atomic::Ordering;
 
@@ -67,8 +70,12 @@ pub struct DriverQueue {
     free: Vec<u16>,
     next_avail: u16,
     last_used: u16,
-    /// Descriptors of each chain in flight, by head (returned to `free` when used).
-    chains: Vec<Vec<u16>>,
+    /// The available index as of the last kick.
+    kicked_avail: u16,
+    /// Per descriptor, the next one of its chain (meaningful while the chain is in flight).
+    next: Vec<u16>,
+    /// Per head, how many descriptors its chain in flight holds (0: not in flight).
+    chain_len: Vec<u16>,
 }
 
 fn mem_err(err: impl std::fmt::Display) -> VhostUserError {
@@ -82,7 +89,9 @@ impl DriverQueue {
             free: (0..layout.size).rev().collect(),
             next_avail: 0,
             last_used: 0,
-            chains: vec![Vec::new(); usize::from(layout.size)],
+            kicked_avail: 0,
+            next: vec![0; usize::from(layout.size)],
+            chain_len: vec![0; usize::from(layout.size)],
         }
     }
 
@@ -91,29 +100,34 @@ impl DriverQueue {
         self.free.len()
     }
 
-    /// Writes `buffers` as one chain and makes it available; its head.
+    /// Writes `buffers` as one chain and makes it available; its head. The device is not
+    /// kicked: [`DriverQueue::needs_kick`] says whether it must be.
     pub fn push(
         &mut self,
         mem: &GuestMemoryMmap<()>,
         buffers: &[Buffer],
     ) -> Result<u16, VhostUserError> {
-        if buffers.is_empty() || buffers.len() > self.free.len() {
+        let n = buffers.len();
+        if n == 0 || n > self.free.len() {
             return Err(VhostUserError::QueueFull);
         }
-        let indices: Vec<u16> = (0..buffers.len()).filter_map(|_| self.free.pop()).collect();
-        for (i, (buffer, &index)) in buffers.iter().zip(&indices).enumerate() {
+        // The chain takes the last `n` free descriptors, the last one first (a stack).
+        let top = self.free.len();
+        let pick = |i: usize| self.free[top - 1 - i];
+        for (i, buffer) in buffers.iter().enumerate() {
+            let index = pick(i);
             let mut flags = if buffer.device_writes {
                 DESC_F_WRITE
             } else {
                 0
             };
-            let next = match indices.get(i + 1) {
-                Some(&next) => {
-                    flags |= DESC_F_NEXT;
-                    next
-                }
-                None => 0,
+            let next = if i + 1 < n {
+                flags |= DESC_F_NEXT;
+                pick(i + 1)
+            } else {
+                0
             };
+            self.next[usize::from(index)] = next;
             let mut raw = [0u8; 16];
             raw[0..8].copy_from_slice(&buffer.addr.to_le_bytes());
             raw[8..12].copy_from_slice(&buffer.len.to_le_bytes());
@@ -122,8 +136,10 @@ impl DriverQueue {
             let at = self.layout.desc_table + 16 * u64::from(index);
             mem.write_slice(&raw, GuestAddress(at)).map_err(mem_err)?;
         }
-        let head = indices[0];
-        self.chains[usize::from(head)] = indices;
+        let head = pick(0);
+        self.free.truncate(top - n);
+        // n <= free.len() <= size, a u16.
+        self.chain_len[usize::from(head)] = n as u16;
         let slot = self.next_avail % self.layout.size;
         let ring_at = self.layout.avail_ring + 4 + 2 * u64::from(slot);
         mem.store(head, GuestAddress(ring_at), Ordering::Release)
@@ -136,6 +152,33 @@ impl DriverQueue {
         )
         .map_err(mem_err)?;
         Ok(head)
+    }
+
+    /// Whether the chains made available since the last kick need one, and if so counts them
+    /// kicked. Without EVENT_IDX every new chain does; with it, only when the device's
+    /// `avail_event` (written as it goes to sleep) lies among them (the spec's
+    /// `vring_need_event`). The index was published with a sequentially consistent store
+    /// and `avail_event` is read with one, so a device that re-enabled notifications after
+    /// that store is seen here, and one that did so before sees the new index.
+    pub fn needs_kick(
+        &mut self,
+        mem: &GuestMemoryMmap<()>,
+        event_idx: bool,
+    ) -> Result<bool, VhostUserError> {
+        let old = self.kicked_avail;
+        let new = self.next_avail;
+        if old == new {
+            return Ok(false);
+        }
+        self.kicked_avail = new;
+        if !event_idx {
+            return Ok(true);
+        }
+        let at = self.layout.used_ring + 4 + 8 * u64::from(self.layout.size);
+        let avail_event: u16 = mem
+            .load(GuestAddress(at), Ordering::SeqCst)
+            .map_err(mem_err)?;
+        Ok(new.wrapping_sub(avail_event).wrapping_sub(1) < new.wrapping_sub(old))
     }
 
     /// The next used chain, if the device has returned one: its head and the bytes it wrote.
@@ -162,11 +205,15 @@ impl DriverQueue {
             .ok()
             .filter(|h| *h < self.layout.size)
             .ok_or(VhostUserError::Protocol("a used id past the queue"))?;
-        let chain = std::mem::take(&mut self.chains[usize::from(head)]);
-        if chain.is_empty() {
+        let n = std::mem::take(&mut self.chain_len[usize::from(head)]);
+        if n == 0 {
             return Err(VhostUserError::Protocol("a used id that was not in flight"));
         }
-        self.free.extend(chain);
+        let mut index = head;
+        for _ in 0..n {
+            self.free.push(index);
+            index = self.next[usize::from(index)];
+        }
         Ok(Some((head, len)))
     }
 
@@ -183,5 +230,115 @@ impl DriverQueue {
         let at = self.layout.avail_ring + 4 + 2 * u64::from(self.layout.size);
         mem.store(self.last_used, GuestAddress(at), Ordering::SeqCst)
             .map_err(mem_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn buffers(n: usize) -> Vec<Buffer> {
+        (0..n)
+            .map(|i| Buffer {
+                addr: 0x10_0000 + 4096 * i as u64,
+                len: 512,
+                device_writes: i + 1 == n,
+            })
+            .collect()
+    }
+
+    /// What a device does: returns `head` used with `len` bytes written.
+    fn device_uses(mem: &GuestMemoryMmap<()>, layout: &RingLayout, used: &mut u16, head: u16) {
+        let slot = *used % layout.size;
+        let at = layout.used_ring + 4 + 8 * u64::from(slot);
+        mem.store(u32::from(head), GuestAddress(at), Ordering::Release)
+            .unwrap();
+        mem.store(1u32, GuestAddress(at + 4), Ordering::Release)
+            .unwrap();
+        *used = used.wrapping_add(1);
+        mem.store(*used, GuestAddress(layout.used_ring + 2), Ordering::Release)
+            .unwrap();
+    }
+
+    #[test]
+    fn chains_are_linked_and_their_descriptors_come_back_when_used() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+        let layout = RingLayout::at(0, 8);
+        let mut q = DriverQueue::new(layout);
+        let a = q.push(&mem, &buffers(3)).unwrap();
+        let b = q.push(&mem, &buffers(3)).unwrap();
+        assert_eq!(q.free_descriptors(), 2);
+        assert!(matches!(
+            q.push(&mem, &buffers(3)),
+            Err(VhostUserError::QueueFull)
+        ));
+        // The chain as the device walks it: head, NEXT flags, the last one device-writable.
+        let mut index = a;
+        for i in 0..3 {
+            let at = layout.desc_table + 16 * u64::from(index);
+            let flags: u16 = mem.read_obj(GuestAddress(at + 12)).unwrap();
+            let next: u16 = mem.read_obj(GuestAddress(at + 14)).unwrap();
+            assert_eq!(flags & DESC_F_NEXT != 0, i < 2);
+            assert_eq!(flags & DESC_F_WRITE != 0, i == 2);
+            index = next;
+        }
+        let mut used = 0;
+        device_uses(&mem, &layout, &mut used, b);
+        assert_eq!(q.pop_used(&mem).unwrap(), Some((b, 1)));
+        assert_eq!(q.free_descriptors(), 5);
+        device_uses(&mem, &layout, &mut used, a);
+        assert_eq!(q.pop_used(&mem).unwrap(), Some((a, 1)));
+        assert_eq!(q.free_descriptors(), 8);
+        assert_eq!(q.pop_used(&mem).unwrap(), None);
+        // A head used twice is a broken device.
+        device_uses(&mem, &layout, &mut used, a);
+        assert!(q.pop_used(&mem).is_err());
+        // Many rounds reuse the same descriptors (nothing leaks).
+        let mut q = DriverQueue::new(layout);
+        let mut used = 0;
+        mem.store(0u16, GuestAddress(layout.used_ring + 2), Ordering::Release)
+            .unwrap();
+        for _ in 0..1000 {
+            let h = q.push(&mem, &buffers(3)).unwrap();
+            device_uses(&mem, &layout, &mut used, h);
+            assert_eq!(q.pop_used(&mem).unwrap(), Some((h, 1)));
+        }
+        assert_eq!(q.free_descriptors(), 8);
+    }
+
+    #[test]
+    fn a_kick_is_needed_when_avail_event_falls_in_the_batch() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+        let layout = RingLayout::at(0, 16);
+        let avail_event_at = GuestAddress(layout.used_ring + 4 + 8 * 16);
+        let mut q = DriverQueue::new(layout);
+        assert!(!q.needs_kick(&mem, true).unwrap(), "nothing posted");
+        // avail_event 0: the device sleeps waiting for index 0 to be made available.
+        for _ in 0..3 {
+            q.push(&mem, &buffers(1)).unwrap();
+        }
+        assert!(q.needs_kick(&mem, true).unwrap());
+        // The device has not caught up (still asks for 0): no kick for 3..5.
+        for _ in 0..2 {
+            q.push(&mem, &buffers(1)).unwrap();
+        }
+        assert!(!q.needs_kick(&mem, true).unwrap());
+        // An avail_event the driver already went past (4, in the batch 3..5 not kicked)
+        // asks for nothing new.
+        mem.store(4u16, avail_event_at, Ordering::SeqCst).unwrap();
+        q.push(&mem, &buffers(1)).unwrap();
+        assert!(!q.needs_kick(&mem, true).unwrap());
+        // It consumed all six and sleeps until index 6 is made available: 6 is in the batch
+        // 6..8, so kick.
+        mem.store(6u16, avail_event_at, Ordering::SeqCst).unwrap();
+        for _ in 0..2 {
+            q.push(&mem, &buffers(1)).unwrap();
+        }
+        assert!(q.needs_kick(&mem, true).unwrap());
+        // Without EVENT_IDX every batch is kicked.
+        q.push(&mem, &buffers(1)).unwrap();
+        assert!(q.needs_kick(&mem, false).unwrap());
     }
 }
