@@ -77,25 +77,32 @@ fn boot(disk: &Disk, phase: &str, params: &[(&str, String)], console: &Path) -> 
     run
 }
 
+/// A file-backed server in `dir` with volume `guest` (256 MiB), attached over vhost-user-blk
+/// (2 queues) beside the NBD socket when `vhost` says so: (server, data dir, NBD socket).
+fn start_guest_server(dir: &Path, vhost: bool) -> (Server, std::path::PathBuf, std::path::PathBuf) {
+    let data = dir.join("data");
+    let socket = dir.join("nbd.sock");
+    let server = start(&data, &socket);
+    server.create_volume("guest", "256MiB");
+    if vhost {
+        api_post(
+            &server,
+            "/v1/volumes/guest/attachments",
+            json!({"vhost_user": vhost_socket(&socket), "num_queues": 2}),
+        );
+    }
+    (server, data, socket)
+}
+
 /// Phase 1 over `first`, SIGKILL, restart, phase 2 over `second`.
 fn write_kill_verify(first: Transport, second: Transport) {
     if !can_boot() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let socket = dir.path().join("nbd.sock");
     let started = Instant::now();
-    let server = start(&data, &socket);
-    server.create_volume("guest", "256MiB");
-    if [first, second].contains(&Transport::VhostUser) {
-        let path = vhost_socket(&socket);
-        api_post(
-            &server,
-            "/v1/volumes/guest/attachments",
-            json!({"vhost_user": path, "num_queues": 2}),
-        );
-    }
+    let (server, data, socket) =
+        start_guest_server(dir.path(), [first, second].contains(&Transport::VhostUser));
     let sizes = [
         ("files", FILES.to_string()),
         ("file_kib", FILE_KIB.to_string()),
@@ -189,17 +196,9 @@ fn a_guest_writing_over_vhost_user_blk_rides_through_a_sigkill_and_restart_of_th
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let socket = dir.path().join("nbd.sock");
     let started = Instant::now();
-    let server = start(&data, &socket);
-    server.create_volume("guest", "256MiB");
+    let (server, data, socket) = start_guest_server(dir.path(), true);
     let vhost = vhost_socket(&socket);
-    api_post(
-        &server,
-        "/v1/volumes/guest/attachments",
-        json!({"vhost_user": vhost, "num_queues": 2}),
-    );
     let sizes = [
         ("files", CHURN_FILES.to_string()),
         ("file_kib", CHURN_FILE_KIB.to_string()),

@@ -298,27 +298,94 @@ async fn bad_descriptors_are_answered_with_ioerr_or_unsupp_and_the_queue_goes_on
     node.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_ceiling_holds_vhost_user_requests_back_until_the_nodes_time_moves() {
+/// A node on a manual clock with volume `name` of `size_bytes` capped at 100 IOPS (one
+/// request per 10 ms of the node's time), attached over vhost-user-blk with one queue.
+struct Capped {
+    node: RunningNode,
+    time: &'static headroom_node::clock::ManualTime,
+    scheduler: std::sync::Arc<headroom_node::scheduler::Scheduler<headroom_node::pipeline::IoJob>>,
+    handle: std::sync::Arc<headroom_node::scheduler::VolumeHandle>,
+    id: u64,
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+async fn capped(name: &str, size_bytes: u64) -> Capped {
     let (clock, time) = Clock::manual(1_000 * MS);
     let node = Node::start_with_clock(common::config(), clock)
         .await
         .unwrap();
-    // 100 IOPS at most: one request per 10 ms of the node's time.
     let qos = QosSpec {
         baseline_iops: Some(100),
         ceiling_iops: Some(100),
         ..QosSpec::default()
     };
-    node.create_volume("capped", 64 * MIB, Some(qos)).unwrap();
+    node.create_volume(name, size_bytes, Some(qos)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("vhost.sock");
-    node.attach_vhost_user("capped", spec(&path, 1))
-        .await
-        .unwrap();
+    node.attach_vhost_user(name, spec(&path, 1)).await.unwrap();
     let scheduler = node.scheduler().unwrap().clone();
-    let id = node.store().open_volume("capped").unwrap().id();
+    let id = node.store().open_volume(name).unwrap().id();
     let handle = scheduler.handle(id).unwrap();
+    Capped {
+        node,
+        time,
+        scheduler,
+        handle,
+        id,
+        path,
+        _dir: dir,
+    }
+}
+
+impl Capped {
+    /// Reads answered so far (counted when the reply is handed back; errors included).
+    fn reads_answered(&self) -> u64 {
+        self.node
+            .api_state()
+            .metrics
+            .get(self.id)
+            .map_or(0, |stats| count(&stats.ops(), VolumeOp::Read))
+    }
+
+    /// Moves the node's time 10 ms at a time while the ceiling holds requests, until `want`
+    /// reads are answered; the ticks it took. A read still on its way to the scheduler when
+    /// the others drained would be held by the frozen clock, so an empty scheduler waits for
+    /// the reads in flight to be answered or held rather than ending the loop.
+    async fn tick_until_answered(&self, want: u64) -> u64 {
+        let mut ticks = 0u64;
+        while self.reads_answered() < want {
+            if self.scheduler.queued_requests(&self.handle) == 0 {
+                let moved = common::eventually(|| {
+                    self.reads_answered() == want
+                        || self.scheduler.queued_requests(&self.handle) > 0
+                })
+                .await;
+                assert!(
+                    moved,
+                    "{} of {want} reads answered, none held",
+                    self.reads_answered()
+                );
+                continue;
+            }
+            self.time.advance(10 * MS);
+            self.scheduler.wake_due();
+            ticks += 1;
+            assert!(ticks <= 1_000, "the ceiling never let the rest through");
+        }
+        ticks
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ceiling_holds_vhost_user_requests_back_until_the_nodes_time_moves() {
+    let capped = capped("capped", 64 * MIB).await;
+    let Capped {
+        scheduler,
+        handle,
+        path,
+        ..
+    } = &capped;
     const SENT: usize = 32;
     let client_path = path.clone();
     let mut client = tokio::task::spawn_blocking(move || {
@@ -341,31 +408,12 @@ async fn a_ceiling_holds_vhost_user_requests_back_until_the_nodes_time_moves() {
     .unwrap();
     // Time does not move: the scheduler holds nearly all of them, and keeps holding them.
     assert!(
-        common::eventually(|| scheduler.queued_requests(&handle) >= SENT - 4).await,
+        common::eventually(|| scheduler.queued_requests(handle) >= SENT - 4).await,
         "the ceiling holds the requests back ({} held)",
-        scheduler.queued_requests(&handle)
+        scheduler.queued_requests(handle)
     );
-    let held = scheduler.queued_requests(&handle);
-    // Until every read is answered (counted when its reply is handed back): a read still on
-    // its way to the scheduler when the others drained would be held by the frozen clock.
-    let metrics = node.api_state().metrics.get(id).unwrap();
-    let mut ticks = 0u64;
-    let answered = || count(&metrics.ops(), VolumeOp::Read);
-    while answered() < SENT as u64 {
-        if scheduler.queued_requests(&handle) == 0 {
-            // Nothing held: wait for the reads in flight to be answered or to be held.
-            let moved = common::eventually(|| {
-                answered() == SENT as u64 || scheduler.queued_requests(&handle) > 0
-            })
-            .await;
-            assert!(moved, "{} of {SENT} reads answered, none held", answered());
-            continue;
-        }
-        time.advance(10 * MS);
-        scheduler.wake_due();
-        ticks += 1;
-        assert!(ticks <= 1_000, "the ceiling never let the rest through");
-    }
+    let held = scheduler.queued_requests(handle);
+    let ticks = capped.tick_until_answered(SENT as u64).await;
     assert!(
         ticks >= held as u64 - 2,
         "the held requests needed the node's time: {ticks} ticks for {held}"
@@ -378,10 +426,9 @@ async fn a_ceiling_holds_vhost_user_requests_back_until_the_nodes_time_moves() {
     .await
     .unwrap();
     assert_eq!(statuses, vec![S_OK; SENT]);
-    let stats = node.api_state().metrics.get(id).unwrap().ops();
-    assert_eq!(count(&stats, VolumeOp::Read), SENT as u64);
+    assert_eq!(capped.reads_answered(), SENT as u64);
     scheduler.check_invariants().unwrap();
-    node.shutdown().await.unwrap();
+    capped.node.shutdown().await.unwrap();
 }
 
 /// A chain the node answers at once (a read past the end, refused by the checker) is not
@@ -390,26 +437,15 @@ async fn a_ceiling_holds_vhost_user_requests_back_until_the_nodes_time_moves() {
 /// unanswered chains after the node restarts (`vhost_user::used_order`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chains_come_back_used_in_the_order_they_were_popped_even_when_answered_out_of_order() {
-    let (clock, time) = Clock::manual(1_000 * MS);
-    let node = Node::start_with_clock(common::config(), clock)
-        .await
-        .unwrap();
-    let qos = QosSpec {
-        baseline_iops: Some(100),
-        ceiling_iops: Some(100),
-        ..QosSpec::default()
-    };
     const SIZE_BYTES: u64 = 64 * MIB;
-    node.create_volume("ordered", SIZE_BYTES, Some(qos))
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("vhost.sock");
-    node.attach_vhost_user("ordered", spec(&path, 1))
-        .await
-        .unwrap();
-    let scheduler = node.scheduler().unwrap().clone();
-    let id = node.store().open_volume("ordered").unwrap().id();
-    let handle = scheduler.handle(id).unwrap();
+    let capped = capped("ordered", SIZE_BYTES).await;
+    let Capped {
+        scheduler,
+        handle,
+        path,
+        id,
+        ..
+    } = &capped;
     const HELD: usize = 16;
     let client_path = path.clone();
     let (mut client, mut heads) = tokio::task::spawn_blocking(move || {
@@ -429,9 +465,9 @@ async fn chains_come_back_used_in_the_order_they_were_popped_even_when_answered_
     .await
     .unwrap();
     assert!(
-        common::eventually(|| scheduler.queued_requests(&handle) >= HELD - 4).await,
+        common::eventually(|| scheduler.queued_requests(handle) >= HELD - 4).await,
         "the ceiling holds the reads back ({} held)",
-        scheduler.queued_requests(&handle)
+        scheduler.queued_requests(handle)
     );
     // Popped last, answered first: the pipeline refuses it as soon as it arrives.
     let refused = {
@@ -449,7 +485,7 @@ async fn chains_come_back_used_in_the_order_they_were_popped_even_when_answered_
         head
     };
     heads.push(refused);
-    let metrics = node.api_state().metrics.get(id).unwrap();
+    let metrics = capped.node.api_state().metrics.get(*id).unwrap();
     let read_at = VolumeOp::ALL
         .iter()
         .position(|o| *o == VolumeOp::Read)
@@ -459,22 +495,7 @@ async fn chains_come_back_used_in_the_order_they_were_popped_even_when_answered_
         "the read past the end is answered (refused) while the others are held"
     );
     // Until every read is answered (the refused one counted as an error).
-    let mut ticks = 0u64;
-    let answered = || metrics.ops()[read_at].ops;
-    while answered() < HELD as u64 + 1 {
-        if scheduler.queued_requests(&handle) == 0 {
-            let moved = common::eventually(|| {
-                answered() == HELD as u64 + 1 || scheduler.queued_requests(&handle) > 0
-            })
-            .await;
-            assert!(moved, "{} reads answered, none held", answered());
-            continue;
-        }
-        time.advance(10 * MS);
-        scheduler.wake_due();
-        ticks += 1;
-        assert!(ticks <= 1_000, "the ceiling never let the rest through");
-    }
+    capped.tick_until_answered(HELD as u64 + 1).await;
     let used = tokio::task::spawn_blocking(move || {
         let used: Vec<BlkCompletion> = (0..=HELD).map(|_| client.wait(0).unwrap()).collect();
         client.disconnect().unwrap();
@@ -489,7 +510,7 @@ async fn chains_come_back_used_in_the_order_they_were_popped_even_when_answered_
     expected.push(S_IOERR);
     assert_eq!(statuses, expected);
     scheduler.check_invariants().unwrap();
-    node.shutdown().await.unwrap();
+    capped.node.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
