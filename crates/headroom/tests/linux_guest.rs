@@ -168,7 +168,7 @@ fn an_ext4_written_over_the_unix_socket_survives_a_sigkill_and_verifies_over_tcp
 ///
 /// In one CI run of about fifteen the guest's I/O stopped right after boot here (the kernel
 /// had read the disk's size and partition table; `mkfs.ext4` never finished in 240 s); it was
-/// not seen again in about 50 runs by hand, idle and under load. A hung guest now fails with
+/// not seen again in about 40 runs by hand, idle and under load. A hung guest now fails with
 /// QEMU's view of every virtqueue (read over QMP), the data that hang left no trace of.
 #[test]
 fn an_ext4_written_over_vhost_user_blk_survives_a_sigkill_and_verifies_on_the_restored_attachment()
