@@ -205,21 +205,22 @@ fn answer_get_id(arrived: &Arrived, request: &BlkRequest, context: &QueueContext
     }
 }
 
-/// A refused chain: its head, where its status goes, the status and why.
-type Refusal = (u16, GuestAddress, Status, &'static str);
+/// What the submitter goes on with, for a chain not answered at once.
+enum Next {
+    Run(BlkRequest),
+    /// A refused chain: its head, where its status goes, the status and why.
+    Refuse(u16, GuestAddress, Status, &'static str),
+}
 
 /// What the submitter does with a chain: `None` when it is answered here and now (GET_ID, a
-/// chain with no status byte), else the request to run or the refusal to answer.
-fn triage(
-    arrived: &Arrived,
-    context: &QueueContext,
-) -> Option<(Option<BlkRequest>, Option<Refusal>)> {
+/// chain with no status byte).
+fn triage(arrived: &Arrived, context: &QueueContext) -> Option<Next> {
     match &arrived.parsed {
         Parsed::Request(request) if request.kind == Kind::GetId => {
             answer_get_id(arrived, request, context);
             None
         }
-        Parsed::Request(request) => Some((Some(request.clone()), None)),
+        Parsed::Request(request) => Some(Next::Run(request.clone())),
         Parsed::Refused {
             head,
             status_addr,
@@ -227,7 +228,7 @@ fn triage(
             why,
         } => {
             tracing::debug!("vhost-user-blk: descriptor {head} refused: {why}");
-            Some((None, Some((*head, *status_addr, *status, *why))))
+            Some(Next::Refuse(*head, *status_addr, *status, why))
         }
         Parsed::Unanswerable { head, .. } => {
             // Used with nothing written: there is no status byte to write.
@@ -265,7 +266,7 @@ async fn submit_arrivals(
             },
         };
         let arrival_ns = intake.now_ns();
-        let Some((request, refusal)) = triage(&arrived, &context) else {
+        let Some(next) = triage(&arrived, &context) else {
             continue;
         };
         let Some(slot) = intake.request_slot().await else {
@@ -276,24 +277,26 @@ async fn submit_arrivals(
         let Arrived {
             mem, vring, seq, ..
         } = arrived;
-        if let Some((head, status_addr, status, why)) = refusal {
-            lock(&pending).insert(
-                cookie,
-                Pending {
-                    seq,
-                    head,
-                    mem,
-                    vring,
-                    read_into: Vec::new(),
-                    status_addr,
-                    refusal: Some(status),
-                },
-            );
-            // Not a request of any NBD kind: answered, not counted as one.
-            intake.refuse(cookie, u16::MAX, (nbd::Errno::Eio, why), slot, arrival_ns);
-            continue;
-        }
-        let Some(request) = request else { continue };
+        let request = match next {
+            Next::Run(request) => request,
+            Next::Refuse(head, status_addr, status, why) => {
+                lock(&pending).insert(
+                    cookie,
+                    Pending {
+                        seq,
+                        head,
+                        mem,
+                        vring,
+                        read_into: Vec::new(),
+                        status_addr,
+                        refusal: Some(status),
+                    },
+                );
+                // Not a request of any NBD kind: answered, not counted as one.
+                intake.refuse(cookie, u16::MAX, (nbd::Errno::Eio, why), slot, arrival_ns);
+                continue;
+            }
+        };
         let nbd_header = header(&request, cookie);
         let pending_of = |mem, vring| Pending {
             seq,
