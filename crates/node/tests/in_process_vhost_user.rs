@@ -81,6 +81,17 @@ fn count(stats: &[headroom_node::metrics::OpStats], op: VolumeOp) -> u64 {
     stats[at].ops
 }
 
+/// Queue 0 of `volume`'s one attachment, as the node shows it.
+fn queue_state(node: &RunningNode, volume: &str) -> headroom_node::vhost_user::QueueState {
+    let attachments = node.vhost_user_attachments(volume);
+    let [(_, state)] = attachments.as_slice() else {
+        panic!("one attachment: {attachments:?}");
+    };
+    assert!(state.connected, "{state:?}");
+    assert_eq!(state.connections_total, 1, "{state:?}");
+    state.queues[0].clone()
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -175,6 +186,86 @@ async fn writes_read_back_and_flush_discard_write_zeroes_and_get_id_answer() {
     let writes = count(&stats, VolumeOp::Write);
     let reads = count(&stats, VolumeOp::Read);
     assert_eq!((writes, reads), (1, 2), "{stats:?}");
+    node.shutdown().await.unwrap();
+}
+
+/// A chain made available without a kick (a kick lost on its way, or the framework's worker
+/// thread gone) is popped by the connection's watchdog within a couple of its periods, and
+/// used chains the driver was never told of are signalled again: the queue moves on, and
+/// the attachment counts both (`vhost_user::watchdog`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_moves_a_queue_on_past_a_lost_kick_and_a_lost_interrupt() {
+    let (node, _dir, path) = attached("watched", 64 * MIB, 1).await;
+    /// Long beside the watchdog's two 100 ms looks; only a broken watchdog waits it out.
+    const LIMIT_MS: i32 = 10_000;
+    let read = BlkOp::Read {
+        offset: 0,
+        len: 4096,
+    };
+    let data = pattern(4096, 3);
+    let expected = data.clone();
+    let blocking = |step: Box<dyn FnOnce(&mut VhostUserBlkClient) + Send>,
+                    mut client: VhostUserBlkClient| {
+        tokio::task::spawn_blocking(move || {
+            step(&mut client);
+            client
+        })
+    };
+    let client = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || {
+            VhostUserBlkClient::connect(&path, ClientOptions::default()).unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    // A kick lost: nothing but the watchdog finds the chain.
+    let (kick_read, kick_expected) = (read.clone(), expected.clone());
+    let lost_kick = Box::new(move |client: &mut VhostUserBlkClient| {
+        ok(client.call(0, &BlkOp::Write { offset: 0, data }).unwrap());
+        client.arm_signal(0).unwrap();
+        client.submit_unkicked(0, &kick_read).unwrap();
+        assert!(
+            client.wait_signal(0, LIMIT_MS).unwrap(),
+            "a chain nobody kicked for was answered"
+        );
+        assert_eq!(ok(client.wait(0).unwrap()), kick_expected);
+    });
+    let client = blocking(lost_kick, client).await.unwrap();
+    let after_kick = queue_state(&node, "watched");
+    assert!(after_kick.watchdog_pops_total >= 1, "{after_kick:?}");
+    assert_eq!(after_kick.in_flight, 0, "{after_kick:?}");
+    // An interrupt lost: the driver asks for it and takes the signal but not the chain, as
+    // if the signal had gone nowhere; the watchdog signals again.
+    let lost_interrupt = Box::new(move |client: &mut VhostUserBlkClient| {
+        client.arm_signal(0).unwrap();
+        client.submit(0, &read).unwrap();
+        assert!(
+            client.wait_signal(0, LIMIT_MS).unwrap(),
+            "the read is signalled"
+        );
+        assert!(
+            client.wait_signal(0, LIMIT_MS).unwrap(),
+            "the used chain the driver did not take is signalled again"
+        );
+        assert_eq!(ok(client.wait(0).unwrap()), expected);
+    });
+    let client = blocking(lost_interrupt, client).await.unwrap();
+    let after_signal = queue_state(&node, "watched");
+    assert!(after_signal.watchdog_signals_total >= 1, "{after_signal:?}");
+    // Both were answered by the usual path's signal first: nothing else was lost.
+    assert!(after_signal.signals_total >= 3, "{after_signal:?}");
+    tokio::task::spawn_blocking(move || client.disconnect().unwrap())
+        .await
+        .unwrap();
+    // The attachment keeps the totals once the connection is gone.
+    let attachments = node.vhost_user_attachments("watched");
+    let state = &attachments[0].1;
+    assert!(!state.connected && state.queues.is_empty(), "{state:?}");
+    assert!(
+        state.watchdog_pops_total >= 1 && state.watchdog_signals_total >= 1,
+        "{state:?}"
+    );
     node.shutdown().await.unwrap();
 }
 
@@ -494,15 +585,60 @@ async fn chains_come_back_used_in_the_order_they_were_popped_even_when_answered_
         common::eventually(|| metrics.ops()[read_at].errors == 1).await,
         "the read past the end is answered (refused) while the others are held"
     );
+    // The attachment shows it: every chain popped, the used index at what was returned,
+    // and in flight at least the reads the ceiling holds and the refused one behind them.
+    let popped = HELD as u64 + 1;
+    let queued = scheduler.queued_requests(handle) as u64;
+    let held = queue_state(&capped.node, "ordered");
+    assert_eq!(
+        (held.popped_total, held.driver_avail_idx, held.next_avail),
+        (popped, Some(popped as u16), Some(popped as u16)),
+        "{held:?}"
+    );
+    let returned = Some(held.returned_total as u16);
+    assert_eq!(
+        (held.used_idx, held.next_used),
+        (returned, returned),
+        "{held:?}"
+    );
+    assert_eq!(held.in_flight, popped - held.returned_total, "{held:?}");
+    assert!(
+        held.in_flight > queued,
+        "{queued} held, the refused one too: {held:?}"
+    );
+    assert!(
+        held.serving && held.ready && held.enabled && held.has_call_fd,
+        "{held:?}"
+    );
     // Until every read is answered (the refused one counted as an error).
     capped.tick_until_answered(HELD as u64 + 1).await;
     let used = tokio::task::spawn_blocking(move || {
         let used: Vec<BlkCompletion> = (0..=HELD).map(|_| client.wait(0).unwrap()).collect();
-        client.disconnect().unwrap();
-        used
+        (used, client)
     })
     .await
     .unwrap();
+    let (used, client) = used;
+    let answered = queue_state(&capped.node, "ordered");
+    assert_eq!(
+        (
+            answered.returned_total,
+            answered.in_flight,
+            answered.used_idx
+        ),
+        (popped, 0, Some(popped as u16)),
+        "{answered:?}"
+    );
+    // The signal follows the return (the driver may see the used chains before it).
+    assert!(
+        common::eventually(|| queue_state(&capped.node, "ordered").signals_total >= 1).await,
+        "{:?}",
+        queue_state(&capped.node, "ordered")
+    );
+    assert_eq!(answered.signals_without_call_total, 0, "{answered:?}");
+    tokio::task::spawn_blocking(move || client.disconnect().unwrap())
+        .await
+        .unwrap();
     let used_heads: Vec<u16> = used.iter().map(|done| done.head).collect();
     assert_eq!(used_heads, heads, "used in the order submitted");
     let statuses: Vec<u8> = used.iter().map(|done| done.status).collect();

@@ -116,6 +116,10 @@ pub struct BlkCompletion {
     pub written_bytes: u32,
 }
 
+/// A chain built in a queue's buffers: its buffers, its status byte's address and where its
+/// data is read back from once used.
+type BuiltChain = (Vec<Buffer>, u64, Option<(u64, u32)>);
+
 /// A connected, negotiated vhost-user-blk device.
 pub struct VhostUserBlkClient {
     frontend: Frontend,
@@ -339,6 +343,31 @@ impl VhostUserBlkClient {
 
     /// Builds `op`'s chain on queue `q` and submits it.
     pub fn submit(&mut self, q: usize, op: &BlkOp) -> Result<u16, VhostUserError> {
+        let (buffers, status_addr, read_back) = self.build(q, op)?;
+        self.submit_chain(q, &buffers, status_addr, read_back)
+    }
+
+    /// Builds `op`'s chain on queue `q` and makes it available without a kick (a kick lost
+    /// on the way, for a test of the device's watchdog).
+    pub fn submit_unkicked(&mut self, q: usize, op: &BlkOp) -> Result<u16, VhostUserError> {
+        let (buffers, status_addr, read_back) = self.build(q, op)?;
+        self.queues[q].post_unkicked(&buffers, status_addr, read_back)
+    }
+
+    /// Asks queue `q`'s device to signal the next used chain ([`QueueDriver::arm_signal`]).
+    pub fn arm_signal(&mut self, q: usize) -> Result<(), VhostUserError> {
+        self.queues[q].arm_signal()
+    }
+
+    /// Waits for a signal of queue `q`'s call eventfd, at most `timeout_ms`, and takes it
+    /// ([`QueueDriver::wait_signal`]); whether one came.
+    pub fn wait_signal(&mut self, q: usize, timeout_ms: i32) -> Result<bool, VhostUserError> {
+        self.queues[q].wait_signal(timeout_ms)
+    }
+
+    /// `op`'s chain in queue `q`'s buffers: the buffers, the status byte's address and what
+    /// to read back once it is used.
+    fn build(&mut self, q: usize, op: &BlkOp) -> Result<BuiltChain, VhostUserError> {
         let sector = |offset: u64| offset / 512;
         let mut buffers = Vec::with_capacity(3);
         let mut read_back = None;
@@ -397,7 +426,7 @@ impl VhostUserBlkClient {
         }
         let status = self.status_buffer(q)?;
         buffers.push(status);
-        self.submit_chain(q, &buffers, status.addr, read_back)
+        Ok((buffers, status.addr, read_back))
     }
 
     /// Waits for the next chain queue `q`'s device returns used (in the device's order).

@@ -185,6 +185,32 @@ impl QueueDriver {
         Ok(false)
     }
 
+    /// Makes `buffers` available as one chain and does not kick, whatever the device asked:
+    /// a kick lost on the way, as a test needs it. `read_back` as [`QueueDriver::submit_chain`].
+    pub fn post_unkicked(
+        &mut self,
+        buffers: &[Buffer],
+        status_addr: u64,
+        read_back: Option<(u64, u32)>,
+    ) -> Result<u16, VhostUserError> {
+        self.post(buffers, status_addr, read_back)
+    }
+
+    /// Asks the device (EVENT_IDX) to signal once it has used the next chain not reaped yet,
+    /// as a driver re-enabling its callback does; [`QueueDriver::wait_call`] does it itself.
+    pub fn arm_signal(&mut self) -> Result<(), VhostUserError> {
+        self.ring.arm_used_event(&self.mem)
+    }
+
+    /// Blocks until the device signals the call eventfd, at most `timeout_ms`, and takes the
+    /// signal; nothing is armed or checked first (a test counting signals). Whether one came.
+    pub fn wait_signal(&mut self, timeout_ms: i32) -> Result<bool, VhostUserError> {
+        let mut events = [EpollEvent::default()];
+        let ready = self.call_wait.wait(timeout_ms, &mut events)?;
+        let _ = self.call.read();
+        Ok(ready != 0)
+    }
+
     /// Posts `buffers` as one chain and kicks unconditionally (the blocking client's way,
     /// and a test's for chains it builds by hand).
     pub fn submit_chain(

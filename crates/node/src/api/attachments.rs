@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{ApiError, ApiErrorBody, ApiPath, ApiResult, ApiState};
-use crate::vhost_user::{AttachmentError, AttachmentSpec};
+use crate::vhost_user::{AttachmentError, AttachmentSpec, AttachmentState};
 
 pub(super) fn routes() -> Router<ApiState> {
     Router::new().route(
@@ -37,7 +37,15 @@ pub struct Detach {
 /// Body of `GET /v1/volumes/{name}/attachments`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AttachmentsView {
-    pub attachments: Vec<AttachmentSpec>,
+    pub attachments: Vec<AttachmentView>,
+}
+
+/// One attachment: as asked for, and what its frontend is doing now.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AttachmentView {
+    #[serde(flatten)]
+    pub spec: AttachmentSpec,
+    pub state: AttachmentState,
 }
 
 fn attachment_error(err: AttachmentError) -> ApiError {
@@ -62,7 +70,7 @@ fn view(state: &ApiState, name: &str) -> AttachmentsView {
             .attachments
             .list(Some(name))
             .into_iter()
-            .map(|(_, spec)| spec)
+            .map(|(_, spec, state)| AttachmentView { spec, state })
             .collect(),
     }
 }

@@ -67,6 +67,22 @@ impl RunningNode {
         self.attachments.attach(volume, spec).await
     }
 
+    /// `volume`'s vhost-user attachments and what their frontends are doing, as
+    /// `GET /v1/volumes/{name}/attachments` shows them.
+    pub fn vhost_user_attachments(
+        &self,
+        volume: &str,
+    ) -> Vec<(
+        crate::vhost_user::AttachmentSpec,
+        crate::vhost_user::AttachmentState,
+    )> {
+        self.attachments
+            .list(Some(volume))
+            .into_iter()
+            .map(|(_, spec, state)| (spec, state))
+            .collect()
+    }
+
     /// Ends a vhost-user attachment (`DELETE /v1/volumes/{name}/attachments`).
     pub async fn detach_vhost_user(
         &self,

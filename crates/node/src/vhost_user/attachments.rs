@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::DeviceOptions;
 use super::listener::{Attachment, serve};
+use super::queue_state::AttachmentState;
 use super::{MAX_NUM_QUEUES, MAX_POLL_US, VhostUserError};
 use crate::pipeline::Pipeline;
 use crate::sync::lock;
@@ -164,12 +165,16 @@ impl Attachments {
         }
     }
 
-    /// The attachments being served, of `volume` or of all; by path.
-    pub fn list(&self, volume: Option<&str>) -> Vec<(String, AttachmentSpec)> {
+    /// The attachments being served, of `volume` or of all, and what their frontends are
+    /// doing; by path.
+    pub fn list(&self, volume: Option<&str>) -> Vec<(String, AttachmentSpec, AttachmentState)> {
         lock(&self.live)
             .values()
             .filter(|live| volume.is_none_or(|v| v == live.volume))
-            .map(|live| (live.volume.clone(), live.spec.clone()))
+            .map(|live| {
+                let state = live.attachment.state();
+                (live.volume.clone(), live.spec.clone(), state)
+            })
             .collect()
     }
 

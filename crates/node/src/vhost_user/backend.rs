@@ -29,8 +29,10 @@ use vmm_sys_util::event::{
 
 use super::poll::PollWindow;
 use super::queue::{self, Arrived, Mem, QueueContext, Vring};
+use super::queue_state::{QueueCounters, QueueState};
 use super::request::parse;
 use super::used_order::UsedOrder;
+use super::watchdog::{self, Seen, Stuck};
 use super::wire::{BlkConfig, ID_BYTES, features};
 use crate::pipeline::Pipeline;
 use crate::sync::lock;
@@ -47,6 +49,9 @@ pub const MAX_RANGE_BYTES: u32 = 1 << 30;
 struct QueueLink {
     arrivals: mpsc::UnboundedSender<Arrived>,
     order: Arc<UsedOrder>,
+    counters: Arc<QueueCounters>,
+    /// What the watchdog saw at its previous look.
+    seen: Mutex<Seen>,
     /// Whether this connection has drained the queue before: the first drain says where the
     /// ring stood (a frontend reconnecting after a crash hands over a ring already in use).
     drained_before: AtomicBool,
@@ -95,12 +100,14 @@ impl BlkBackend {
             .map(|_| {
                 let (arrivals, receiver) = mpsc::unbounded_channel();
                 let order = Arc::new(UsedOrder::default());
+                let counters = Arc::new(QueueCounters::default());
                 let (close, closed) = oneshot::channel();
                 let tasks = queue::start(
                     QueueContext {
                         pipeline: Arc::clone(pipeline),
                         volume: Arc::clone(volume),
                         order: Arc::clone(&order),
+                        counters: Arc::clone(&counters),
                         id,
                     },
                     receiver,
@@ -109,6 +116,8 @@ impl BlkBackend {
                 QueueLink {
                     arrivals,
                     order,
+                    counters,
+                    seen: Mutex::new(Seen::default()),
                     drained_before: AtomicBool::new(false),
                     poll: PollWindow::new(poll_us),
                     close: Mutex::new(Some((close, tasks))),
@@ -143,6 +152,76 @@ impl BlkBackend {
                 tasks
             })
             .collect()
+    }
+
+    /// Every queue's state now (`vhost_user::queue_state`).
+    pub(super) fn queue_states(&self) -> Vec<QueueState> {
+        let mem = lock(&self.mem).clone();
+        self.queues
+            .iter()
+            .zip(0u16..)
+            .map(|(link, index)| link.counters.state(index, &link.order, mem.as_ref()))
+            .collect()
+    }
+
+    /// Serves a queue that was kicked (or found stuck by the watchdog): drains it, polls it
+    /// for a while if the attachment says so, and asks for kicks again.
+    fn serve_queue(&self, link: &QueueLink, vring: &Vring, mem: &Mem) {
+        let polling = link.poll.window_ns() > 0;
+        if !self.event_idx.load(Ordering::Acquire) && !polling {
+            self.drain(link, vring, mem);
+            return;
+        }
+        // No kicks while draining (and while polling), then look once more after re-enabling
+        // them, so a chain made available in between is not left waiting for a kick that
+        // will not come.
+        loop {
+            let _ = vring.disable_notification();
+            self.drain(link, vring, mem);
+            if link.poll.spin(|| has_chains(vring, mem)) {
+                continue;
+            }
+            match vring.enable_notification() {
+                Ok(true) => continue,
+                _ => break,
+            }
+        }
+    }
+
+    /// One look of the watchdog at every queue being served (`vhost_user::watchdog`): a
+    /// queue stuck since the previous look is moved on. What it found, by queue.
+    pub(super) fn watch(&self) -> Vec<(u16, Stuck)> {
+        let Some(mem) = lock(&self.mem).clone() else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for (link, index) in self.queues.iter().zip(0u16..) {
+            let Some(vring) = link.counters.vring() else {
+                continue;
+            };
+            let Some(now) = watchdog::look(vring, &mem) else {
+                *lock(&link.seen) = Seen::default();
+                continue;
+            };
+            let (stuck, seen) = {
+                let mut before = lock(&link.seen);
+                let (stuck, seen) = watchdog::judge(now, *before);
+                *before = seen;
+                (stuck, seen)
+            };
+            if stuck.pop {
+                link.counters.watchdog_popped();
+                self.serve_queue(link, vring, &mem);
+            }
+            if stuck.signal {
+                link.counters.resignal(vring);
+            }
+            if stuck.pop || stuck.signal {
+                tracing::debug!("vhost-user-blk: queue {index} stuck: {now:?}, {seen:?}");
+                found.push((index, stuck));
+            }
+        }
+        found
     }
 
     /// Pops every available chain of `vring` and passes it on.
@@ -257,28 +336,11 @@ impl VhostUserBackend for BlkBackend {
         let (Some(link), Some(vring)) = (self.queues.get(index), vrings.get(index)) else {
             return Ok(());
         };
+        link.counters.kicked(vring);
         let Some(mem) = lock(&self.mem).clone() else {
             return Ok(());
         };
-        let polling = link.poll.window_ns() > 0;
-        if !self.event_idx.load(Ordering::Acquire) && !polling {
-            self.drain(link, vring, &mem);
-            return Ok(());
-        }
-        // No kicks while draining (and while polling), then look once more after re-enabling
-        // them, so a chain made available in between is not left waiting for a kick that
-        // will not come.
-        loop {
-            let _ = vring.disable_notification();
-            self.drain(link, vring, &mem);
-            if link.poll.spin(|| has_chains(vring, &mem)) {
-                continue;
-            }
-            match vring.enable_notification() {
-                Ok(true) => continue,
-                _ => break,
-            }
-        }
+        self.serve_queue(link, vring, &mem);
         Ok(())
     }
 }

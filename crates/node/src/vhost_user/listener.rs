@@ -9,7 +9,7 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -20,6 +20,8 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use super::VhostUserError;
 use super::backend::{BlkBackend, DeviceOptions};
+use super::queue_state::AttachmentState;
+use super::watchdog::{self, WatchdogTotals};
 use crate::pipeline::Pipeline;
 use crate::sync::lock;
 
@@ -28,17 +30,33 @@ use crate::sync::lock;
 pub struct Attachment {
     path: PathBuf,
     stopping: Arc<AtomicBool>,
-    current: Arc<Mutex<Option<ShutdownHandleDebug>>>,
+    current: Arc<Mutex<Option<Connected>>>,
+    connections: Arc<AtomicU64>,
+    watchdog: Arc<WatchdogTotals>,
     thread: Option<JoinHandle<()>>,
 }
 
-/// `ShutdownHandle` has no `Debug`.
-struct ShutdownHandleDebug(ShutdownHandle);
+/// The frontend being served: the handle that disconnects it, and its device.
+struct Connected {
+    shutdown: ShutdownHandle,
+    backend: Arc<BlkBackend>,
+}
 
-impl std::fmt::Debug for ShutdownHandleDebug {
+/// `ShutdownHandle` has no `Debug`.
+impl std::fmt::Debug for Connected {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ShutdownHandle")
+        f.debug_struct("Connected")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
     }
+}
+
+/// What the accepting thread shares with the [`Attachment`].
+struct Shared<'a> {
+    stopping: &'a AtomicBool,
+    current: &'a Mutex<Option<Connected>>,
+    connections: &'a AtomicU64,
+    watchdog: &'a Arc<WatchdogTotals>,
 }
 
 /// Serves `volume` as a device of `options` on `listener` (already bound at `path`, with its
@@ -55,22 +73,25 @@ pub fn serve(
         .map_err(VhostUserError::Socket)?;
     let stopping = Arc::new(AtomicBool::new(false));
     let current = Arc::new(Mutex::new(None));
+    let connections = Arc::new(AtomicU64::new(0));
+    let watchdog = Arc::new(WatchdogTotals::default());
     let pipeline = Arc::clone(pipeline);
     let thread = {
         let stopping = Arc::clone(&stopping);
         let current = Arc::clone(&current);
+        let connections = Arc::clone(&connections);
+        let watchdog = Arc::clone(&watchdog);
         std::thread::Builder::new()
             .name(format!("vhost-user {}", volume.name()))
             .spawn(move || {
                 let mut listener = Listener::from(listener);
-                accept_loop(
-                    &mut listener,
-                    &pipeline,
-                    &volume,
-                    options,
-                    &stopping,
-                    &current,
-                )
+                let shared = Shared {
+                    stopping: &stopping,
+                    current: &current,
+                    connections: &connections,
+                    watchdog: &watchdog,
+                };
+                accept_loop(&mut listener, &pipeline, &volume, options, &shared)
             })
             .map_err(VhostUserError::Socket)?
     };
@@ -78,6 +99,8 @@ pub fn serve(
         path,
         stopping,
         current,
+        connections,
+        watchdog,
         thread: Some(thread),
     })
 }
@@ -87,13 +110,20 @@ fn accept_loop(
     pipeline: &Arc<Pipeline>,
     volume: &Arc<Volume>,
     options: DeviceOptions,
-    stopping: &AtomicBool,
-    current: &Mutex<Option<ShutdownHandleDebug>>,
+    shared: &Shared<'_>,
 ) {
-    while !stopping.load(Ordering::Acquire) {
+    while !shared.stopping.load(Ordering::Acquire) {
         let backend = Arc::new(BlkBackend::new(pipeline, volume, options));
         let queues = Arc::clone(&backend);
-        let served = serve_one(listener, backend, volume, stopping, current);
+        let (stop_watching, watch_stopped) = tokio::sync::oneshot::channel();
+        let watching = pipeline.io.runtime.spawn(watchdog::run(
+            Arc::clone(&backend),
+            Arc::clone(shared.watchdog),
+            watch_stopped,
+        ));
+        let served = serve_one(listener, backend, volume, shared);
+        let _ = stop_watching.send(());
+        let _ = pipeline.io.runtime.block_on(watching);
         // The daemon and its vring threads are gone; the queues' tasks are stopped and
         // waited for, so that what they hold (the volume, the pipeline, the store) is let go
         // before a stop of the attachment returns.
@@ -112,12 +142,14 @@ fn serve_one(
     listener: &mut Listener,
     backend: Arc<BlkBackend>,
     volume: &Arc<Volume>,
-    stopping: &AtomicBool,
-    current: &Mutex<Option<ShutdownHandleDebug>>,
+    shared: &Shared<'_>,
 ) -> bool {
+    let Shared {
+        stopping, current, ..
+    } = shared;
     let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let name = format!("vhost-user {}", volume.name());
-    let mut daemon = match VhostUserDaemon::new(name, backend, memory) {
+    let mut daemon = match VhostUserDaemon::new(name, Arc::clone(&backend), memory) {
         Ok(daemon) => daemon,
         Err(err) => {
             tracing::error!("vhost-user-blk {}: {err}", volume.name());
@@ -134,12 +166,16 @@ fn serve_one(
     if stopping.load(Ordering::Acquire) {
         daemon.request_shutdown();
     } else {
-        *lock(current) = daemon.shutdown_handle().map(ShutdownHandleDebug);
+        *lock(current) = daemon.shutdown_handle().map(|shutdown| Connected {
+            shutdown,
+            backend: Arc::clone(&backend),
+        });
         // A stop between the check above and the handle being stored.
         if stopping.load(Ordering::Acquire) {
             daemon.request_shutdown();
         }
     }
+    shared.connections.fetch_add(1, Ordering::Relaxed);
     tracing::info!("vhost-user-blk {}: a frontend connected", volume.name());
     if let Err(err) = daemon.wait() {
         tracing::info!("vhost-user-blk {}: the frontend left: {err}", volume.name());
@@ -152,6 +188,20 @@ impl Attachment {
     /// The socket's path.
     pub fn path(&self) -> &std::path::Path {
         &self.path
+    }
+
+    /// The connected frontend's queues, and how many frontends connected so far.
+    pub fn state(&self) -> AttachmentState {
+        let queues = lock(&self.current)
+            .as_ref()
+            .map(|connected| connected.backend.queue_states());
+        AttachmentState {
+            connected: queues.is_some(),
+            connections_total: self.connections.load(Ordering::Relaxed),
+            watchdog_pops_total: self.watchdog.pops.load(Ordering::Relaxed),
+            watchdog_signals_total: self.watchdog.signals.load(Ordering::Relaxed),
+            queues: queues.unwrap_or_default(),
+        }
     }
 
     /// Disconnects the frontend, if one is connected, stops accepting and waits for the
@@ -171,7 +221,7 @@ impl Attachment {
     fn signal_stop(&self) {
         self.stopping.store(true, Ordering::Release);
         if let Some(handle) = lock(&self.current).as_ref() {
-            handle.0.shutdown();
+            handle.shutdown.shutdown();
         }
         // Wakes an `accept` with nobody connecting; the loop sees `stopping` and ends.
         let _ = UnixStream::connect(&self.path);

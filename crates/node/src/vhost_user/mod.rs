@@ -12,6 +12,10 @@
 //! - `backend`: the device rust-vmm's vhost-user framework drives (features, queues, kicks);
 //! - `poll`: the adaptive polling window a queue spins in before it asks for kicks again;
 //! - `queue`: one virtqueue's submitter and completer tasks over its `Intake`;
+//! - `queue_state`: what each queue is doing now (ring indices, in flight, kicks, signals),
+//!   shown with the attachment;
+//! - `watchdog`: a look at every ring ten times a second that moves a stuck queue on (a
+//!   lost kick, a lost interrupt, the framework's worker gone);
 //! - `used_order`: chains returned used in the order they were popped (what makes a restart
 //!   of the node safe for a running guest);
 //! - `listener`: the socket's accepting thread and the handle that stops it;
@@ -27,8 +31,10 @@ mod backend;
 mod listener;
 mod poll;
 mod queue;
+mod queue_state;
 mod request;
 mod used_order;
+mod watchdog;
 mod wire;
 
 pub use attachments::{
@@ -37,6 +43,7 @@ pub use attachments::{
 pub use backend::{DeviceOptions, MAX_QUEUE_SIZE, MAX_RANGE_BYTES};
 pub use listener::{Attachment, serve};
 pub use poll::MAX_POLL_US;
+pub use queue_state::{AttachmentState, QueueState};
 
 /// Most queues one attachment may offer.
 pub const MAX_NUM_QUEUES: u16 = 16;

@@ -20,9 +20,10 @@ use headroom_nbd::consts;
 use headroom_store::Volume;
 use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, oneshot};
-use vhost_user_backend::{VringRwLock, VringT};
+use vhost_user_backend::VringRwLock;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
 
+use super::queue_state::QueueCounters;
 use super::request::{BlkRequest, Kind, Parsed, Segment};
 use super::used_order::UsedOrder;
 use super::wire::{ID_BYTES, Status};
@@ -60,15 +61,6 @@ impl std::fmt::Debug for Pending {
     }
 }
 
-/// Signals the driver if it asked to be (EVENT_IDX) or always without it.
-pub(super) fn notify(vring: &Vring) {
-    if vring.needs_notification().unwrap_or(true)
-        && let Err(err) = vring.signal_used_queue()
-    {
-        tracing::warn!("vhost-user-blk: signalling the driver: {err}");
-    }
-}
-
 fn write_status(mem: &MemGuard, addr: GuestAddress, status: Status) {
     // The address was checked against this memory when the chain was parsed.
     let _ = mem.write_slice(&[status.byte()], addr);
@@ -94,6 +86,8 @@ pub(super) struct QueueContext {
     pub(super) pipeline: Arc<Pipeline>,
     pub(super) volume: Arc<Volume>,
     pub(super) order: Arc<UsedOrder>,
+    /// Its kicks and signals (`vhost_user::queue_state`); every signal goes through it.
+    pub(super) counters: Arc<QueueCounters>,
     /// GET_ID's answer (the volume's name, cut or NUL-padded to 20 bytes).
     pub(super) id: [u8; ID_BYTES],
 }
@@ -116,6 +110,7 @@ pub(super) fn start(
         replies,
         Arc::clone(&pending),
         Arc::clone(&context.order),
+        Arc::clone(&context.counters),
         buffers,
     ));
     runtime.spawn(async move {
@@ -182,10 +177,10 @@ fn scatter(mem: &MemGuard, segments: &[Segment], data: &[u8]) -> bool {
 }
 
 /// Answers IOERR at once for a request that cannot go on.
-fn fail_now(mem: &MemGuard, vring: &Vring, order: &UsedOrder, seq: u64, request: &BlkRequest) {
+fn fail_now(mem: &MemGuard, vring: &Vring, context: &QueueContext, seq: u64, request: &BlkRequest) {
     write_status(mem, request.status, Status::IoErr);
-    if order.finish(vring, seq, request.head, 1) {
-        notify(vring);
+    if context.order.finish(vring, seq, request.head, 1) {
+        context.counters.notify(vring);
     }
 }
 
@@ -201,7 +196,7 @@ fn answer_get_id(arrived: &Arrived, request: &BlkRequest, context: &QueueContext
         request.head,
         request.length_bytes + 1,
     ) {
-        notify(&arrived.vring);
+        context.counters.notify(&arrived.vring);
     }
 }
 
@@ -233,7 +228,7 @@ fn triage(arrived: &Arrived, context: &QueueContext) -> Option<Next> {
         Parsed::Unanswerable { head, .. } => {
             // Used with nothing written: there is no status byte to write.
             if context.order.finish(&arrived.vring, arrived.seq, *head, 0) {
-                notify(&arrived.vring);
+                context.counters.notify(&arrived.vring);
             }
             None
         }
@@ -254,7 +249,6 @@ async fn submit_arrivals(
         structured_replies: true,
         allocation_context_id: None,
     };
-    let order = &context.order;
     let mut next_cookie: u64 = 1;
     loop {
         let arrived = tokio::select! {
@@ -325,7 +319,7 @@ async fn submit_arrivals(
             Ok(None) => break,
             Err(err) => {
                 tracing::warn!("vhost-user-blk: {err}");
-                fail_now(&mem, &vring, order, seq, &request);
+                fail_now(&mem, &vring, &context, seq, &request);
                 continue;
             }
         };
@@ -334,7 +328,7 @@ async fn submit_arrivals(
                 let mut buffer = intake.payload_buffer(valid.length);
                 if !gather(&mem, &request.data, buffer.as_mut_slice()) {
                     drop(permits);
-                    fail_now(&mem, &vring, order, seq, &request);
+                    fail_now(&mem, &vring, &context, seq, &request);
                     continue;
                 }
                 Some(buffer)
@@ -360,6 +354,7 @@ async fn complete_replies(
     mut replies: ReplyReceiver,
     pending: PendingMap,
     order: Arc<UsedOrder>,
+    counters: Arc<QueueCounters>,
     buffers: Arc<BufferPool>,
 ) {
     let mut batch = Vec::new();
@@ -405,7 +400,7 @@ async fn complete_replies(
             // Dropping the rest of the reply (its permits) is delivery.
         }
         if let Some(vring) = &signal {
-            notify(vring);
+            counters.notify(vring);
         }
     }
 }

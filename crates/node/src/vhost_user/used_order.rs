@@ -94,6 +94,12 @@ impl UsedOrder {
         any
     }
 
+    /// Chains popped and chains returned used so far.
+    pub(super) fn counts(&self) -> (u64, u64) {
+        let returned = lock(&self.returned).next;
+        (self.popped.load(Ordering::Acquire), returned)
+    }
+
     /// Waits until every popped chain is returned, at most `limit`; whether they all were.
     pub(super) fn wait_drained(&self, limit: Duration) -> bool {
         let returned = lock(&self.returned);
