@@ -20,7 +20,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::guest::{Disk, Guest, GuestRun, can_boot};
+use common::guest::{Disk, Guest, GuestRun, HangReport, can_boot};
 use common::{Server, api_get, api_post, have_tool, report, run_ok, signal};
 use headroom_qos::{Preset, PreviewRequest, preview};
 use serde_json::json;
@@ -77,6 +77,81 @@ fn boot(disk: &Disk, phase: &str, params: &[(&str, String)], console: &Path) -> 
     run
 }
 
+/// [`boot`] on a disk `server` serves: a hang's message says what the server's attachments
+/// are doing and ends with its log.
+fn boot_on(
+    server: &Server,
+    disk: &Disk,
+    phase: &str,
+    params: &[(&str, String)],
+    console: &Path,
+) -> GuestRun {
+    let mut guest = Guest::boot(disk, phase, params, console);
+    guest.report_on_hang(server_report(server));
+    let run = guest.wait(BOOT_LIMIT);
+    run.assert_ok();
+    run
+}
+
+/// What the watchdog of `server`'s attachment of volume `guest` did (`" (watchdog: …)"`), or
+/// nothing if the volume is not attached: a queue it moved on is a lost kick or interrupt
+/// that would have hung the guest, worth seeing in every run's report.
+fn watchdog_note(server: &Server) -> String {
+    let view = api_get(server, "/v1/volumes/guest/attachments");
+    let Some(state) = view["attachments"].get(0).map(|a| &a["state"]) else {
+        return String::new();
+    };
+    format!(
+        " (watchdog: {} stuck queues popped, {} interrupts sent again)",
+        state["watchdog_pops_total"], state["watchdog_signals_total"]
+    )
+}
+
+/// What `server` says of volume `guest`'s attachments, and the tail of its log; never
+/// panics (it is read when a test is failing already).
+fn server_report(server: &Server) -> HangReport {
+    let api = server.api.clone();
+    let log = server.log_path.clone();
+    let pid = server.pid();
+    Box::new(move || {
+        let attachments = common::agent()
+            .get(format!("{api}/v1/volumes/guest/attachments"))
+            .header("authorization", common::bearer())
+            .call()
+            .map_err(|err| err.to_string())
+            .and_then(|mut answer| {
+                answer
+                    .body_mut()
+                    .read_to_string()
+                    .map_err(|err| err.to_string())
+            })
+            .unwrap_or_else(|err| format!("(GET attachments: {err})"));
+        let threads = threads_of(pid);
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!(
+            "attachments: {attachments}\nthreads: {threads}\nserver log (last lines):\n{}",
+            tail.join("\n")
+        )
+    })
+}
+
+/// The names of process `pid`'s threads, counted (`vring_worker` is the framework's thread
+/// that serves a connection's kicks: none while a frontend is connected means it died).
+fn threads_of(pid: u32) -> String {
+    let mut names = std::collections::BTreeMap::<String, usize>::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        *names.entry(name.trim().to_owned()).or_default() += 1;
+    }
+    format!("{names:?}")
+}
+
 /// A file-backed server in `dir` with volume `guest` (256 MiB), attached over vhost-user-blk
 /// (2 queues) beside the NBD socket when `vhost` says so: (server, data dir, NBD socket).
 fn start_guest_server(dir: &Path, vhost: bool) -> (Server, std::path::PathBuf, std::path::PathBuf) {
@@ -108,7 +183,8 @@ fn write_kill_verify(first: Transport, second: Transport) {
         ("file_kib", FILE_KIB.to_string()),
     ];
 
-    let written = boot(
+    let written = boot_on(
+        &server,
         &disk(&server, &socket, first, "guest"),
         "write",
         &sizes,
@@ -121,11 +197,13 @@ fn write_kill_verify(first: Transport, second: Transport) {
     distinct.dedup();
     assert_eq!(distinct.len(), FILES, "every file has its own content");
 
+    let written_note = watchdog_note(&server);
     // A crash: nothing is flushed or closed on the way out.
     server.kill9();
     let server = start(&data, &socket);
 
-    let verified = boot(
+    let verified = boot_on(
+        &server,
         &disk(&server, &socket, second, "guest"),
         "verify",
         &sizes,
@@ -144,9 +222,10 @@ fn write_kill_verify(first: Transport, second: Transport) {
     );
     // What the guest read back after the crash is what it wrote before it.
     assert_eq!(verified.files(), written_files, "{}", verified.console);
+    let verified_note = watchdog_note(&server);
     server.stop();
     report(&format!(
-        "linux guest {first:?} -> SIGKILL -> {second:?}: write boot {:.1} s, verify boot {:.1} s, in all {:.1} s",
+        "linux guest {first:?} -> SIGKILL -> {second:?}: write boot {:.1} s{written_note}, verify boot {:.1} s{verified_note}, in all {:.1} s",
         written.took.as_secs_f64(),
         verified.took.as_secs_f64(),
         started.elapsed().as_secs_f64()
@@ -203,7 +282,7 @@ fn a_guest_writing_over_vhost_user_blk_rides_through_a_sigkill_and_restart_of_th
         ("files", CHURN_FILES.to_string()),
         ("file_kib", CHURN_FILE_KIB.to_string()),
     ];
-    let guest = Guest::boot(
+    let mut guest = Guest::boot(
         &Disk::vhost_user_blk_reconnecting(&vhost),
         "churn",
         &sizes,
@@ -232,6 +311,7 @@ fn a_guest_writing_over_vhost_user_blk_rides_through_a_sigkill_and_restart_of_th
     );
     server.kill9();
     let server = start(&data, &socket);
+    guest.report_on_hang(server_report(&server));
     let churned = guest.wait(BOOT_LIMIT);
     churned.assert_ok();
     let synced = churned.lines("HR-SYNCED");
@@ -266,7 +346,8 @@ fn a_guest_writing_over_vhost_user_blk_rides_through_a_sigkill_and_restart_of_th
         "{} chains were on the ring at the kill, {taken_again} taken again; log:\n{log}",
         avail.wrapping_sub(used)
     );
-    let verified = boot(
+    let verified = boot_on(
+        &server,
         &Disk::vhost_user_blk(&vhost),
         "verify",
         &[
@@ -276,9 +357,10 @@ fn a_guest_writing_over_vhost_user_blk_rides_through_a_sigkill_and_restart_of_th
         &dir.path().join("verify.console"),
     );
     assert_eq!(verified.files(), written_files, "{}", verified.console);
+    let note = watchdog_note(&server);
     server.stop();
     report(&format!(
-        "linux guest over vhost-user-blk through a SIGKILL and restart: {} chains unanswered at the kill, {taken_again} taken again; churn {:.1} s, verify {:.1} s, in all {:.1} s",
+        "linux guest over vhost-user-blk through a SIGKILL and restart: {} chains unanswered at the kill, {taken_again} taken again; churn {:.1} s, verify {:.1} s{note}, in all {:.1} s",
         avail.wrapping_sub(used),
         churned.took.as_secs_f64(),
         verified.took.as_secs_f64(),

@@ -142,6 +142,9 @@ impl Disk {
     }
 }
 
+/// What the server behind a guest's disk is doing, for the message of a guest that hung.
+pub type HangReport = Box<dyn Fn() -> String + Send>;
+
 /// A running QEMU. Dropping it kills QEMU (by PID) if it is still running.
 pub struct Guest {
     pid: u32,
@@ -150,6 +153,8 @@ pub struct Guest {
     console_path: PathBuf,
     started: Instant,
     describe: String,
+    /// What the server behind the disk says when the guest hangs ([`Guest::report_on_hang`]).
+    hang_report: Option<HangReport>,
     /// Held until the guest is gone ([`ONE_GUEST`]).
     _alone: std::sync::MutexGuard<'static, ()>,
 }
@@ -213,8 +218,14 @@ impl Guest {
             console_path: console_path.to_path_buf(),
             started: Instant::now(),
             describe: format!("{phase} on {}", disk.describe),
+            hang_report: None,
             _alone: alone,
         }
+    }
+
+    /// Adds `report` (the backend's side: its queues, its log) to the message of a hang.
+    pub fn report_on_hang(&mut self, report: HangReport) {
+        self.hang_report = Some(report);
     }
 
     pub fn pid(&self) -> u32 {
@@ -286,9 +297,15 @@ impl Guest {
             }
             Ok(Err(err)) => panic!("waiting for QEMU: {err}"),
             Err(_) => {
+                // The backend first: nothing QEMU is asked below reaches it.
+                let backend = self
+                    .hang_report
+                    .as_ref()
+                    .map(|report| report())
+                    .unwrap_or_default();
                 let queues = virtio_queues(&self.console_path.with_extension("qmp"));
                 panic!(
-                    "the guest ({}) did not power off within {limit:?}\nvirtqueues (QMP):\n{queues}\nstderr:\n{stderr}\nconsole:\n{console}",
+                    "the guest ({}) did not power off within {limit:?}\nvirtqueues (QMP):\n{queues}\nthe backend:\n{backend}\nstderr:\n{stderr}\nconsole:\n{console}",
                     self.describe
                 )
             }
@@ -359,6 +376,10 @@ impl Qmp {
 /// What QEMU says of every virtio device's queues (the indices in the rings, and for a vhost
 /// device what the backend last reported): the first thing to read when a guest's I/O stops.
 /// An error is part of the text, never a panic.
+///
+/// A vhost device is asked only `x-query-virtio-vhost-queue-status` and its rings are read
+/// from guest memory: QEMU answers `x-query-virtio-queue-status` for a started vhost device
+/// by sending the backend `GET_VRING_BASE`, which stops the ring being looked at.
 fn virtio_queues(qmp: &Path) -> String {
     let ask = || -> std::io::Result<String> {
         let mut qmp = Qmp::connect(qmp)?;
@@ -368,22 +389,58 @@ fn virtio_queues(qmp: &Path) -> String {
             let path = device["path"].clone();
             let status = qmp.execute("x-query-virtio-status", serde_json::json!({"path": path}))?;
             let queues = status["num-vqs"].as_u64().unwrap_or(1);
-            text.push_str(&format!("{device}\n"));
+            let vhost = status.get("vhost-dev").is_some();
+            text.push_str(&format!(
+                "{device} status {} started {} vhost started {} broken {}\n",
+                status["status"], status["started"], status["vhost-started"], status["broken"]
+            ));
+            let command = if vhost {
+                "x-query-virtio-vhost-queue-status"
+            } else {
+                "x-query-virtio-queue-status"
+            };
             for queue in 0..queues {
-                for command in [
-                    "x-query-virtio-queue-status",
-                    "x-query-virtio-vhost-queue-status",
-                ] {
-                    let state = qmp
-                        .execute(command, serde_json::json!({"path": path, "queue": queue}))
-                        .unwrap_or_else(|err| serde_json::json!(err.to_string()));
-                    text.push_str(&format!("  {command} {queue}: {state}\n"));
+                let state = qmp
+                    .execute(command, serde_json::json!({"path": path, "queue": queue}))
+                    .unwrap_or_else(|err| serde_json::json!(err.to_string()));
+                text.push_str(&format!("  {command} {queue}: {state}\n"));
+                if vhost {
+                    text.push_str(&ring_words(&mut qmp, &state));
                 }
             }
         }
         Ok(text)
     };
     ask().unwrap_or_else(|err| format!("(QMP at {}: {err})", qmp.display()))
+}
+
+/// The split ring's words in guest memory of a vhost queue whose `state` QEMU reported: the
+/// driver's flags, available index and used_event, the device's flags, used index and
+/// avail_event (what the backend sees; QEMU's own indices are stale under vhost).
+fn ring_words(qmp: &mut Qmp, state: &serde_json::Value) -> String {
+    let (Some(avail), Some(used), Some(num)) = (
+        state["avail-phys"].as_u64(),
+        state["used-phys"].as_u64(),
+        state["num"].as_u64(),
+    ) else {
+        return String::new();
+    };
+    if avail == 0 || used == 0 {
+        return String::new();
+    }
+    let mut word = |at: u64| {
+        qmp.guest_u16(at)
+            .map_or_else(|err| format!("({err})"), |w| w.to_string())
+    };
+    format!(
+        "    in guest memory: avail flags {} idx {} used_event {}; used flags {} idx {} avail_event {}\n",
+        word(avail),
+        word(avail + 2),
+        word(avail + 4 + 2 * num),
+        word(used),
+        word(used + 2),
+        word(used + 4 + 8 * num),
+    )
 }
 
 impl Drop for Guest {
