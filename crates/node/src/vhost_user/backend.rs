@@ -228,6 +228,10 @@ impl BlkBackend {
     fn drain(&self, link: &QueueLink, vring: &Vring, mem: &Mem) {
         let memory = mem.memory();
         let mut state = vring.get_mut();
+        // A ring the frontend disabled is not touched (the watchdog may look just before).
+        if !state.is_enabled() {
+            return;
+        }
         let queue = state.get_queue_mut();
         if !link.drained_before.swap(true, Ordering::AcqRel) {
             let next_avail = queue.next_avail();
