@@ -12,7 +12,16 @@ pub const SECTOR_BYTES: u64 = 512;
 /// The logical block size reported to the guest (VIRTIO_BLK_F_BLK_SIZE).
 pub const BLOCK_BYTES: u32 = 4096;
 /// Data descriptors one request may carry (VIRTIO_BLK_F_SEG_MAX); more are IOERR.
-pub const SEG_MAX: u32 = 128;
+///
+/// Why 126: with its header and status a request of SEG_MAX segments is 128 descriptors,
+/// the ring QEMU's `vhost-user-blk-pci` sets up by default (`queue-size=128`), and without
+/// indirect descriptors a driver puts every descriptor of a request in the ring itself. A
+/// request larger than the ring never fits: Linux's `virtqueue_add` refuses it with the ring
+/// empty, blk-mq stops the queue until a completion restarts it, and none comes (the guest's
+/// disk hangs with an idle ring). At 128 that happened to a write of 128 pages the guest's
+/// page cache held in 128 pieces (docs/ARCHITECTURE.md, decision 71). QEMU's own virtio-blk
+/// says `queue-size - 2` for the same reason.
+pub const SEG_MAX: u32 = 126;
 /// Bytes of one `virtio_blk_discard_write_zeroes` segment.
 pub const DISCARD_SEGMENT_BYTES: u32 = 16;
 /// Bytes of a request header (`virtio_blk_outhdr`: type, reserved, sector).
