@@ -123,6 +123,17 @@ impl Disk {
         Disk::vhost_user_blk_with(socket, ",reconnect-ms=100")
     }
 
+    /// [`Disk::vhost_user_blk`] with rings of 32 entries: the guest's largest requests are
+    /// longer than the ring, and only indirect descriptors let it queue them.
+    pub fn vhost_user_blk_small_rings(socket: &Path) -> Disk {
+        let mut disk = Disk::vhost_user_blk(socket);
+        if let Some(device) = disk.args.last_mut() {
+            device.push_str(",queue-size=32");
+        }
+        disk.describe.push_str(" (rings of 32)");
+        disk
+    }
+
     fn vhost_user_blk_with(socket: &Path, chardev_options: &str) -> Disk {
         let memory_mib = 384;
         Disk {

@@ -217,6 +217,7 @@ pub fn run(spec: &VhostLoadSpec) -> Result<VhostLoadReport, VhostLoadError> {
             queue_size,
             mem_bytes,
             event_idx: true,
+            indirect: false,
         },
     )?;
     let event_idx = client.event_idx();

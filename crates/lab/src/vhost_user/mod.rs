@@ -43,6 +43,7 @@ pub const S_UNSUPP: u8 = 2;
 
 const F_VERSION_1: u64 = 1 << 32;
 const F_EVENT_IDX: u64 = 1 << 29;
+const F_INDIRECT_DESC: u64 = 1 << 28;
 const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 /// SEG_MAX, BLK_SIZE, FLUSH, MQ, DISCARD, WRITE_ZEROES, RO.
 const F_BLK: u64 = (1 << 2) | (1 << 6) | (1 << 9) | (1 << 12) | (1 << 13) | (1 << 14) | (1 << 5);
@@ -81,6 +82,9 @@ pub struct ClientOptions {
     pub mem_bytes: u64,
     /// Negotiate VIRTIO_RING_F_EVENT_IDX if the device offers it.
     pub event_idx: bool,
+    /// Negotiate VIRTIO_RING_F_INDIRECT_DESC if the device offers it, and send every chain of
+    /// more than one buffer through an indirect table.
+    pub indirect: bool,
 }
 
 impl Default for ClientOptions {
@@ -90,6 +94,7 @@ impl Default for ClientOptions {
             queue_size: 128,
             mem_bytes: 32 << 20,
             event_idx: true,
+            indirect: false,
         }
     }
 }
@@ -153,6 +158,9 @@ impl VhostUserBlkClient {
         let mut wanted = F_VERSION_1 | F_PROTOCOL_FEATURES | F_BLK;
         if options.event_idx {
             wanted |= F_EVENT_IDX;
+        }
+        if options.indirect {
+            wanted |= F_INDIRECT_DESC;
         }
         let acked_features = offered & wanted;
         if acked_features & F_PROTOCOL_FEATURES != 0 {
@@ -233,7 +241,10 @@ impl VhostUserBlkClient {
                 kick,
                 call,
                 call_wait,
-                acked_features & F_EVENT_IDX != 0,
+                (
+                    acked_features & F_EVENT_IDX != 0,
+                    acked_features & F_INDIRECT_DESC != 0,
+                ),
                 arena_start,
                 arena_start + arena_bytes,
             ));

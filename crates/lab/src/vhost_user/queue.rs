@@ -18,7 +18,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::epoll::{Epoll, EpollEvent};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::virtqueue::{Buffer, DriverQueue};
+use super::virtqueue::{self, Buffer, DriverQueue};
 use super::{ANSWER_TIMEOUT_MS, BlkCompletion, VhostUserError, mem_err};
 
 /// What the driver must remember of a chain in flight.
@@ -47,6 +47,9 @@ pub struct QueueDriver {
     /// Waits on `call` with a bound.
     call_wait: Epoll,
     event_idx: bool,
+    /// Chains of more than one buffer go through an indirect table (negotiated
+    /// `VIRTIO_RING_F_INDIRECT_DESC`), as Linux's driver sends them.
+    indirect: bool,
     /// Buffers from here to `arena_end` are handed out per request and all free again once
     /// nothing is in flight; below it, [`QueueDriver::reserve`]'s, kept for good.
     arena_start: u64,
@@ -65,7 +68,7 @@ impl QueueDriver {
         kick: EventFd,
         call: EventFd,
         call_wait: Epoll,
-        event_idx: bool,
+        (event_idx, indirect): (bool, bool),
         arena_start: u64,
         arena_end: u64,
     ) -> QueueDriver {
@@ -77,6 +80,7 @@ impl QueueDriver {
             call,
             call_wait,
             event_idx,
+            indirect,
             arena_start,
             arena_end,
             arena_next: arena_start,
@@ -163,7 +167,14 @@ impl QueueDriver {
         status_addr: u64,
         read_back: Option<(u64, u32)>,
     ) -> Result<u16, VhostUserError> {
-        let head = self.ring.push(&self.mem, buffers)?;
+        let head = if self.indirect && buffers.len() > 1 {
+            let table_bytes = buffers.len() as u64 * virtqueue::DESCRIPTOR_BYTES;
+            let table =
+                self.alloc(u32::try_from(table_bytes).map_err(|_| VhostUserError::QueueFull)?)?;
+            self.ring.push_indirect(&self.mem, buffers, table)?
+        } else {
+            self.ring.push(&self.mem, buffers)?
+        };
         let slot = &mut self.in_flight[usize::from(head)];
         if slot.is_none() {
             self.in_flight_count += 1;

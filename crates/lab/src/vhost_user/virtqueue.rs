@@ -18,9 +18,23 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::VhostUserError;
 
-/// VRING_DESC_F_NEXT and VRING_DESC_F_WRITE.
+/// VRING_DESC_F_NEXT, VRING_DESC_F_WRITE and VRING_DESC_F_INDIRECT.
 const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
+const DESC_F_INDIRECT: u16 = 4;
+
+/// Bytes of one descriptor, in the ring's table or an indirect one.
+pub const DESCRIPTOR_BYTES: u64 = 16;
+
+/// One descriptor as the split ring lays it out.
+fn descriptor(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
+    let mut raw = [0u8; 16];
+    raw[0..8].copy_from_slice(&addr.to_le_bytes());
+    raw[8..12].copy_from_slice(&len.to_le_bytes());
+    raw[12..14].copy_from_slice(&flags.to_le_bytes());
+    raw[14..16].copy_from_slice(&next.to_le_bytes());
+    raw
+}
 
 /// One buffer of a chain: where it is in shared memory, how long, and whether the device
 /// writes it.
@@ -100,12 +114,59 @@ impl DriverQueue {
         self.free.len()
     }
 
+    /// Makes `buffers` available as one chain through an indirect table written at `table`
+    /// (`buffers.len()` descriptors, [`DESCRIPTOR_BYTES`] each): the chain takes one
+    /// descriptor of the ring however many buffers it has (`VIRTIO_RING_F_INDIRECT_DESC`).
+    pub fn push_indirect(
+        &mut self,
+        mem: &GuestMemoryMmap<()>,
+        buffers: &[Buffer],
+        table: u64,
+    ) -> Result<u16, VhostUserError> {
+        let n = u16::try_from(buffers.len()).map_err(|_| VhostUserError::QueueFull)?;
+        if n == 0 {
+            return Err(VhostUserError::QueueFull);
+        }
+        for (i, buffer) in (0u16..).zip(buffers) {
+            let mut flags = if buffer.device_writes {
+                DESC_F_WRITE
+            } else {
+                0
+            };
+            let next = if i + 1 < n {
+                flags |= DESC_F_NEXT;
+                i + 1
+            } else {
+                0
+            };
+            let raw = descriptor(buffer.addr, buffer.len, flags, next);
+            let at = table + DESCRIPTOR_BYTES * u64::from(i);
+            mem.write_slice(&raw, GuestAddress(at)).map_err(mem_err)?;
+        }
+        let table_buffer = Buffer {
+            addr: table,
+            len: u32::from(n) * DESCRIPTOR_BYTES as u32,
+            device_writes: false,
+        };
+        self.push_flagged(mem, &[table_buffer], DESC_F_INDIRECT)
+    }
+
     /// Writes `buffers` as one chain and makes it available; its head. The device is not
     /// kicked: [`DriverQueue::needs_kick`] says whether it must be.
     pub fn push(
         &mut self,
         mem: &GuestMemoryMmap<()>,
         buffers: &[Buffer],
+    ) -> Result<u16, VhostUserError> {
+        self.push_flagged(mem, buffers, 0)
+    }
+
+    /// [`DriverQueue::push`] with `extra_flags` on every descriptor of the chain.
+    fn push_flagged(
+        &mut self,
+        mem: &GuestMemoryMmap<()>,
+        buffers: &[Buffer],
+        extra_flags: u16,
     ) -> Result<u16, VhostUserError> {
         let n = buffers.len();
         if n == 0 || n > self.free.len() {
@@ -116,11 +177,12 @@ impl DriverQueue {
         let pick = |i: usize| self.free[top - 1 - i];
         for (i, buffer) in buffers.iter().enumerate() {
             let index = pick(i);
-            let mut flags = if buffer.device_writes {
-                DESC_F_WRITE
-            } else {
-                0
-            };
+            let mut flags = extra_flags
+                | if buffer.device_writes {
+                    DESC_F_WRITE
+                } else {
+                    0
+                };
             let next = if i + 1 < n {
                 flags |= DESC_F_NEXT;
                 pick(i + 1)
@@ -128,12 +190,8 @@ impl DriverQueue {
                 0
             };
             self.next[usize::from(index)] = next;
-            let mut raw = [0u8; 16];
-            raw[0..8].copy_from_slice(&buffer.addr.to_le_bytes());
-            raw[8..12].copy_from_slice(&buffer.len.to_le_bytes());
-            raw[12..14].copy_from_slice(&flags.to_le_bytes());
-            raw[14..16].copy_from_slice(&next.to_le_bytes());
-            let at = self.layout.desc_table + 16 * u64::from(index);
+            let raw = descriptor(buffer.addr, buffer.len, flags, next);
+            let at = self.layout.desc_table + DESCRIPTOR_BYTES * u64::from(index);
             mem.write_slice(&raw, GuestAddress(at)).map_err(mem_err)?;
         }
         let head = pick(0);

@@ -57,7 +57,7 @@ impl Status {
     }
 }
 
-/// The virtio feature bits offered: VERSION_1, EVENT_IDX, SEG_MAX, BLK_SIZE, FLUSH, MQ,
+/// The virtio feature bits offered: VERSION_1, EVENT_IDX, INDIRECT_DESC, SEG_MAX, BLK_SIZE, FLUSH, MQ,
 /// DISCARD, WRITE_ZEROES, RO for a read-only volume, and vhost-user's PROTOCOL_FEATURES.
 /// Not offered: INDIRECT_DESC (a chain is bounded by the queue size without it), CONFIG_WCE
 /// (the cache mode is always writeback: a FLUSH makes writes durable).
@@ -65,6 +65,7 @@ pub fn features(read_only: bool) -> u64 {
     let bits = [
         virtio_bindings::virtio_config::VIRTIO_F_VERSION_1,
         virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX,
+        virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC,
         virtio_blk::VIRTIO_BLK_F_SEG_MAX,
         virtio_blk::VIRTIO_BLK_F_BLK_SIZE,
         virtio_blk::VIRTIO_BLK_F_FLUSH,
