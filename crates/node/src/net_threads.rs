@@ -22,7 +22,9 @@
 //! blocking work) stays on the process's runtime; a session's blocking work goes there
 //! through its `IoRuntime` handle as before. When the `NetThreads` is dropped the threads
 //! stop taking connections, drop the ones they have (as the end of the process would) and
-//! end; nobody joins them on an async thread.
+//! end; a stopping node waits for that with the [`ThreadsEnded`] taken at start (on a
+//! blocking thread), so the connections' hold on the store is gone before it is flushed and
+//! closed, and a node started again on the same data at once finds it free.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -56,6 +58,31 @@ pub struct NetThreads {
     open: OpenConnections,
 }
 
+/// Says when every thread of a [`NetThreads`] has ended, its connections dropped: each
+/// thread holds a sender of `done` until its runtime is gone.
+#[derive(Debug)]
+pub struct ThreadsEnded {
+    done: std::sync::mpsc::Receiver<()>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ThreadsEnded {
+    /// Blocks until every thread has ended, at most `limit`; whether they all did. Call it
+    /// after the `NetThreads` is dropped (they end only then).
+    pub fn wait(self, limit: std::time::Duration) -> bool {
+        match self.done.recv_timeout(limit) {
+            // Nothing is ever sent: every sender gone is every thread done.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) | Ok(()) => {
+                for thread in self.threads {
+                    let _ = thread.join();
+                }
+                true
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => false,
+        }
+    }
+}
+
 impl std::fmt::Debug for NetThreads {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NetThreads")
@@ -76,18 +103,22 @@ impl Drop for OpenGuard {
 
 impl NetThreads {
     /// Starts `count` threads (at least one, at most [`MAX_NET_THREADS`]), each running a
-    /// single-threaded runtime with the reply coalescing hooks of the process's runtime.
-    pub fn start(count: usize) -> std::io::Result<Self> {
+    /// single-threaded runtime with the reply coalescing hooks of the process's runtime;
+    /// with them, what says when they have ended.
+    pub fn start(count: usize) -> std::io::Result<(Self, ThreadsEnded)> {
         let count = count.clamp(1, MAX_NET_THREADS);
         let mut senders = Vec::with_capacity(count);
+        let mut threads = Vec::with_capacity(count);
+        let (done, ended) = std::sync::mpsc::channel::<()>();
         for index in 0..count {
+            let done = done.clone();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .on_thread_park(crate::coalesce::on_worker_park)
                 .on_thread_unpark(crate::coalesce::on_worker_unpark)
                 .build()?;
             let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
-            std::thread::Builder::new()
+            let thread = std::thread::Builder::new()
                 .name(format!("headroom-conn-{index}"))
                 .spawn(move || {
                     crate::coalesce::on_worker_start();
@@ -96,15 +127,26 @@ impl NetThreads {
                             tokio::spawn(job());
                         }
                     });
-                    // The runtime drops here, on its own thread, with the connections left.
+                    // The runtime drops here, on its own thread, with the connections left;
+                    // then `done`, which tells `ThreadsEnded`.
+                    drop(runtime);
+                    drop(done);
                 })?;
             senders.push(jobs);
+            threads.push(thread);
         }
         let open = OpenConnections((0..count).map(|_| AtomicUsize::new(0)).collect());
-        Ok(NetThreads {
-            jobs: senders,
-            open,
-        })
+        let threads_ended = ThreadsEnded {
+            done: ended,
+            threads,
+        };
+        Ok((
+            NetThreads {
+                jobs: senders,
+                open,
+            },
+            threads_ended,
+        ))
     }
 
     /// How many threads there are.
@@ -153,7 +195,7 @@ mod tests {
 
     #[test]
     fn a_connection_runs_start_to_end_on_one_thread() {
-        let threads = NetThreads::start(2).unwrap();
+        let (threads, _) = NetThreads::start(2).unwrap();
         let (tx, rx) = std_mpsc::channel();
         let placed = threads
             .spawn(move || async move {
@@ -174,9 +216,48 @@ mod tests {
         assert_eq!(after, want);
     }
 
+    /// Once the threads are told to end, `ThreadsEnded::wait` returns only after every
+    /// connection they held is dropped (here one whose drop takes a while, as a session
+    /// letting go of its volume may): what a stopping node relies on before it closes the
+    /// store.
+    #[test]
+    fn the_threads_have_dropped_their_connections_when_wait_returns() {
+        struct SlowDrop {
+            _held: std::sync::Arc<()>,
+        }
+        impl Drop for SlowDrop {
+            fn drop(&mut self) {
+                // Work done while letting go, not a wait for anything.
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        let (threads, ended) = NetThreads::start(2).unwrap();
+        let held = std::sync::Arc::new(());
+        let (started, running) = std_mpsc::channel();
+        let slow = SlowDrop {
+            _held: std::sync::Arc::clone(&held),
+        };
+        threads
+            .spawn(move || async move {
+                let _slow = slow;
+                started.send(()).unwrap();
+                std::future::pending::<()>().await;
+            })
+            .expect("a thread took it");
+        running.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(std::sync::Arc::strong_count(&held), 2);
+        drop(threads);
+        assert!(ended.wait(Duration::from_secs(10)), "the threads ended");
+        assert_eq!(
+            std::sync::Arc::strong_count(&held),
+            1,
+            "the connection was dropped before wait returned"
+        );
+    }
+
     #[test]
     fn new_connections_go_to_the_thread_with_the_fewest() {
-        let threads = NetThreads::start(3).unwrap();
+        let (threads, _) = NetThreads::start(3).unwrap();
         let mut holds = Vec::new();
         let mut placed = Vec::new();
         for _ in 0..6 {
@@ -213,6 +294,6 @@ mod tests {
 
     #[test]
     fn the_thread_count_is_bounded() {
-        assert_eq!(NetThreads::start(0).unwrap().len(), 1);
+        assert_eq!(NetThreads::start(0).unwrap().0.len(), 1);
     }
 }

@@ -94,18 +94,29 @@ impl Door {
     }
 }
 
+/// What [`spawn`] started: the accept loops' tasks, what the API reads of the connection
+/// threads, and what says when those threads have ended (none without them).
+pub(super) struct Accepting {
+    pub(super) tasks: Vec<JoinHandle<()>>,
+    pub(super) connection_threads: crate::net_threads::OpenConnections,
+    pub(super) threads_ended: Option<crate::net_threads::ThreadsEnded>,
+}
+
 /// Starts the connection threads (`net_threads`; 0: connections share the runtime) and an
-/// accept loop per door; returns the loops' tasks and what the API reads of the threads.
+/// accept loop per door. The threads end once every loop has.
 pub(super) fn spawn(
     doors: Vec<Door>,
     ctx: Arc<SessionContext>,
     connections: Arc<Connections>,
     stop: watch::Receiver<bool>,
     net_threads: usize,
-) -> Result<(Vec<JoinHandle<()>>, crate::net_threads::OpenConnections), NodeError> {
-    let net_threads = match net_threads {
-        0 => None,
-        n => Some(Arc::new(NetThreads::start(n).map_err(NodeError::Workers)?)),
+) -> Result<Accepting, NodeError> {
+    let (net_threads, threads_ended) = match net_threads {
+        0 => (None, None),
+        n => {
+            let (threads, ended) = NetThreads::start(n).map_err(NodeError::Workers)?;
+            (Some(Arc::new(threads)), Some(ended))
+        }
     };
     let connection_threads = net_threads
         .as_deref()
@@ -130,7 +141,11 @@ pub(super) fn spawn(
             ))
         })
         .collect();
-    Ok((tasks, connection_threads))
+    Ok(Accepting {
+        tasks,
+        connection_threads,
+        threads_ended,
+    })
 }
 
 async fn accept_loop(

@@ -108,6 +108,8 @@ pub struct RunningNode {
     /// The request path every transport's clients use (`memory_transport` attaches to it).
     pipeline: Arc<Pipeline>,
     tasks: Vec<JoinHandle<()>>,
+    /// When the NBD connection threads have ended (`crate::net_threads`), for `shutdown`.
+    threads_ended: Option<crate::net_threads::ThreadsEnded>,
     saver: Option<CreditSaver>,
     arbitration: Option<crate::arbitration::Arbitration>,
     api_token: crate::api::ApiToken,
@@ -177,7 +179,11 @@ impl Node {
         let pipeline = Arc::clone(&ctx.pipeline);
         let budget = Arc::clone(&pipeline.budget);
         let buffers = Arc::clone(&io.buffers);
-        let (mut tasks, connection_threads) = accept::spawn(
+        let accept::Accepting {
+            mut tasks,
+            connection_threads,
+            threads_ended,
+        } = accept::spawn(
             doors,
             ctx,
             Arc::clone(&connections),
@@ -233,6 +239,7 @@ impl Node {
             connections,
             pipeline,
             tasks,
+            threads_ended,
             saver,
             arbitration,
             api_token: credentials.api_token,

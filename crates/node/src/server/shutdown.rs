@@ -34,6 +34,15 @@ impl RunningNode {
         for task in self.tasks {
             let _ = task.await;
         }
+        // The accept loops are gone, so the connection threads drop their connections and
+        // end: wait for that, so nothing of a session still holds the store below.
+        if let Some(ended) = self.threads_ended
+            && !tokio::task::spawn_blocking(move || ended.wait(OFF_THREAD_WAIT))
+                .await
+                .unwrap_or(false)
+        {
+            tracing::warn!("stopping with NBD connection threads still running");
+        }
         // Their frontends disconnected and sockets removed; they stay stored for the next
         // start.
         self.attachments.stop_all().await;
