@@ -10,6 +10,7 @@
 //! [`QueueDriver`]) and drives each from a thread of its own over the one connection.
 
 pub mod load;
+pub mod pacing;
 mod queue;
 mod virtqueue;
 
