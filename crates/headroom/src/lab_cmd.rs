@@ -8,8 +8,9 @@
 //!
 //! `headroom lab vhost-load`: the lab's closed-loop generator over vhost-user-blk
 //! ([`headroom_lab::vhost_user::load`]) against any backend's socket, Headroom's or
-//! qemu-storage-daemon's; this command parses the flags and prints the report (a table, or
-//! JSON for scripts such as scripts/bench-vhost), and fails when any request failed.
+//! qemu-storage-daemon's, or paced at `--rate-iops` ([`headroom_lab::vhost_user::pacing`]);
+//! this command parses the flags and prints the report (a table, or JSON for scripts such as
+//! scripts/bench-vhost and scripts/bench-interference), and fails when any request failed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -90,6 +91,14 @@ pub enum LabCommand {
         /// Seed of the random offsets.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Start requests on a schedule of N per second for the device (each queue its
+        /// share) instead of a closed loop, as fio's rate_iops for one job: never more than
+        /// --iodepth in flight per queue; a start due while the queue is full goes as soon as
+        /// a slot frees; at most --iodepth starts owed (more are skipped and counted: no
+        /// catch-up burst). Latency is measured from each request's actual start, as fio's
+        /// clat, not from when it was due (the lag shows as start lag).
+        #[arg(long = "rate-iops", value_name = "N")]
+        rate_iops: Option<u64>,
         /// Print the JSON report instead of a table.
         #[arg(long)]
         json: bool,
@@ -117,6 +126,7 @@ fn vhost_load(command: LabCommand) -> Result<()> {
         ramp_s,
         size,
         seed,
+        rate_iops,
         json,
     } = command
     else {
@@ -132,66 +142,14 @@ fn vhost_load(command: LabCommand) -> Result<()> {
         ramp: seconds("--ramp-s", ramp_s)?,
         size_bytes: size,
         seed,
+        rate_iops,
     };
     let report =
         load::run(&spec).with_context(|| format!("vhost-user-blk load on {}", socket.display()))?;
     if json {
         print_json(&report)?;
     } else {
-        let mut fields = Fields::new();
-        fields.add(
-            "load",
-            format!(
-                "{} {} QD{} x {} queue(s), {:.1} s after {:.1} s ramp",
-                report.rw,
-                human_bytes(u64::from(report.block_bytes)),
-                report.iodepth,
-                report.queues,
-                report.runtime_s,
-                report.ramp_s
-            ),
-        );
-        fields.add(
-            "device",
-            format!(
-                "{} ({} addressed), queue size {}, EVENT_IDX {}",
-                human_bytes(report.capacity_bytes),
-                human_bytes(report.size_bytes),
-                report.queue_size,
-                if report.event_idx { "on" } else { "off" }
-            ),
-        );
-        fields.add("IOPS", format!("{:.0}", report.iops));
-        fields.add("MB/s", format!("{:.1}", report.mb_per_s));
-        fields.add(
-            "latency",
-            format!(
-                "p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
-                report.p50_us, report.p99_us, report.p999_us, report.max_us
-            ),
-        );
-        fields.add(
-            "errors",
-            format!(
-                "{} (IOERR {}, UNSUPP {}, other {})",
-                report.errors, report.errors_ioerr, report.errors_unsupp, report.errors_other
-            ),
-        );
-        fields.add(
-            "requests",
-            format!(
-                "{} in the window, {} in all; {} kicks, {} waits",
-                report.completions, report.all_completions, report.kicks, report.waits
-            ),
-        );
-        fields.add(
-            "generator CPU",
-            format!(
-                "{:.0} ns per I/O ({:.2} cores)",
-                report.generator_cpu_ns_per_io, report.generator_cpu_cores
-            ),
-        );
-        emit(&fields.render());
+        print_vhost_load(&report);
     }
     if report.errors > 0 {
         anyhow::bail!(
@@ -204,6 +162,78 @@ fn vhost_load(command: LabCommand) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `lab vhost-load`'s report as a table.
+fn print_vhost_load(report: &load::VhostLoadReport) {
+    let mut fields = Fields::new();
+    fields.add(
+        "load",
+        format!(
+            "{} {} QD{} x {} queue(s), {:.1} s after {:.1} s ramp",
+            report.rw,
+            human_bytes(u64::from(report.block_bytes)),
+            report.iodepth,
+            report.queues,
+            report.runtime_s,
+            report.ramp_s
+        ),
+    );
+    fields.add(
+        "device",
+        format!(
+            "{} ({} addressed), queue size {}, EVENT_IDX {}",
+            human_bytes(report.capacity_bytes),
+            human_bytes(report.size_bytes),
+            report.queue_size,
+            if report.event_idx { "on" } else { "off" }
+        ),
+    );
+    fields.add("IOPS", format!("{:.0}", report.iops));
+    fields.add("MB/s", format!("{:.1}", report.mb_per_s));
+    fields.add(
+        "latency",
+        format!(
+            "mean {:.1} us, p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us \
+             (from each request's start)",
+            report.mean_us, report.p50_us, report.p99_us, report.p999_us, report.max_us
+        ),
+    );
+    if let Some(rate) = report.rate_iops {
+        fields.add(
+            "pacing",
+            format!(
+                "{rate} IOPS asked; start lag p50 {:.1} us, p99 {:.1} us, max {:.1} us; \
+                 {} starts skipped (more than the depth owed)",
+                report.start_lag_p50_us,
+                report.start_lag_p99_us,
+                report.start_lag_max_us,
+                report.starts_skipped
+            ),
+        );
+    }
+    fields.add(
+        "errors",
+        format!(
+            "{} (IOERR {}, UNSUPP {}, other {})",
+            report.errors, report.errors_ioerr, report.errors_unsupp, report.errors_other
+        ),
+    );
+    fields.add(
+        "requests",
+        format!(
+            "{} in the window, {} in all; {} kicks, {} waits",
+            report.completions, report.all_completions, report.kicks, report.waits
+        ),
+    );
+    fields.add(
+        "generator CPU",
+        format!(
+            "{:.0} ns per I/O ({:.2} cores)",
+            report.generator_cpu_ns_per_io, report.generator_cpu_cores
+        ),
+    );
+    emit(&fields.render());
 }
 
 /// Runs the command.

@@ -14,6 +14,19 @@
 //! `used_event` re-armed first (EVENT_IDX, when the device offers it). Not done: polling the
 //! used ring instead of sleeping on the call eventfd (a driver with `poll_queues`), mixes of
 //! sizes or reads and writes, and `lab run` scenarios over vhost-user.
+//!
+//! Paced (`rate_iops`, `--rate-iops`): the same queues, but each starts its requests on the
+//! schedule of [`super::pacing`] (the device's rate shared by its queues, at most `iodepth`
+//! in flight, a start due while the queue is full made as soon as a slot frees, never more
+//! than `iodepth` starts owed), as fio's `rate_iops` paces a victim below its limit. The
+//! latency reported is from a request's actual start (when it was posted) to the wake-up
+//! that saw it used, as fio's `clat` is: not from the time it was due, so a queue that falls
+//! behind its schedule shows that in `start_lag_*` and `starts_skipped`, not in its latency.
+//! Between starts a queue with nothing in flight sleeps to the next one's time; one with
+//! requests in flight and a slot free waits on the call eventfd, whose bound is in whole
+//! milliseconds, so at `iodepth` > 1 a start may be up to about 1 ms late (the schedule is
+//! absolute: the rate holds); at QD1 either the one request is in flight (nothing can start)
+//! or none is (a plain sleep), so it is not.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -21,6 +34,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use super::pacing::{Pacer, PacingError, Schedule, Wait};
 use super::{
     ANSWER_TIMEOUT_MS, Buffer, ClientOptions, QueueDriver, RINGS_BYTES, Reaped, S_IOERR, S_OK,
     S_UNSUPP, T_IN, T_OUT, VhostUserBlkClient, VhostUserError,
@@ -84,6 +98,9 @@ pub struct VhostLoadSpec {
     /// The range of the device addressed, from offset 0 (default: its capacity).
     pub size_bytes: Option<u64>,
     pub seed: u64,
+    /// Requests started per second for the device, shared by its queues (`None`: a closed
+    /// loop, every slot posted again as soon as it completes).
+    pub rate_iops: Option<u64>,
 }
 
 /// Why a run failed.
@@ -95,6 +112,8 @@ pub enum VhostLoadError {
     Device(#[from] VhostUserError),
     #[error("a queue's thread panicked")]
     Panicked,
+    #[error("pacing: {0}")]
+    Pacing(#[from] PacingError),
 }
 
 /// What a run did. The window's numbers (`completions` to `p999_us`) count what completed
@@ -119,10 +138,21 @@ pub struct VhostLoadReport {
     pub iops: f64,
     /// 10^6 bytes per second.
     pub mb_per_s: f64,
+    /// Latency in µs, from a request's start (posted) to the wake-up that saw it used.
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
     pub max_us: f64,
+    pub mean_us: f64,
+    /// The pace asked for (`None`: a closed loop; then the `start*` fields are 0).
+    pub rate_iops: Option<u64>,
+    /// Starts dropped because more than `iodepth` were owed on a queue (over the whole
+    /// run): the device, or the generator, slower than the rate.
+    pub starts_skipped: u64,
+    /// How late the window's starts were against their due time, µs.
+    pub start_lag_p50_us: f64,
+    pub start_lag_p99_us: f64,
+    pub start_lag_max_us: f64,
     /// Chains used with a status other than OK, over the whole run (any is a failure).
     pub errors: u64,
     pub errors_ioerr: u64,
@@ -154,6 +184,9 @@ struct Slot {
 #[derive(Debug)]
 struct QueueCounts {
     latency_ns: Histogram<u64>,
+    /// Paced: each start's lateness against its due time (in the window).
+    start_lag_ns: Histogram<u64>,
+    starts_skipped: u64,
     completions: u64,
     errors_ioerr: u64,
     errors_unsupp: u64,
@@ -186,9 +219,11 @@ impl Offsets {
     }
 }
 
-/// The window, shared by every queue's thread.
+/// The run's clock, shared by every queue's thread: its origin (the pacing schedule's
+/// time 0) and the measured window.
 #[derive(Clone, Copy, Debug)]
 struct Window {
+    origin: Instant,
     start: Instant,
     end: Instant,
 }
@@ -196,30 +231,9 @@ struct Window {
 /// Runs `spec` against the device at `spec.socket`.
 pub fn run(spec: &VhostLoadSpec) -> Result<VhostLoadReport, VhostLoadError> {
     check(spec)?;
-    let descriptors = 3 * u32::from(spec.iodepth);
-    let queue_size = descriptors.next_power_of_two().max(128);
-    let queue_size = u16::try_from(queue_size)
-        .ok()
-        .filter(|s| *s <= 1024)
-        .ok_or_else(|| {
-            VhostLoadError::Spec(format!(
-                "iodepth {} needs {descriptors} descriptors per queue; at most 1024",
-                spec.iodepth
-            ))
-        })?;
-    let per_request_bytes = u64::from(spec.block_bytes) + 192;
-    let arena_bytes = u64::from(spec.iodepth) * per_request_bytes + (64 << 10);
-    let mem_bytes = (RINGS_BYTES + u64::from(spec.queues) * arena_bytes).next_multiple_of(2 << 20);
-    let client = VhostUserBlkClient::connect(
-        &spec.socket,
-        ClientOptions {
-            num_queues: spec.queues,
-            queue_size,
-            mem_bytes,
-            event_idx: true,
-            indirect: false,
-        },
-    )?;
+    let options = client_options(spec)?;
+    let queue_size = options.queue_size;
+    let client = VhostUserBlkClient::connect(&spec.socket, options)?;
     let event_idx = client.event_idx();
     let capacity_bytes = client.capacity_bytes();
     let size_bytes = spec.size_bytes.unwrap_or(capacity_bytes);
@@ -232,16 +246,19 @@ pub fn run(spec: &VhostLoadSpec) -> Result<VhostLoadReport, VhostLoadError> {
     }
     let (connection, queues) = client.into_queues();
     let blocks = size_bytes / u64::from(spec.block_bytes);
+    let pacers = pacers(spec)?;
     let start = Instant::now();
     let window = Window {
+        origin: start,
         start: start + spec.ramp,
         end: start + spec.ramp + spec.runtime,
     };
     let results = std::thread::scope(|scope| {
         let handles: Vec<_> = queues
             .into_iter()
+            .zip(pacers)
             .enumerate()
-            .map(|(q, queue)| {
+            .map(|(q, (queue, pacer))| {
                 let offsets = Offsets {
                     random: spec.pattern.random(),
                     blocks,
@@ -249,7 +266,10 @@ pub fn run(spec: &VhostLoadSpec) -> Result<VhostLoadReport, VhostLoadError> {
                     next_block: blocks * q as u64 / u64::from(spec.queues),
                     rng: SplitMix64::new(spec.seed ^ (q as u64).wrapping_mul(0x9e37_79b9)),
                 };
-                scope.spawn(move || drive(queue, spec, offsets, window))
+                scope.spawn(move || match pacer {
+                    Some(pacer) => drive_paced(queue, spec, offsets, window, pacer),
+                    None => drive(queue, spec, offsets, window),
+                })
             })
             .collect();
         // The generator's own CPU over the window: read at its edges (a pace, not a
@@ -275,6 +295,7 @@ pub fn run(spec: &VhostLoadSpec) -> Result<VhostLoadReport, VhostLoadError> {
     let runtime_s = spec.runtime.as_secs_f64();
     let bytes = t.completions * u64::from(spec.block_bytes);
     let us = |q: f64| t.latency_ns.value_at_quantile(q) as f64 / 1000.0;
+    let lag_us = |q: f64| t.start_lag_ns.value_at_quantile(q) as f64 / 1000.0;
     let errors = t.errors_ioerr + t.errors_unsupp + t.errors_other;
     Ok(VhostLoadReport {
         rw: spec.pattern.name(),
@@ -295,6 +316,12 @@ pub fn run(spec: &VhostLoadSpec) -> Result<VhostLoadReport, VhostLoadError> {
         p99_us: us(0.99),
         p999_us: us(0.999),
         max_us: t.latency_ns.max() as f64 / 1000.0,
+        mean_us: t.latency_ns.mean() / 1000.0,
+        rate_iops: spec.rate_iops,
+        starts_skipped: t.starts_skipped,
+        start_lag_p50_us: lag_us(0.5),
+        start_lag_p99_us: lag_us(0.99),
+        start_lag_max_us: t.start_lag_ns.max() as f64 / 1000.0,
         errors,
         errors_ioerr: t.errors_ioerr,
         errors_unsupp: t.errors_unsupp,
@@ -306,6 +333,46 @@ pub fn run(spec: &VhostLoadSpec) -> Result<VhostLoadReport, VhostLoadError> {
         generator_cpu_ns_per_io: cpu_ns as f64 / t.completions.max(1) as f64,
         generator_cpu_cores: cpu_ns as f64 / 1e9 / measured_s.max(1e-9),
     })
+}
+
+/// The connection `spec` needs: its queues, each of the size `iodepth` chains of 3
+/// descriptors take (the next power of two, at least 128), and memory for the rings and
+/// every slot's buffers.
+fn client_options(spec: &VhostLoadSpec) -> Result<ClientOptions, VhostLoadError> {
+    let descriptors = 3 * u32::from(spec.iodepth);
+    let queue_size = descriptors.next_power_of_two().max(128);
+    let queue_size = u16::try_from(queue_size)
+        .ok()
+        .filter(|s| *s <= 1024)
+        .ok_or_else(|| {
+            VhostLoadError::Spec(format!(
+                "iodepth {} needs {descriptors} descriptors per queue; at most 1024",
+                spec.iodepth
+            ))
+        })?;
+    let per_request_bytes = u64::from(spec.block_bytes) + 192;
+    let arena_bytes = u64::from(spec.iodepth) * per_request_bytes + (64 << 10);
+    let mem_bytes = (RINGS_BYTES + u64::from(spec.queues) * arena_bytes).next_multiple_of(2 << 20);
+    Ok(ClientOptions {
+        num_queues: spec.queues,
+        queue_size,
+        mem_bytes,
+        event_idx: true,
+        indirect: false,
+    })
+}
+
+/// Each queue's pacer (none for a closed loop).
+fn pacers(spec: &VhostLoadSpec) -> Result<Vec<Option<Pacer>>, VhostLoadError> {
+    (0..spec.queues)
+        .map(|q| match spec.rate_iops {
+            Some(rate) => Ok(Some(Pacer::new(
+                Schedule::new(rate, spec.queues, q)?,
+                spec.iodepth,
+            )?)),
+            None => Ok(None),
+        })
+        .collect()
 }
 
 fn check(spec: &VhostLoadSpec) -> Result<(), VhostLoadError> {
@@ -325,6 +392,9 @@ fn check(spec: &VhostLoadSpec) -> Result<(), VhostLoadError> {
     if spec.runtime.is_zero() {
         return refuse("the runtime must be positive".into());
     }
+    if spec.rate_iops == Some(0) {
+        return refuse("the rate must be at least 1 IOPS (none: a closed loop)".into());
+    }
     Ok(())
 }
 
@@ -332,9 +402,14 @@ impl QueueCounts {
     /// Nothing counted yet; the histogram (latencies in ns, 1 ns to 60 s, three
     /// significant digits) allocated once here.
     fn new() -> Result<QueueCounts, VhostLoadError> {
+        let histogram = || {
+            Histogram::new_with_bounds(1, 60_000_000_000, 3)
+                .map_err(|e| VhostLoadError::Spec(format!("histogram: {e}")))
+        };
         Ok(QueueCounts {
-            latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)
-                .map_err(|e| VhostLoadError::Spec(format!("histogram: {e}")))?,
+            latency_ns: histogram()?,
+            start_lag_ns: histogram()?,
+            starts_skipped: 0,
             completions: 0,
             errors_ioerr: 0,
             errors_unsupp: 0,
@@ -346,9 +421,14 @@ impl QueueCounts {
     }
 
     fn merge(&mut self, other: &QueueCounts) -> Result<(), VhostLoadError> {
-        self.latency_ns
-            .add(&other.latency_ns)
-            .map_err(|e| VhostLoadError::Spec(format!("histogram: {e}")))?;
+        for (mine, theirs) in [
+            (&mut self.latency_ns, &other.latency_ns),
+            (&mut self.start_lag_ns, &other.start_lag_ns),
+        ] {
+            mine.add(theirs)
+                .map_err(|e| VhostLoadError::Spec(format!("histogram: {e}")))?;
+        }
+        self.starts_skipped += other.starts_skipped;
         self.completions += other.completions;
         self.errors_ioerr += other.errors_ioerr;
         self.errors_unsupp += other.errors_unsupp;
@@ -400,6 +480,90 @@ fn drive(
             driver.kick()?;
         }
     }
+}
+
+/// One queue paced by `pacer` (module comment): requests started when the schedule says, on
+/// slots free, until the window ends; then the rest drained.
+fn drive_paced(
+    queue: QueueDriver,
+    spec: &VhostLoadSpec,
+    offsets: Offsets,
+    window: Window,
+    mut pacer: Pacer,
+) -> Result<QueueCounts, VhostLoadError> {
+    let mut driver = QueueLoop::new(queue, spec, offsets)?;
+    let mut free: Vec<usize> = (0..driver.slots.len()).rev().collect();
+    let mut reaped: Vec<Reaped> = Vec::with_capacity(usize::from(driver.queue.size()));
+    loop {
+        reaped.clear();
+        driver.queue.reap(&mut reaped)?;
+        let now = Instant::now();
+        let stopping = now >= window.end;
+        for r in &reaped {
+            free.push(driver.complete(r, now, now >= window.start && !stopping)?);
+        }
+        if stopping {
+            driver.counts.starts_skipped = pacer.skipped();
+            if driver.queue.in_flight() == 0 {
+                return Ok(driver.counts);
+            }
+            driver.counts.waits += 1;
+            if !driver.queue.wait_call(ANSWER_TIMEOUT_MS)? {
+                return Err(VhostUserError::Timeout.into());
+            }
+            continue;
+        }
+        // in_flight <= iodepth <= u16::MAX.
+        let in_flight = driver.queue.in_flight() as u16;
+        let step = pacer.poll(ns_since(window.origin, now), in_flight);
+        if step.count > 0 {
+            let posted = Instant::now();
+            let posted_ns = ns_since(window.origin, posted);
+            for k in step.first..step.first + u64::from(step.count) {
+                let i = free
+                    .pop()
+                    .ok_or(VhostUserError::Protocol("no free slot for a paced start"))?;
+                driver.post(i, posted)?;
+                if posted >= window.start {
+                    let lag_ns = posted_ns.saturating_sub(pacer.schedule().due_ns(k));
+                    driver.counts.start_lag_ns.saturating_record(lag_ns.max(1));
+                }
+            }
+            driver.kick()?;
+        }
+        let until = |due_ns: u64| {
+            let due = window.origin + Duration::from_nanos(due_ns);
+            due.min(window.end)
+        };
+        match step.wait {
+            Wait::Completion => {
+                driver.counts.waits += 1;
+                if !driver.queue.wait_call(ANSWER_TIMEOUT_MS)? {
+                    return Err(VhostUserError::Timeout.into());
+                }
+            }
+            // Nothing in flight: nothing can complete before the next start (a pace, the
+            // schedule's, not a synchronisation).
+            Wait::Until(due_ns) => {
+                std::thread::sleep(until(due_ns).saturating_duration_since(Instant::now()));
+            }
+            // A completion or the next start: the call eventfd's bound is in whole ms, so
+            // rounded up (the start may go late, a completion is seen when it comes).
+            Wait::CompletionOrUntil(due_ns) => {
+                let left = until(due_ns).saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    driver.counts.waits += 1;
+                    let ms = left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128);
+                    driver.queue.wait_call(ms as i32)?;
+                }
+            }
+        }
+    }
+}
+
+/// `at` in ns after `origin` (0 before it).
+fn ns_since(origin: Instant, at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(origin).as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// One queue's state while it is driven: its slots (a request's buffers each) and which slot
