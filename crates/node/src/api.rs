@@ -234,8 +234,8 @@ pub struct ConnectionsReport {
     pub memory: BudgetView,
     /// Bytes of idle payload buffers kept for reuse (outside the budget; at most 64 MiB).
     pub idle_buffer_bytes: usize,
-    /// Open connections on each connection thread, in thread order (`[server] net_threads`;
-    /// empty when connections share the runtime).
+    /// Open connections and vhost-user-blk queues on each connection thread, in thread
+    /// order (`[server] net_threads`; empty when connections share the runtime).
     pub threads: Vec<usize>,
     /// The management API's own connections: cap, timeouts, evictions.
     pub api: conn::ApiConnectionsView,

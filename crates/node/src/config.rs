@@ -126,9 +126,9 @@ pub struct NodeConfig {
     /// several per wake-up (`node::coalesce`); 0: never. `None`: `DEFAULT_COALESCE_US` for
     /// the memory and RADOS backends, 0 with device files (see `effective_coalesce_us`).
     pub coalesce_us: Option<u64>,
-    /// Threads that own the NBD connections, each a single-threaded runtime a connection
-    /// lives on from accept to close (`node::net_threads`); 0: connections share the
-    /// process's multi-thread runtime instead. `None`: one per CPU (see
+    /// Threads that own the NBD connections and the vhost-user-blk queues, each a
+    /// single-threaded runtime a connection (or queue) lives on from start to end
+    /// (`node::net_threads`); 0: they share the process's multi-thread runtime instead. `None`: one per CPU (see
     /// `effective_net_threads`).
     pub net_threads: Option<usize>,
     /// How I/O is scheduled (policy, capacity, workers, dispatch).

@@ -18,7 +18,10 @@
 //! the price of the locality; an operator with one busy client per core sets as many threads
 //! as cores. `[server] net_threads = 0` keeps the shared runtime (the layout before).
 //!
-//! Only the connections live here. Everything else (the API, the sampler, the accept loop,
+//! The queues of vhost-user-blk attachments live here too, each queue's submitter and
+//! completer on one thread (`crate::vhost_user`, decision 73), for the same reason.
+//!
+//! Only the connections (and queues) live here. Everything else (the API, the sampler, the accept loop,
 //! blocking work) stays on the process's runtime; a session's blocking work goes there
 //! through its `IoRuntime` handle as before. When the `NetThreads` is dropped the threads
 //! stop taking connections, drop the ones they have (as the end of the process would) and

@@ -863,3 +863,45 @@ async fn a_stored_attachment_is_served_again_after_a_restart() {
     assert_eq!(back, pattern(4096, 3));
     node.shutdown().await.unwrap();
 }
+
+/// Each queue of an attachment runs on one of the node's connection threads, as an NBD
+/// connection does (its submitter and completer together, so a reply is not a wake-up
+/// across threads), and the queues spread over the threads by count. Fails when the queues
+/// are put on the node's shared runtime instead (the counts stay at zero).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queues_run_on_the_connection_threads_spread_by_count() {
+    let (node, _dir, path) = attached("spread", 16 * MIB, 2).await;
+    let threads = node.api_state().connection_threads.clone();
+    let options = ClientOptions {
+        num_queues: 2,
+        ..ClientOptions::default()
+    };
+    let (open, answered) = with_client(&path, options, move |client| {
+        // Both queues answer, so both queues' tasks are running.
+        let answered: Vec<Vec<u8>> = (0..2)
+            .map(|q| {
+                ok(client
+                    .call(
+                        q,
+                        &BlkOp::Read {
+                            offset: 0,
+                            len: 4096,
+                        },
+                    )
+                    .unwrap())
+            })
+            .collect();
+        (threads.per_thread(), answered)
+    })
+    .await;
+    assert!(answered.iter().all(|data| data == &vec![0u8; 4096]));
+    assert!(!open.is_empty(), "the node has connection threads");
+    assert_eq!(
+        open.iter().sum::<usize>(),
+        2,
+        "no NBD connection is open, so the two queues are all the threads hold: {open:?}"
+    );
+    let (least, most) = (open.iter().min().unwrap(), open.iter().max().unwrap());
+    assert!(most - least <= 1, "spread by count: {open:?}");
+    node.shutdown().await.unwrap();
+}

@@ -57,8 +57,9 @@ pub struct ServerSection {
     /// [default: 10 with --memory or --rados-conf, 0 with device files].
     #[arg(long, value_name = "US")]
     pub coalesce_us: Option<u64>,
-    /// Threads that own the NBD connections (each connection lives on one, reader and writer
-    /// together); 0 = connections share the async runtime's threads [default: one per CPU].
+    /// Threads that own the NBD connections and the vhost-user-blk queues (each lives on
+    /// one, reader and writer together); 0 = they share the async runtime's threads
+    /// [default: one per CPU].
     #[arg(long, value_name = "N")]
     pub net_threads: Option<usize>,
 }

@@ -94,10 +94,12 @@ impl Door {
     }
 }
 
-/// What [`spawn`] started: the accept loops' tasks, what the API reads of the connection
-/// threads, and what says when those threads have ended (none without them).
+/// What [`spawn`] started: the accept loops' tasks, the connection threads (which the
+/// vhost-user queues share: they end once this and every loop are dropped), what the API
+/// reads of them, and what says when they have ended (none without them).
 pub(super) struct Accepting {
     pub(super) tasks: Vec<JoinHandle<()>>,
+    pub(super) net_threads: Option<Arc<NetThreads>>,
     pub(super) connection_threads: crate::net_threads::OpenConnections,
     pub(super) threads_ended: Option<crate::net_threads::ThreadsEnded>,
 }
@@ -143,6 +145,7 @@ pub(super) fn spawn(
         .collect();
     Ok(Accepting {
         tasks,
+        net_threads,
         connection_threads,
         threads_ended,
     })

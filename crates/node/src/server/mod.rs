@@ -181,6 +181,7 @@ impl Node {
         let buffers = Arc::clone(&io.buffers);
         let accept::Accepting {
             mut tasks,
+            net_threads,
             connection_threads,
             threads_ended,
         } = accept::spawn(
@@ -204,6 +205,7 @@ impl Node {
             Arc::clone(&store),
             Arc::clone(&pipeline),
             Box::new(vhost_socket::VhostSocketBinder),
+            net_threads,
         ));
         attachments.restore().await;
         let api_state = crate::api::ApiState {

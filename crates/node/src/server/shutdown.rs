@@ -34,8 +34,13 @@ impl RunningNode {
         for task in self.tasks {
             let _ = task.await;
         }
-        // The accept loops are gone, so the connection threads drop their connections and
-        // end: wait for that, so nothing of a session still holds the store below.
+        // Their frontends disconnected, their queues' last replies delivered and sockets
+        // removed; they stay stored for the next start. First, while the connection threads
+        // their queues run on are still there, and letting go of those threads.
+        self.attachments.stop_all().await;
+        // The accept loops and the attachments are gone, so the connection threads drop
+        // their connections and end: wait for that, so nothing of a session still holds the
+        // store below.
         if let Some(ended) = self.threads_ended
             && !tokio::task::spawn_blocking(move || ended.wait(OFF_THREAD_WAIT))
                 .await
@@ -43,9 +48,6 @@ impl RunningNode {
         {
             tracing::warn!("stopping with NBD connection threads still running");
         }
-        // Their frontends disconnected and sockets removed; they stay stored for the next
-        // start.
-        self.attachments.stop_all().await;
         if let Some(saver) = self.saver {
             saver.stop();
         }

@@ -25,6 +25,7 @@ use super::backend::DeviceOptions;
 use super::listener::{Attachment, serve};
 use super::queue_state::AttachmentState;
 use super::{MAX_NUM_QUEUES, MAX_POLL_US, VhostUserError};
+use crate::net_threads::NetThreads;
 use crate::pipeline::Pipeline;
 use crate::sync::lock;
 
@@ -139,6 +140,10 @@ pub struct Attachments {
     pipeline: Arc<Pipeline>,
     binder: Box<dyn SocketBinder>,
     live: Mutex<BTreeMap<PathBuf, Live>>,
+    /// The node's connection threads, where every queue's tasks run (`None`: on the node's
+    /// runtime). Held until [`Attachments::stop_all`]: the threads end only once nothing
+    /// can put a queue on them.
+    threads: Mutex<Option<Arc<NetThreads>>>,
     /// One change at a time (a change awaits the binder, so not under `live`'s lock).
     changing: tokio::sync::Mutex<()>,
 }
@@ -155,12 +160,20 @@ fn stored(store: &Store, volume: &str) -> Result<Vec<AttachmentSpec>, Attachment
 }
 
 impl Attachments {
-    pub fn new(store: Arc<Store>, pipeline: Arc<Pipeline>, binder: Box<dyn SocketBinder>) -> Self {
+    /// The node's attachments, none yet. `threads`: the NBD connection threads, which
+    /// serve the queues too (BurstCBS's I/O threads; `None` puts them on the node's runtime).
+    pub fn new(
+        store: Arc<Store>,
+        pipeline: Arc<Pipeline>,
+        binder: Box<dyn SocketBinder>,
+        threads: Option<Arc<NetThreads>>,
+    ) -> Self {
         Attachments {
             store,
             pipeline,
             binder,
             live: Mutex::new(BTreeMap::new()),
+            threads: Mutex::new(threads),
             changing: tokio::sync::Mutex::new(()),
         }
     }
@@ -240,12 +253,14 @@ impl Attachments {
         }
     }
 
-    /// Stops every attachment (at shutdown), keeping them stored.
+    /// Stops every attachment (at shutdown), keeping them stored, and lets go of the
+    /// connection threads (an attachment made after this runs its queues on the runtime).
     pub async fn stop_all(&self) {
         let all = std::mem::take(&mut *lock(&self.live));
         for live in all.into_values() {
             stop_live(live).await;
         }
+        lock(&self.threads).take();
     }
 
     async fn start(&self, volume: &str, spec: &AttachmentSpec) -> Result<(), AttachmentError> {
@@ -287,6 +302,7 @@ impl Attachments {
                 num_queues: spec.num_queues,
                 poll_us,
             },
+            lock(&self.threads).clone(),
         )?;
         tracing::info!(
             "vhost-user-blk: volume {volume:?} attached at {}",

@@ -28,12 +28,13 @@ use vmm_sys_util::event::{
 };
 
 use super::poll::PollWindow;
-use super::queue::{self, Arrived, Mem, QueueContext, Vring};
+use super::queue::{self, Arrived, Mem, QueueContext, QueueEnded, Vring};
 use super::queue_state::{QueueCounters, QueueState};
 use super::request::parse;
 use super::used_order::UsedOrder;
 use super::watchdog::{self, Seen, Stuck};
 use super::wire::{BlkConfig, ID_BYTES, features};
+use crate::net_threads::NetThreads;
 use crate::pipeline::Pipeline;
 use crate::sync::lock;
 
@@ -57,8 +58,8 @@ struct QueueLink {
     drained_before: AtomicBool,
     /// How long the event thread keeps looking at the ring after draining it.
     poll: PollWindow,
-    /// Stops the queue's tasks ([`BlkBackend::close`]), and the handle they end with.
-    close: Mutex<Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>>,
+    /// Stops the queue's tasks ([`BlkBackend::close`]), and what says they have ended.
+    close: Mutex<Option<(oneshot::Sender<()>, QueueEnded)>>,
 }
 
 /// What a device offers beyond its volume.
@@ -81,12 +82,13 @@ pub(super) struct BlkBackend {
 }
 
 impl BlkBackend {
-    /// A device of `volume` with `options.num_queues` queues, each with its tasks on the
-    /// node's runtime.
+    /// A device of `volume` with `options.num_queues` queues, each with its tasks on one of
+    /// `threads` (spread as connections are) or, without them, on the node's runtime.
     pub(super) fn new(
         pipeline: &Arc<Pipeline>,
         volume: &Arc<Volume>,
         options: DeviceOptions,
+        threads: Option<&Arc<NetThreads>>,
     ) -> Self {
         let DeviceOptions {
             num_queues,
@@ -112,6 +114,7 @@ impl BlkBackend {
                     },
                     receiver,
                     closed,
+                    threads,
                 );
                 QueueLink {
                     arrivals,
@@ -141,9 +144,9 @@ impl BlkBackend {
     }
 
     /// Stops every queue's tasks once the frontend is gone: they take nothing more, deliver
-    /// the replies of what they submitted and end; the handles to wait for (on the node's
-    /// runtime, from the accepting thread).
-    pub(super) fn close(&self) -> Vec<tokio::task::JoinHandle<()>> {
+    /// the replies of what they submitted and end; what to wait for (from the accepting
+    /// thread).
+    pub(super) fn close(&self) -> Vec<QueueEnded> {
         self.queues
             .iter()
             .filter_map(|link| lock(&link.close).take())

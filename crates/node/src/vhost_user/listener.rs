@@ -22,6 +22,7 @@ use super::VhostUserError;
 use super::backend::{BlkBackend, DeviceOptions};
 use super::queue_state::AttachmentState;
 use super::watchdog::{self, WatchdogTotals};
+use crate::net_threads::NetThreads;
 use crate::pipeline::Pipeline;
 use crate::sync::lock;
 
@@ -60,13 +61,15 @@ struct Shared<'a> {
 }
 
 /// Serves `volume` as a device of `options` on `listener` (already bound at `path`, with its
-/// mode and owner, and listening).
+/// mode and owner, and listening); each queue's tasks on one of `threads` (the node's
+/// connection threads) or, without them, on the node's runtime.
 pub fn serve(
     listener: std::os::unix::net::UnixListener,
     path: PathBuf,
     pipeline: &Arc<Pipeline>,
     volume: Arc<Volume>,
     options: DeviceOptions,
+    threads: Option<Arc<NetThreads>>,
 ) -> Result<Attachment, VhostUserError> {
     listener
         .set_nonblocking(false)
@@ -91,7 +94,13 @@ pub fn serve(
                     connections: &connections,
                     watchdog: &watchdog,
                 };
-                accept_loop(&mut listener, &pipeline, &volume, options, &shared)
+                accept_loop(
+                    &mut listener,
+                    &pipeline,
+                    &volume,
+                    (options, threads),
+                    &shared,
+                )
             })
             .map_err(VhostUserError::Socket)?
     };
@@ -109,11 +118,11 @@ fn accept_loop(
     listener: &mut Listener,
     pipeline: &Arc<Pipeline>,
     volume: &Arc<Volume>,
-    options: DeviceOptions,
+    (options, threads): (DeviceOptions, Option<Arc<NetThreads>>),
     shared: &Shared<'_>,
 ) {
     while !shared.stopping.load(Ordering::Acquire) {
-        let backend = Arc::new(BlkBackend::new(pipeline, volume, options));
+        let backend = Arc::new(BlkBackend::new(pipeline, volume, options, threads.as_ref()));
         let queues = Arc::clone(&backend);
         let (stop_watching, watch_stopped) = tokio::sync::oneshot::channel();
         let watching = pipeline.io.runtime.spawn(watchdog::run(
@@ -127,8 +136,8 @@ fn accept_loop(
         // The daemon and its vring threads are gone; the queues' tasks are stopped and
         // waited for, so that what they hold (the volume, the pipeline, the store) is let go
         // before a stop of the attachment returns.
-        for tasks in queues.close() {
-            let _ = pipeline.io.runtime.block_on(tasks);
+        for ended in queues.close() {
+            let _ = pipeline.io.runtime.block_on(ended);
         }
         if !served {
             return;

@@ -28,6 +28,7 @@ use super::request::{BlkRequest, Kind, Parsed, Segment};
 use super::used_order::UsedOrder;
 use super::wire::{ID_BYTES, Status};
 use crate::buffers::BufferPool;
+use crate::net_threads::NetThreads;
 use crate::pipeline::{Intake, Pipeline, ReplyBody, ReplyReceiver, Submission};
 use crate::sync::lock;
 
@@ -92,33 +93,67 @@ pub(super) struct QueueContext {
     pub(super) id: [u8; ID_BYTES],
 }
 
-/// Starts a queue's submitter and completer on the node's runtime; they end once `arrivals`
-/// is closed or `close` fires (or its sender is dropped), and every reply of what was
-/// submitted has been delivered. The handle ends with them: the accepting thread waits for
-/// it, so nothing of the queue (its volume, the pipeline, the store under them) outlives
-/// the attachment's stop.
+/// Says when a queue's tasks have ended: resolves (with an error, nothing is ever sent) once
+/// the task holding its sender is gone, finished or dropped with its thread.
+pub(super) type QueueEnded = oneshot::Receiver<()>;
+
+/// Starts a queue's submitter and completer, together on one of `threads` (the node's
+/// connection threads, picked as a connection's is) or, without them, on the node's runtime;
+/// they end once `arrivals` is closed or `close` fires (or its sender is dropped), and every
+/// reply of what was submitted has been delivered. What is returned resolves when they have:
+/// the accepting thread waits for it, so nothing of the queue (its volume, the pipeline, the
+/// store under them) outlives the attachment's stop.
+///
+/// Why on a connection thread: the submitter hands each reply to the completer, and on the
+/// shared multi-thread runtime the two land on different workers, so every batch of replies
+/// is a cross-thread wake-up (a futex and, on a VM, an interrupt), as it was for NBD's reader
+/// and writer before connections owned a thread (`crate::net_threads`); on one thread it is a
+/// push on a local queue.
 pub(super) fn start(
     context: QueueContext,
     arrivals: mpsc::UnboundedReceiver<Arrived>,
     close: oneshot::Receiver<()>,
-) -> tokio::task::JoinHandle<()> {
+    threads: Option<&Arc<NetThreads>>,
+) -> QueueEnded {
+    let (ended_tx, ended) = oneshot::channel::<()>();
     let runtime = context.pipeline.io.runtime.clone();
+    let run = move || async move {
+        let _ended = ended_tx;
+        run_queue(context, arrivals, close).await;
+    };
+    match threads {
+        Some(threads) => {
+            // A thread that ended (its runtime panicked) drops the job, and with it the
+            // sender: the queue is seen ended, its chains unanswered, as a crash leaves them.
+            if threads.spawn(run).is_none() {
+                tracing::error!("vhost-user-blk: no connection thread took a queue");
+            }
+        }
+        None => drop(runtime.spawn(run())),
+    }
+    ended
+}
+
+/// The submitter and the completer of one queue, on the task that runs this.
+async fn run_queue(
+    context: QueueContext,
+    arrivals: mpsc::UnboundedReceiver<Arrived>,
+    close: oneshot::Receiver<()>,
+) {
     let (intake, replies) = Intake::open(&context.pipeline, Arc::clone(&context.volume), None);
     let pending: PendingMap = Arc::default();
     let buffers = Arc::clone(&context.pipeline.io.buffers);
-    let completer = runtime.spawn(complete_replies(
+    let completer = tokio::spawn(complete_replies(
         replies,
         Arc::clone(&pending),
         Arc::clone(&context.order),
         Arc::clone(&context.counters),
         buffers,
     ));
-    runtime.spawn(async move {
-        let intake = submit_arrivals(context, intake, arrivals, close, pending).await;
-        let account = intake.close();
-        let _ = completer.await;
-        drop(account);
-    })
+    let intake = submit_arrivals(context, intake, arrivals, close, pending).await;
+    let account = intake.close();
+    let _ = completer.await;
+    drop(account);
 }
 
 /// The NBD request a virtio-blk one is.
