@@ -19,7 +19,7 @@
 //! as cores. `[server] net_threads = 0` keeps the shared runtime (the layout before).
 //!
 //! The queues of vhost-user-blk attachments live here too, each queue's submitter and
-//! completer on one thread (`crate::vhost_user`, decision 73), for the same reason.
+//! completer on one thread (decision 73), for the same reason.
 //!
 //! Only the connections (and queues) live here. Everything else (the API, the sampler, the accept loop,
 //! blocking work) stays on the process's runtime; a session's blocking work goes there
