@@ -201,13 +201,7 @@ impl Node {
         );
         let sampler_task = tokio::spawn(Arc::clone(&timeline).run(stop_rx.clone()));
         let (rebuild, scrub) = assembly::start_background(&config, &store, &io, &scheduler)?;
-        let attachments = Arc::new(crate::vhost_user::Attachments::new(
-            Arc::clone(&store),
-            Arc::clone(&pipeline),
-            Box::new(vhost_socket::VhostSocketBinder),
-            net_threads,
-        ));
-        attachments.restore().await;
+        let attachments = start_attachments(&store, &pipeline, net_threads).await;
         let api_state = crate::api::ApiState {
             rebuild: Some(rebuild),
             scrub: Some(scrub),
@@ -249,6 +243,23 @@ impl Node {
             attachments,
         })
     }
+}
+
+/// The node's vhost-user-blk attachments, the stored ones served again; their queues on the
+/// connection threads (`threads`, when there are any).
+async fn start_attachments(
+    store: &Arc<Store>,
+    pipeline: &Arc<Pipeline>,
+    threads: Option<Arc<crate::net_threads::NetThreads>>,
+) -> Arc<crate::vhost_user::Attachments> {
+    let attachments = Arc::new(crate::vhost_user::Attachments::new(
+        Arc::clone(store),
+        Arc::clone(pipeline),
+        Box::new(vhost_socket::VhostSocketBinder),
+        threads,
+    ));
+    attachments.restore().await;
+    attachments
 }
 
 /// The node's listeners, bound.
