@@ -878,18 +878,12 @@ async fn the_queues_run_on_the_connection_threads_spread_by_count() {
     };
     let (open, answered) = with_client(&path, options, move |client| {
         // Both queues answer, so both queues' tasks are running.
+        let first_block = BlkOp::Read {
+            offset: 0,
+            len: 4096,
+        };
         let answered: Vec<Vec<u8>> = (0..2)
-            .map(|q| {
-                ok(client
-                    .call(
-                        q,
-                        &BlkOp::Read {
-                            offset: 0,
-                            len: 4096,
-                        },
-                    )
-                    .unwrap())
-            })
+            .map(|q| ok(client.call(q, &first_block).unwrap()))
             .collect();
         (threads.per_thread(), answered)
     })

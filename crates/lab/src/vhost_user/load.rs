@@ -462,10 +462,7 @@ fn drive(
             if driver.queue.in_flight() == 0 {
                 return Ok(driver.counts);
             }
-            driver.counts.waits += 1;
-            if !driver.queue.wait_call(ANSWER_TIMEOUT_MS)? {
-                return Err(VhostUserError::Timeout.into());
-            }
+            driver.wait_for_answers()?;
             continue;
         }
         let now = Instant::now();
@@ -507,10 +504,7 @@ fn drive_paced(
             if driver.queue.in_flight() == 0 {
                 return Ok(driver.counts);
             }
-            driver.counts.waits += 1;
-            if !driver.queue.wait_call(ANSWER_TIMEOUT_MS)? {
-                return Err(VhostUserError::Timeout.into());
-            }
+            driver.wait_for_answers()?;
             continue;
         }
         // in_flight <= iodepth <= u16::MAX.
@@ -580,6 +574,16 @@ struct QueueLoop {
 }
 
 impl QueueLoop {
+    /// Sleeps on the call eventfd until the device answers something (counted as a wait);
+    /// an error if nothing comes within the answer timeout.
+    fn wait_for_answers(&mut self) -> Result<(), VhostLoadError> {
+        self.counts.waits += 1;
+        if !self.queue.wait_call(ANSWER_TIMEOUT_MS)? {
+            return Err(VhostUserError::Timeout.into());
+        }
+        Ok(())
+    }
+
     /// Reserves every slot's header, status and data in the queue's memory, a WRITE's data
     /// filled once with random bytes (what every WRITE of the slot sends).
     fn new(
