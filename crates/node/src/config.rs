@@ -128,8 +128,8 @@ pub struct NodeConfig {
     pub coalesce_us: Option<u64>,
     /// Threads that own the NBD connections and the vhost-user-blk queues, each a
     /// single-threaded runtime a connection (or queue) lives on from start to end
-    /// (`node::net_threads`); 0: they share the process's multi-thread runtime instead. `None`: one per CPU (see
-    /// `effective_net_threads`).
+    /// (`node::net_threads`); 0: they share the process's multi-thread runtime instead.
+    /// `None`: one per CPU (see `effective_net_threads`).
     pub net_threads: Option<usize>,
     /// How I/O is scheduled (policy, capacity, workers, dispatch).
     pub qos: QosConfig,

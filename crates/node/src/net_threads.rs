@@ -21,11 +21,11 @@
 //! The queues of vhost-user-blk attachments live here too, each queue's submitter and
 //! completer on one thread (decision 73), for the same reason.
 //!
-//! Only the connections (and queues) live here. Everything else (the API, the sampler, the accept loop,
-//! blocking work) stays on the process's runtime; a session's blocking work goes there
-//! through its `IoRuntime` handle as before. When the `NetThreads` is dropped the threads
-//! stop taking connections, drop the ones they have (as the end of the process would) and
-//! end; a stopping node waits for that with the [`ThreadsEnded`] taken at start (on a
+//! Only the connections (and queues) live here. Everything else (the API, the sampler, the
+//! accept loop, blocking work) stays on the process's runtime; a session's blocking work goes
+//! there through its `IoRuntime` handle as before. When the `NetThreads` is dropped the
+//! threads stop taking connections, drop the ones they have (as the end of the process
+//! would) and end; a stopping node waits for that with the [`ThreadsEnded`] taken at start (on a
 //! blocking thread), so the connections' hold on the store is gone before it is flushed and
 //! closed, and a node started again on the same data at once finds it free.
 

@@ -94,13 +94,7 @@ pub fn serve(
                     connections: &connections,
                     watchdog: &watchdog,
                 };
-                accept_loop(
-                    &mut listener,
-                    &pipeline,
-                    &volume,
-                    (options, threads),
-                    &shared,
-                )
+                accept_loop(&mut listener, &pipeline, &volume, options, threads, &shared)
             })
             .map_err(VhostUserError::Socket)?
     };
@@ -118,7 +112,8 @@ fn accept_loop(
     listener: &mut Listener,
     pipeline: &Arc<Pipeline>,
     volume: &Arc<Volume>,
-    (options, threads): (DeviceOptions, Option<Arc<NetThreads>>),
+    options: DeviceOptions,
+    threads: Option<Arc<NetThreads>>,
     shared: &Shared<'_>,
 ) {
     while !shared.stopping.load(Ordering::Acquire) {
