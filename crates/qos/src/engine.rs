@@ -57,6 +57,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) now_ns: u64,
     /// Slot of the volume.
     pub(crate) idx: u32,
+    /// The ring class the volume is served from now, after [`Rules::effective_class`].
+    pub(crate) class: usize,
     /// The volume (for `verdict` its queue still holds the request; for `charge` not).
     pub(crate) core: &'a VolCore,
     pub(crate) charge: Charge,
@@ -456,14 +458,14 @@ impl<R: Rules> Engine<R> {
                 let Some(head) = e.core.queue.front() else {
                     continue;
                 };
-                let head = head.clone();
                 self.rules.verdict(
                     &Ctx {
                         now_ns: now,
                         idx,
+                        class: eff_class,
                         core: &e.core,
                         charge,
-                        req: &head,
+                        req: head,
                     },
                     &mut e.x,
                 )
@@ -499,6 +501,7 @@ impl<R: Rules> Engine<R> {
                         &Ctx {
                             now_ns: now,
                             idx,
+                            class: eff_class,
                             core: &e.core,
                             charge,
                             req: &req,

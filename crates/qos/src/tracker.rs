@@ -221,6 +221,27 @@ impl Tracker {
         );
     }
 
+    /// The capacity check of window `w`: what it dispatched against its capacity plus what
+    /// the pacer saved up and three requests (see [`Tracker::on_dispatch`]).
+    fn check_capacity(&mut self, w: u64) {
+        let cap_window = self
+            .cap_per_window
+            .saturating_add(self.max_cost_per_req)
+            .saturating_add(self.max_cost_per_req)
+            .saturating_add(self.max_cost_per_req);
+        if let Some(d) = self.cost_in_window.first_exceeding(&cap_window) {
+            self.violate(
+                "capacity",
+                format!(
+                    "window {w}: dispatched {} {} > capacity per window + three requests {}",
+                    self.cost_in_window.get(d),
+                    d.as_str(),
+                    cap_window.get(d)
+                ),
+            );
+        }
+    }
+
     /// Moves the capacity accounting to the (aligned) window holding `now_ns`, if it is not
     /// there yet: nothing dispatched in it so far, and the capacity in effect now was in
     /// effect at its start (every change rolls the window first).
@@ -294,21 +315,10 @@ impl Tracker {
         let w = self.window_idx;
         self.cost_in_window += req.cost;
         self.max_cost_per_req = self.max_cost_per_req.max(req.cost);
-        let cap_window = self
-            .cap_per_window
-            .saturating_add(self.max_cost_per_req)
-            .saturating_add(self.max_cost_per_req)
-            .saturating_add(self.max_cost_per_req);
-        if let Some(d) = self.cost_in_window.first_exceeding(&cap_window) {
-            self.violate(
-                "capacity",
-                format!(
-                    "window {w}: dispatched {} {} > capacity per window + three requests {}",
-                    self.cost_in_window.get(d),
-                    d.as_str(),
-                    cap_window.get(d)
-                ),
-            );
+        // Within the capacity per window alone it is within the bound (which only adds to
+        // it): the bound is built only for a window that has gone past that, not per dispatch.
+        if !self.cost_in_window.fits_within(&self.cap_per_window) {
+            self.check_capacity(w);
         }
 
         if !self.per_volume {
@@ -659,4 +669,60 @@ fn covers(need: &[u128; 4], capacity: CostVector, reserve_permille: u64) -> bool
         let usable = u128::from(cap) * u128::from(1000 - reserve_permille.min(1000)) / 1000;
         cap == u64::MAX || n <= usable
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vocab::OpKind;
+
+    fn one_unit(id: u64) -> IoRequest {
+        IoRequest {
+            id,
+            volume: 0,
+            op: OpKind::Read,
+            offset_bytes: 0,
+            len_bytes: 4096,
+            cost: CostVector {
+                cpu_ns: 0,
+                ingress_bytes: 0,
+                egress_bytes: 0,
+                device_units: 1,
+            },
+            arrival_ns: 0,
+        }
+    }
+
+    /// Ten device units per second over one-second windows: a window holds 11 (the rounding
+    /// allowance) plus three requests, 14 one-unit requests; the 15th is a violation.
+    #[test]
+    fn a_window_past_its_capacity_and_three_requests_is_a_capacity_violation() {
+        let capacity = CostVector {
+            cpu_ns: u64::MAX,
+            ingress_bytes: u64::MAX,
+            egress_bytes: u64::MAX,
+            device_units: 10,
+        };
+        let mut tracker = Tracker::new("test", NS_PER_S, capacity, 0, false);
+        let vol = VolCore::new(0, VolumeQos::default());
+        for id in 0..15 {
+            let req = one_unit(id);
+            assert!(
+                tracker.first_violation.is_none(),
+                "violation after {id} requests"
+            );
+            tracker.on_enqueue(0, 0, &vol);
+            let charge = Charge::of(&vol.qos, &req);
+            tracker.on_dispatch(1, 0, &vol, &req, charge, IoRate::UNLIMITED);
+        }
+        let violation = tracker
+            .first_violation
+            .expect("the 15th request is past the bound");
+        assert_eq!(violation.invariant, "capacity");
+        assert!(
+            violation.detail.contains("dispatched 15"),
+            "{}",
+            violation.detail
+        );
+    }
 }

@@ -484,8 +484,19 @@ impl Rules for BurstRules {
     }
 
     fn verdict(&mut self, ctx: &Ctx<'_>, vol: &mut BurstVol) -> Verdict {
+        // The baseline ring holds a volume whose head `classify` found within its baseline
+        // meter (or that may not burst), and it is placed again after anything that takes from
+        // the meter, changes its QoS or changes its head; a meter only fills while it waits.
+        // So the class answers what `credit_phase` would ask the meter again; a volume promoted
+        // by `effective_class` was just found within it.
+        let phase = if ctx.class == BASELINE {
+            debug_assert_eq!(credit_phase(ctx, &vol.meter, &vol.credits), Phase::Baseline);
+            Phase::Baseline
+        } else {
+            credit_phase(ctx, &vol.meter, &vol.credits)
+        };
         Verdict::Run {
-            phase: credit_phase(ctx, &vol.meter, &vol.credits),
+            phase,
             front: false,
         }
     }
