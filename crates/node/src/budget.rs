@@ -539,6 +539,16 @@ impl Budget {
 }
 
 impl TenantAccount {
+    /// [`TenantAccount::charge`] when the bytes fit in what is left of this session's reserve
+    /// (taken at once, without the lock); `None` when the charge would have to go to the
+    /// shared pool, where it might wait.
+    pub fn charge_now(&self, bytes: u64) -> Option<Charge> {
+        let budget = &self.budget;
+        let fits = bytes <= budget.per_tenant_bytes.min(budget.shared_bytes());
+        (fits && budget.try_take_reserved(&self.reserve, bytes))
+            .then(|| self.reserved_charge(bytes))
+    }
+
     /// Takes `bytes` from this session's reserve when they fit in what is left of it, at
     /// once; else from the tenant's and the node's shared pool, waiting (in fair order) until
     /// they fit. Cancel-safe: dropping the future gives back whatever it was granted.

@@ -11,7 +11,11 @@
 //!    its tenant's share of the node's, `node::budget`);
 //! 3. a WRITE's payload goes into [`Intake::payload_buffer`];
 //! 4. [`Intake::submit`] hands it on; its [`Reply`] arrives on the receiver with the permits,
-//!    which the transport drops once the reply is delivered.
+//!    which the transport drops once the reply is delivered. A transport that reads several
+//!    requests at once holds each ([`Intake::hold`]) and flushes them together
+//!    ([`Intake::flush`]) before it may wait: the scheduler then takes them in one lock hold
+//!    per worker (docs/ARCHITECTURE.md, decision 74), and it takes its slots and budget with
+//!    [`Intake::request_slot_flushing`] and [`Intake::charge_flushing`].
 
 use std::sync::Arc;
 
@@ -21,17 +25,17 @@ use tokio::sync::mpsc;
 
 use super::Pipeline;
 use super::block_status::BLOCK_STATUS_CHARGE_BYTES;
-use super::job::{Answer, ClientJob, IoJob};
+use super::job::{Answer, ClientJob, IoJob, run_ready_in};
 use super::reply::{Permits, Reply, ReplyBody, ReplyPath, Tally};
 use super::split::{
     PieceFeeder, SPLIT_PIECES_IN_FLIGHT, SplitRequest, cache_work, needs_split, piece_bytes_of,
     pieces, submit_job,
 };
 use crate::admission::ConnShared;
-use crate::budget::{BudgetError, TenantAccount};
+use crate::budget::{BudgetError, Charge, TenantAccount};
 use crate::buffers::{BufferPool, PooledBuffer};
 use crate::metrics::{MetricsRegistry, VolumeOp, VolumeStats};
-use crate::scheduler::{Ready, Scheduler, VolumeHandle};
+use crate::scheduler::{Queued, Ready, Scheduler, VolumeHandle};
 use crate::slots::{Slots, SlotsTaken};
 
 /// Where a client's replies arrive, in completion order.
@@ -63,6 +67,10 @@ pub struct Intake {
     /// The scratch vector of what a submission dispatched (kept: its allocation serves the
     /// next request).
     ready: Vec<Ready<IoJob>>,
+    /// Requests [`Intake::hold`] took and [`Intake::flush`] has not submitted yet, in order,
+    /// and their arrivals (time, payload bytes), counted when they are submitted.
+    held: Vec<Queued<IoJob>>,
+    held_arrivals: Vec<(u64, u64)>,
 }
 
 /// What a transport hands on: a validated request, the permits [`Intake::charge`] gave it,
@@ -117,6 +125,8 @@ impl Intake {
             shared: shared.cloned(),
             last_end_bytes: u64::MAX / 2,
             ready: Vec::new(),
+            held: Vec::new(),
+            held_arrivals: Vec::new(),
         };
         (intake, rx)
     }
@@ -145,16 +155,29 @@ impl Intake {
         self.request_slots.take(1).await
     }
 
+    /// [`Intake::request_slot`] for a transport that holds requests ([`Intake::hold`]): at
+    /// once when one is free, else after submitting what is held (the slot it waits for is
+    /// given back by a reply).
+    pub async fn request_slot_flushing(&mut self) -> Option<SlotsTaken> {
+        if let Some(slot) = self.request_slots.take_now(1) {
+            return Some(slot);
+        }
+        self.flush();
+        self.request_slot().await
+    }
+
     /// Answers a request the transport refused (`errno`, `message`) with its slot: counted as a
-    /// failed request of its kind when it has one (`command_type`, the wire's command number).
+    /// failed request of its kind when it has one (`command_type`, the wire's command number),
+    /// after what is held is submitted (arrivals are counted in order).
     pub fn refuse(
-        &self,
+        &mut self,
         cookie: u64,
         command_type: u16,
         (errno, message): (nbd::Errno, &'static str),
         slot: SlotsTaken,
         arrival_ns: u64,
     ) {
+        self.flush();
         let reply = Reply {
             cookie,
             body: ReplyBody::Error(errno, message),
@@ -190,17 +213,8 @@ impl Intake {
         request: &nbd::ValidRequest,
         slot: SlotsTaken,
     ) -> Result<Option<Permits>, BudgetError> {
-        let charged_len = match request.command {
-            nbd::Command::Read | nbd::Command::Write => Some(request.length),
-            nbd::Command::BlockStatus => Some(BLOCK_STATUS_CHARGE_BYTES),
-            _ => None,
-        };
-        let bytes = match charged_len {
-            Some(charged_len) => {
-                let charge_bytes = BufferPool::charge_bytes(charged_len);
-                // At most the class of a 32 MiB request, which `Limits::validate` keeps within
-                // the connection's budget (so the take cannot be refused).
-                let count = usize::try_from(charge_bytes).unwrap_or(usize::MAX);
+        let bytes = match charged_bytes(request) {
+            Some((charge_bytes, count)) => {
                 let Some(own) = self.byte_slots.take(count).await else {
                     return Ok(None);
                 };
@@ -208,13 +222,56 @@ impl Intake {
             }
             None => None,
         };
+        Ok(Some(self.permits(slot, bytes)))
+    }
+
+    /// [`Intake::charge`] for a transport that holds requests ([`Intake::hold`]): at once when
+    /// the bytes fit in this client's budget and its own reserve, else after submitting what
+    /// is held (the budget it waits for is given back by replies).
+    pub async fn charge_flushing(
+        &mut self,
+        request: &nbd::ValidRequest,
+        slot: SlotsTaken,
+    ) -> Result<Option<Permits>, BudgetError> {
+        match self.charge_now(request, slot) {
+            Ok(permits) => Ok(Some(permits)),
+            Err(slot) => {
+                self.flush();
+                self.charge(request, slot).await
+            }
+        }
+    }
+
+    /// [`Intake::charge`] when it would not wait: the bytes fit in this client's budget and in
+    /// its own reserve now. Else nothing is taken and the slot comes back, for `charge`.
+    fn charge_now(
+        &self,
+        request: &nbd::ValidRequest,
+        slot: SlotsTaken,
+    ) -> Result<Permits, SlotsTaken> {
+        let bytes = match charged_bytes(request) {
+            Some((charge_bytes, count)) => {
+                let Some(own) = self.byte_slots.take_now(count) else {
+                    return Err(slot);
+                };
+                let Some(charge) = self.account.charge_now(charge_bytes) else {
+                    return Err(slot);
+                };
+                Some((own, charge))
+            }
+            None => None,
+        };
+        Ok(self.permits(slot, bytes))
+    }
+
+    fn permits(&self, slot: SlotsTaken, bytes: Option<(SlotsTaken, Charge)>) -> Permits {
         if let Some(shared) = &self.shared {
             shared.note_inflight();
         }
-        Ok(Some(Permits {
+        Permits {
             _request: slot,
             _bytes: bytes,
-        }))
+        }
     }
 
     /// A buffer for a WRITE payload of `len_bytes`.
@@ -231,6 +288,11 @@ impl Intake {
     /// Hands a request on: counted as arrived (at its arrival), then split if it must be,
     /// scheduled and run. `NBD_CMD_DISC` is the transport's own and is not submitted.
     pub fn submit(&mut self, submission: Submission) {
+        self.submit_with(submission, false);
+    }
+
+    #[inline(always)]
+    fn submit_with(&mut self, submission: Submission, hold: bool) {
         let Submission {
             request,
             permits,
@@ -263,12 +325,21 @@ impl Intake {
             debug_assert!(false, "NBD_CMD_DISC is not submitted");
             return;
         };
-        // Counted as arrived only now that nothing can stop it from being answered: the audit
-        // must see every arrival leave.
-        self.path
-            .stats
-            .arrive(&self.pipeline.metrics, arrival_ns, tally.payload_bytes);
         let piece_bytes = piece_bytes_of(&request, self.pipeline.limits.max_request_bytes);
+        let scheduled = self.pipeline.scheduler.is_some() && self.handle.is_some();
+        let held = hold && scheduled && !needs_split(&request, piece_bytes);
+        if held {
+            // Counted as arrived when it is submitted (`flush`), for the reason below.
+            self.held_arrivals.push((arrival_ns, tally.payload_bytes));
+        } else {
+            // After what is held, so that arrivals are counted in order.
+            self.flush();
+            // Counted as arrived only now that nothing can stop it from being answered: the
+            // audit must see every arrival leave.
+            self.path
+                .stats
+                .arrive(&self.pipeline.metrics, arrival_ns, tally.payload_bytes);
+        }
         if needs_split(&request, piece_bytes) {
             // One reply for the request, sent when its last piece completes; each piece is
             // scheduled, charged and run as a request of its own, at most
@@ -309,7 +380,50 @@ impl Intake {
                 tally,
             },
         });
-        self.run(job);
+        match (&self.pipeline.scheduler, &self.handle) {
+            (Some(scheduler), Some(handle)) if held => {
+                scheduler.queue(handle, job.desc(), job, &mut self.held);
+            }
+            _ => self.run(job),
+        }
+    }
+
+    /// [`Intake::submit`] that holds the request back until [`Intake::flush`]: a transport
+    /// that has read several requests at once hands them to the scheduler together
+    /// ([`Scheduler::submit_batch`]), each worker's lock taken once for all of them. Submitted
+    /// at once: a request that is split (after those held), any without a scheduler, and the
+    /// one that makes [`HOLD_MAX_REQUESTS`] held (with them). The transport must flush before
+    /// anything that may wait (for its client, or for a slot or budget: the `_flushing` takes
+    /// do): what waits, waits for replies, and a held request has none yet.
+    pub fn hold(&mut self, submission: Submission) {
+        self.submit_with(submission, true);
+        if self.held.len() >= HOLD_MAX_REQUESTS {
+            self.flush();
+        }
+    }
+
+    /// Submits the requests held, in order.
+    #[inline]
+    pub fn flush(&mut self) {
+        if !self.held.is_empty() {
+            self.submit_held();
+        }
+    }
+
+    fn submit_held(&mut self) {
+        let (Some(scheduler), Some(handle)) = (&self.pipeline.scheduler, &self.handle) else {
+            debug_assert!(false, "held without a scheduler");
+            return;
+        };
+        for (arrival_ns, payload_bytes) in self.held_arrivals.drain(..) {
+            self.path
+                .stats
+                .arrive(&self.pipeline.metrics, arrival_ns, payload_bytes);
+        }
+        scheduler.submit_batch(handle, &mut self.held, &mut self.ready);
+        if !self.ready.is_empty() {
+            run_ready_in(&self.pipeline.io, Some(scheduler), &mut self.ready);
+        }
     }
 
     /// Submits one job (a request or a piece) to the scheduler, or runs it.
@@ -333,9 +447,29 @@ impl Intake {
 
     /// Detaches: no reply is sent from here on but those of requests already submitted. The
     /// tenant's account is returned to be dropped once those are delivered.
-    pub fn close(self) -> TenantAccount {
+    pub fn close(mut self) -> TenantAccount {
+        self.flush();
         self.account
     }
+}
+
+/// Most requests [`Intake::hold`] holds before the transport must flush: a bound on how long
+/// the first of them waits for the others to be read (about a microsecond each).
+const HOLD_MAX_REQUESTS: usize = 32;
+
+/// What a request is charged in bytes, and the connection slots that is, for READ, WRITE and
+/// BLOCK_STATUS (their buffer's or their largest reply's size); `None` for the others.
+fn charged_bytes(request: &nbd::ValidRequest) -> Option<(u64, usize)> {
+    let charged_len = match request.command {
+        nbd::Command::Read | nbd::Command::Write => request.length,
+        nbd::Command::BlockStatus => BLOCK_STATUS_CHARGE_BYTES,
+        _ => return None,
+    };
+    let charge_bytes = BufferPool::charge_bytes(charged_len);
+    // At most the class of a 32 MiB request, which `Limits::validate` keeps within the
+    // connection's budget (so the take cannot be refused).
+    let count = usize::try_from(charge_bytes).unwrap_or(usize::MAX);
+    Some((charge_bytes, count))
 }
 
 /// The volume's statistics, registering it with its stored QoS if they are new.

@@ -13,7 +13,7 @@ use super::gate::GateSlot;
 use super::ticket::Ticket;
 use super::volume::VolumeHandle;
 use super::worker::{Pending, WorkerState};
-use super::{IoDesc, MAX_CHARGED_SYNCS, Ready, Scheduler};
+use super::{IoDesc, MAX_CHARGED_SYNCS, Queued, Ready, Scheduler};
 use crate::sync::lock;
 
 impl<J: Send + 'static> Scheduler<J> {
@@ -52,11 +52,89 @@ impl<J: Send + 'static> Scheduler<J> {
         ready: &mut Vec<Ready<J>>,
     ) {
         let w = self.pick_worker(handle);
-        let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
-        let previous_end = handle.last_end_bytes.swap(end, Ordering::Relaxed);
-        let sequential = is_sequential(previous_end, io.offset_bytes);
+        let sequential = note_end(handle, &io);
+        let first = ready.len();
         let mut state = lock(&self.workers[w].state);
         let now = self.clock.now_ns();
+        self.submit_locked(w, &mut state, now, handle, (io, sequential), job, ready);
+        drop(state);
+        self.gate.admit(ready, first);
+        self.maybe_rebalance(now, ready);
+    }
+
+    /// Adds a request of `handle` to `batch`, to be submitted with the others by
+    /// [`Scheduler::submit_batch`]: its worker and whether it is sequential are decided now,
+    /// in the order the requests came, as [`Scheduler::submit`] decides them.
+    pub fn queue(
+        &self,
+        handle: &Arc<VolumeHandle>,
+        io: IoDesc,
+        job: J,
+        batch: &mut Vec<Queued<J>>,
+    ) {
+        let worker = self.pick_worker(handle);
+        let sequential = note_end(handle, &io);
+        batch.push(Queued {
+            worker,
+            sequential,
+            io,
+            job: Some(job),
+        });
+    }
+
+    /// Submits a batch of requests of `handle` (see [`Scheduler::queue`]), each as
+    /// [`Scheduler::submit`] would, in their order, but with one hold of each worker's lock for
+    /// the requests sent to it; appends what the policy lets run to `ready` and leaves `batch`
+    /// empty. What a batch saves is the per-request glue around the policy: the lock, the
+    /// burst gate's and the pool's checks. The clock is still read for each request: a policy
+    /// that spaces requests by their time (mClock's tags) would hold back all but the first of
+    /// a batch that arrived at one instant, for the wake-up thread to release.
+    pub fn submit_batch(
+        &self,
+        handle: &Arc<VolumeHandle>,
+        batch: &mut Vec<Queued<J>>,
+        ready: &mut Vec<Ready<J>>,
+    ) {
+        if batch.is_empty() {
+            return;
+        }
+        let first = ready.len();
+        let mut now = 0;
+        for w in 0..self.workers.len() {
+            let mut state = None;
+            for queued in batch.iter_mut().filter(|q| q.worker == w) {
+                let Some(job) = queued.job.take() else {
+                    continue;
+                };
+                let state = state.get_or_insert_with(|| lock(&self.workers[w].state));
+                now = self.clock.now_ns();
+                let io = (queued.io, queued.sequential);
+                self.submit_locked(w, state, now, handle, io, job, ready);
+            }
+        }
+        debug_assert!(
+            batch.iter().all(|q| q.job.is_none()),
+            "a worker out of range"
+        );
+        batch.clear();
+        self.gate.admit(ready, first);
+        self.maybe_rebalance(now, ready);
+    }
+
+    /// The part of a submission under worker `w`'s lock: the request's id and cost, the
+    /// policy's `enqueue`, and the drain of what it lets run.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn submit_locked(
+        &self,
+        w: usize,
+        state: &mut WorkerState<J>,
+        now: u64,
+        handle: &Arc<VolumeHandle>,
+        (io, sequential): (IoDesc, bool),
+        job: J,
+        ready: &mut Vec<Ready<J>>,
+    ) {
         let id = state.next_request_id;
         state.next_request_id = id.wrapping_add(1);
         let mut cost = state.cost_model.estimate(io.op, io.len_bytes, sequential);
@@ -90,18 +168,14 @@ impl<J: Send + 'static> Scheduler<J> {
                 arrival_ns: now,
             },
         );
-        let first = ready.len();
         // The job stays in hand while the policy decides: one dispatched at once (the common
         // case) never enters the map of held jobs, and one held back enters it afterwards.
         let mut in_hand = Some((id, pending));
-        self.drain_with(w, &mut state, now, ready, &mut in_hand);
+        self.drain_with(w, state, now, ready, &mut in_hand);
         if let Some((id, mut p)) = in_hand {
             p.own_drain = false;
             state.pending.insert(id, p);
         }
-        drop(state);
-        self.gate.admit(ready, first);
-        self.maybe_rebalance(now, ready);
     }
 
     /// Asks the policy for everything that may run now; arms the wake-up for the rest.
@@ -179,4 +253,12 @@ impl<J: Send + 'static> Scheduler<J> {
             .queued
             .store(state.policy.queued_requests(), Ordering::Relaxed);
     }
+}
+
+/// Records where `io` ends as its volume's last end; whether it starts where the one before
+/// ended (the cost model's sequential case).
+fn note_end(handle: &VolumeHandle, io: &IoDesc) -> bool {
+    let end = io.offset_bytes.saturating_add(u64::from(io.len_bytes));
+    let previous_end = handle.last_end_bytes.swap(end, Ordering::Relaxed);
+    is_sequential(previous_end, io.offset_bytes)
 }

@@ -111,6 +111,17 @@ pub struct Ready<J> {
     pub ticket: Ticket,
 }
 
+/// A request waiting in a batch for [`Scheduler::submit_batch`], with the worker and the
+/// sequential flag [`Scheduler::queue`] gave it.
+#[derive(Debug)]
+pub struct Queued<J> {
+    worker: usize,
+    sequential: bool,
+    io: IoDesc,
+    /// Taken when it is submitted.
+    job: Option<J>,
+}
+
 /// Runs jobs the policy dispatched outside a caller's own submission (when a timer falls due).
 pub trait Runner<J>: Send + Sync {
     fn run(&self, scheduler: &Arc<Scheduler<J>>, ready: Vec<Ready<J>>);

@@ -270,3 +270,108 @@ fn the_global_pool_lends_an_idle_workers_capacity_to_a_busy_one() {
     assert_eq!(shares, vec![500_000_000, 500_000_000]);
     s.stop();
 }
+
+/// What a request's dispatch says, to compare two ways of submitting the same requests.
+fn dispatch_record(r: &Ready<u32>) -> (u32, usize, u64, bool, Phase, CostVector) {
+    let t = &r.ticket;
+    (
+        r.job,
+        t.worker,
+        t.request.id,
+        t.sequential,
+        t.phase,
+        t.request.cost,
+    )
+}
+
+fn two_workers(kind: PolicyKind) -> (Arc<Scheduler<u32>>, Arc<Collect>) {
+    let config = QosConfig {
+        policy: PolicyChoice::Policy(kind),
+        workers: 2,
+        dispatch: DispatchMode::OneToN,
+        ..QosConfig::default()
+    };
+    let collect = Arc::new(Collect::default());
+    let s = Scheduler::start(&config, Clock::new(), collect.clone(), None).expect("scheduler");
+    (s, collect)
+}
+
+/// Offsets with runs of sequential requests among random ones, so the sequential flag and the
+/// worker each request is sprayed to both matter.
+fn batch_offsets() -> Vec<u64> {
+    vec![
+        0,
+        4096,
+        8192,
+        1 << 30,
+        5 << 20,
+        (5 << 20) + 4096,
+        7 << 30,
+        12288,
+        3 << 20,
+        64 << 20,
+    ]
+}
+
+#[test]
+fn a_batch_dispatches_what_the_same_requests_submitted_one_by_one_dispatch() {
+    for kind in PolicyKind::ALL {
+        let (single, _) = two_workers(kind);
+        let (batched, _) = two_workers(kind);
+        // A class that never binds here, so that every policy runs the whole batch at once.
+        let roomy = VolumeQos::fixed(headroom_qos::IoRate::UNLIMITED);
+        let one = single.add_volume(3, &roomy);
+        let all = batched.add_volume(3, &roomy);
+        let mut by_one = Vec::new();
+        let mut queue = Vec::new();
+        for (job, offset) in (0u32..).zip(batch_offsets()) {
+            single.submit(&one, read(offset), job, &mut by_one);
+            batched.queue(&all, read(offset), job, &mut queue);
+        }
+        let mut together = Vec::new();
+        batched.submit_batch(&all, &mut queue, &mut together);
+        assert!(queue.is_empty(), "{kind}: the batch was not emptied");
+        let records = |ready: &[Ready<u32>]| {
+            let mut r: Vec<_> = ready.iter().map(dispatch_record).collect();
+            r.sort_by_key(|d| d.0);
+            r
+        };
+        assert_eq!(by_one.len(), batch_offsets().len(), "{kind}");
+        assert_eq!(records(&by_one), records(&together), "{kind}");
+        assert!(
+            together.iter().any(|r| r.ticket.worker == 1)
+                && together.iter().any(|r| r.ticket.sequential),
+            "{kind}: the case covers both workers and sequential requests"
+        );
+        single.stop();
+        batched.stop();
+    }
+}
+
+#[test]
+fn a_batch_the_policy_holds_back_in_part_is_dispatched_whole_and_once() {
+    // 200 IOPS over two workers: a batch of ten runs in part at once, the rest as the wake-up
+    // thread releases it.
+    let (s, collect) = two_workers(PolicyKind::Burst);
+    let volume = s.add_volume(
+        5,
+        &VolumeQos::fixed(headroom_qos::IoRate::new(200, u64::MAX)),
+    );
+    let mut queue = Vec::new();
+    for (job, offset) in (0u32..).zip(batch_offsets()) {
+        s.queue(&volume, read(offset), job, &mut queue);
+    }
+    let mut ready = Vec::new();
+    s.submit_batch(&volume, &mut queue, &mut ready);
+    assert!(
+        ready.len() < batch_offsets().len(),
+        "the QoS held nothing back"
+    );
+    let ran = dispatched(&s, &collect, &volume, ready);
+    let jobs: Vec<u32> = ran.iter().map(|r| r.job).collect();
+    assert_eq!(
+        jobs,
+        (0u32..).take(batch_offsets().len()).collect::<Vec<_>>()
+    );
+    s.stop();
+}

@@ -225,7 +225,7 @@ pub struct CaseDriver {
 
 #[derive(Debug)]
 enum Client {
-    Memory(MemorySession),
+    Memory(Box<MemorySession>),
     Nbd(WireClient),
 }
 
@@ -256,7 +256,7 @@ impl CaseDriver {
             prefill.detach().await;
             let peer = SocketAddr::from(([127, 0, 0, 1], 40_000));
             let client = match case.transport {
-                BenchTransport::Memory => Client::Memory(node.attach(peer)),
+                BenchTransport::Memory => Client::Memory(Box::new(node.attach(peer))),
                 BenchTransport::Nbd => Client::Nbd(WireClient::connect(&node, peer).await),
             };
             (node, client)

@@ -101,6 +101,11 @@ async fn next_request<R: AsyncRead + Unpin>(
     stall: Duration,
 ) -> Result<Next, SessionError> {
     let mut header_buf = [0u8; nbd::REQUEST_HEADER_LEN];
+    // What the reader has read together goes to the scheduler together (`Intake::hold`):
+    // before anything here may wait, what is held is submitted.
+    if reader.buffer().len() < nbd::REQUEST_HEADER_LEN {
+        intake.flush();
+    }
     match reader.read_exact(&mut header_buf).await {
         Ok(_) => {}
         // A client that hangs up without NBD_CMD_DISC: nothing to answer.
@@ -113,7 +118,7 @@ async fn next_request<R: AsyncRead + Unpin>(
     crate::coalesce::note_request();
     let header = nbd::decode_request_header(&header_buf)?;
     let arrival_ns = intake.now_ns();
-    let Some(slot) = intake.request_slot().await else {
+    let Some(slot) = intake.request_slot_flushing().await else {
         return Ok(Next::End);
     };
     let request = match nbd::validate_request(&header, limits) {
@@ -122,6 +127,7 @@ async fn next_request<R: AsyncRead + Unpin>(
             let fatal = rejection.is_fatal();
             let payload = rejection.payload_bytes();
             if payload > 0 && !fatal {
+                intake.flush();
                 discard(reader, u64::from(payload)).await?;
             }
             let answer = (rejection.errno(), rejection.message());
@@ -138,11 +144,14 @@ async fn next_request<R: AsyncRead + Unpin>(
     if matches!(request.command, nbd::Command::Disc) {
         return Ok(Next::End);
     }
-    let Some(permits) = intake.charge(&request, slot).await? else {
+    let Some(permits) = intake.charge_flushing(&request, slot).await? else {
         return Ok(Next::End);
     };
     let mut write_payload = None;
     if matches!(request.command, nbd::Command::Write) {
+        if reader.buffer().len() < request.length as usize {
+            intake.flush();
+        }
         let payload = write_payload.insert(intake.payload_buffer(request.length));
         // A payload cut short (or stalled): the write never happened and nobody is left to
         // answer.
@@ -159,7 +168,7 @@ async fn next_request<R: AsyncRead + Unpin>(
     // With structured replies, a READ of a hole is answered by a hole chunk instead of zeros
     // (as qemu-nbd does), unless the client asked for one data chunk (DF).
     let sparse_read = limits.structured_replies && !request.df;
-    intake.submit(Submission {
+    intake.hold(Submission {
         request,
         permits,
         write_payload,

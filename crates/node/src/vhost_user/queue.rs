@@ -286,6 +286,11 @@ async fn submit_arrivals(
     };
     let mut next_cookie: u64 = 1;
     loop {
+        // The chains one kick brought go to the scheduler together (`Intake::hold`): before
+        // this task may wait, for a chain, a slot or budget, what is held is submitted.
+        if arrivals.is_empty() {
+            intake.flush();
+        }
         let arrived = tokio::select! {
             biased;
             _ = &mut close => break,
@@ -298,7 +303,7 @@ async fn submit_arrivals(
         let Some(next) = triage(&arrived, &context) else {
             continue;
         };
-        let Some(slot) = intake.request_slot().await else {
+        let Some(slot) = intake.request_slot_flushing().await else {
             break;
         };
         let cookie = next_cookie;
@@ -349,7 +354,7 @@ async fn submit_arrivals(
                 continue;
             }
         };
-        let permits = match intake.charge(&valid, slot).await {
+        let permits = match intake.charge_flushing(&valid, slot).await {
             Ok(Some(permits)) => permits,
             Ok(None) => break,
             Err(err) => {
@@ -371,7 +376,7 @@ async fn submit_arrivals(
             _ => None,
         };
         lock(&pending).insert(cookie, pending_of(mem, vring));
-        intake.submit(Submission {
+        intake.hold(Submission {
             request: valid,
             permits,
             write_payload,
@@ -380,6 +385,7 @@ async fn submit_arrivals(
             arrival_ns,
         });
     }
+    intake.flush();
     intake
 }
 
