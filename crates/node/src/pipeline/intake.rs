@@ -326,8 +326,13 @@ impl Intake {
             return;
         };
         let piece_bytes = piece_bytes_of(&request, self.pipeline.limits.max_request_bytes);
-        let scheduled = self.pipeline.scheduler.is_some() && self.handle.is_some();
-        let held = hold && scheduled && !needs_split(&request, piece_bytes);
+        let batches = self.handle.is_some()
+            && self
+                .pipeline
+                .scheduler
+                .as_ref()
+                .is_some_and(|s| s.batches());
+        let held = hold && batches && !needs_split(&request, piece_bytes);
         if held {
             // Counted as arrived when it is submitted (`flush`), for the reason below.
             self.held_arrivals.push((arrival_ns, tally.payload_bytes));
@@ -391,8 +396,9 @@ impl Intake {
     /// [`Intake::submit`] that holds the request back until [`Intake::flush`]: a transport
     /// that has read several requests at once hands them to the scheduler together
     /// ([`Scheduler::submit_batch`]), each worker's lock taken once for all of them. Submitted
-    /// at once: a request that is split (after those held), any without a scheduler, and the
-    /// one that makes [`HOLD_MAX_REQUESTS`] held (with them). The transport must flush before
+    /// at once: a request that is split (after those held), any without a scheduler or under
+    /// stealing dispatch ([`Scheduler::batches`]), and the one that makes
+    /// [`HOLD_MAX_REQUESTS`] held (with them). The transport must flush before
     /// anything that may wait (for its client, or for a slot or budget: the `_flushing` takes
     /// do): what waits, waits for replies, and a held request has none yet.
     pub fn hold(&mut self, submission: Submission) {

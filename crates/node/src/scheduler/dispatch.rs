@@ -62,6 +62,13 @@ impl<J: Send + 'static> Scheduler<J> {
         self.maybe_rebalance(now, ready);
     }
 
+    /// Whether requests may be held for [`Scheduler::submit_batch`]: not under stealing
+    /// dispatch, which picks each request's worker by how many requests the workers have
+    /// queued, and a batch not yet submitted is queued nowhere.
+    pub fn batches(&self) -> bool {
+        self.dispatch != DispatchMode::Stealing
+    }
+
     /// Adds a request of `handle` to `batch`, to be submitted with the others by
     /// [`Scheduler::submit_batch`]: its worker and whether it is sequential are decided now,
     /// in the order the requests came, as [`Scheduler::submit`] decides them.

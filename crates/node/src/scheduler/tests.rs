@@ -375,3 +375,23 @@ fn a_batch_the_policy_holds_back_in_part_is_dispatched_whole_and_once() {
     );
     s.stop();
 }
+
+#[test]
+fn only_stealing_dispatch_submits_each_request_at_once_instead_of_in_batches() {
+    for (dispatch, batches) in [
+        (DispatchMode::OneToN, true),
+        (DispatchMode::OneToOne, true),
+        (DispatchMode::Stealing, false),
+    ] {
+        let config = QosConfig {
+            policy: PolicyChoice::Policy(PolicyKind::Burst),
+            workers: 2,
+            dispatch,
+            ..QosConfig::default()
+        };
+        let s = Scheduler::<u32>::start(&config, Clock::new(), Arc::new(Collect::default()), None)
+            .expect("scheduler");
+        assert_eq!(s.batches(), batches, "{dispatch:?}");
+        s.stop();
+    }
+}
