@@ -299,6 +299,11 @@ impl Budget {
         self.per_node_bytes - self.reserve_bytes
     }
 
+    /// The largest charge that can ever be granted: within a tenant's bound and the pool.
+    fn largest_charge_bytes(&self) -> u64 {
+        self.per_tenant_bytes.min(self.shared_bytes())
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
     }
@@ -544,8 +549,7 @@ impl TenantAccount {
     /// shared pool, where it might wait.
     pub fn charge_now(&self, bytes: u64) -> Option<Charge> {
         let budget = &self.budget;
-        let fits = bytes <= budget.per_tenant_bytes.min(budget.shared_bytes());
-        (fits && budget.try_take_reserved(&self.reserve, bytes))
+        (bytes <= budget.largest_charge_bytes() && budget.try_take_reserved(&self.reserve, bytes))
             .then(|| self.reserved_charge(bytes))
     }
 
@@ -555,15 +559,15 @@ impl TenantAccount {
     pub async fn charge(&self, bytes: u64) -> Result<Charge, BudgetError> {
         let budget = &self.budget;
         // `Limits` keeps the largest request's charge within both (and a reserve within it).
-        if bytes > budget.per_tenant_bytes.min(budget.shared_bytes()) {
+        if bytes > budget.largest_charge_bytes() {
             return Err(BudgetError::TooLarge {
                 charge_bytes: bytes,
-                tenant_bytes: budget.per_tenant_bytes.min(budget.shared_bytes()),
+                tenant_bytes: budget.largest_charge_bytes(),
             });
         }
         // The session's own reserve first, without the lock: nobody else can have taken it.
-        if budget.try_take_reserved(&self.reserve, bytes) {
-            return Ok(self.reserved_charge(bytes));
+        if let Some(charge) = self.charge_now(bytes) {
+            return Ok(charge);
         }
         let charge = |bytes| Charge {
             budget: Arc::clone(budget),
